@@ -1,0 +1,64 @@
+"""The `archspec` command line. Every bad input ends in exit code 2 with a message, never a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+from archspec.errors import UserError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="archspec")
+def cli() -> None:
+    """Compile decoder-only transformer specs into PyTorch modules, train them, and query the runs."""
+
+
+# Commands that live beside the code they drive; each module defines a click command or group.
+_SUBCOMMANDS = [
+    ("archspec.build_cmd", ["build", "check", "schema"]),
+    ("archspec.train.cli", ["train"]),
+    ("archspec.registry.cli", ["runs", "specs"]),
+    ("archspec.ablate.cli", ["ablate", "report"]),
+]
+
+
+def _register() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for module_name, names in _SUBCOMMANDS:
+        if not (root / (module_name.replace(".", "/") + ".py")).exists():
+            continue  # TODO(wave 1): becomes a plain import once every module has landed
+        module = importlib.import_module(module_name)
+        for name in names:
+            cli.add_command(getattr(module, name.replace("-", "_") + "_cmd"), name)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="archspec", standalone_mode=False)
+    except UserError as e:
+        click.echo(f"error: {e.render()}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,69 @@
+"""The training recipe (`train:` in a spec). Every field has a default, so a spec may omit `train:` entirely."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+
+# ── corpus sources ───────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class StdlibCorpus(_Strict):
+    kind: Literal["stdlib"] = "stdlib"  # the running Python's standard-library sources: ~13 MB, always present
+
+
+class FilesCorpus(_Strict):
+    kind: Literal["files"] = "files"  # text files, directories (recursively) and .jsonl files (their `text` field)
+    paths: list[str] = Field(min_length=1)
+
+
+Corpus = Annotated[Union[StdlibCorpus, FilesCorpus], Field(discriminator="kind")]
+
+
+# ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class ByteTokenizer(_Strict):
+    kind: Literal["byte"] = "byte"  # 256 byte values + specials (EOS)
+
+
+class BPETokenizer(_Strict):
+    kind: Literal["bpe"] = "bpe"  # byte-level BPE trained locally with HF tokenizers, cached by content hash
+    vocab_size: int | None = Field(None, ge=260, le=1 << 20, description="default: model.vocab_size")
+
+
+Tokenizer = Annotated[Union[ByteTokenizer, BPETokenizer], Field(discriminator="kind")]
+
+
+class DataSpec(_Strict):
+    corpus: Corpus = Field(default_factory=StdlibCorpus)
+    tokenizer: Tokenizer = Field(default_factory=ByteTokenizer)
+    val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
+
+
+class TrainSpec(_Strict):
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    steps: int = Field(200, ge=1, le=10_000_000)
+    batch_size: int = Field(8, ge=1, le=65536, description="sequences per micro-batch (per process)")
+    grad_accum: int = Field(1, ge=1, le=4096)
+    seq_len: int | None = Field(None, ge=1, description="training window; default model.context_length")
+    lr: float = Field(3e-4, gt=0.0, le=10.0, description="peak learning rate")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0.0, le=10.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
+    grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
+    eval_interval: int = Field(50, ge=1)
+    eval_batches: int = Field(4, ge=1, le=10_000)
+    checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = True
+    data: DataSpec = Field(default_factory=DataSpec)

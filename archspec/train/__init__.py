@@ -1,0 +1,1 @@
+"""The shared training loop: data, optimisation, checkpoints, distributed."""

@@ -1,0 +1,104 @@
+"""The logger interface between the training loop and wherever runs are recorded.
+
+The loop only talks to a `RunLogger`; the registry (`archspec.registry.RegistryLogger`) implements it, and so do
+`NullLogger` (tests) and anything a user plugs in. Nothing in the loop knows about SQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+# Run states, shared by the loop and the registry.
+SCHEDULED, RUNNING, FINISHED, FAILED, KILLED = "SCHEDULED", "RUNNING", "FINISHED", "FAILED", "KILLED"
+STATUSES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)
+
+
+def run_id_for(spec_hash: str, data_hash: str, recipe: Mapping[str, Any], seed: int) -> str:
+    """Content-derived run id: the same experiment (spec, data, recipe, seed) is the same run."""
+    payload = json.dumps(
+        {"spec": spec_hash, "data": data_hash, "recipe": recipe, "seed": int(seed)},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunInfo:
+    """Everything known about a run before its first step."""
+
+    spec_name: str
+    spec_hash: str
+    spec_json: dict[str, Any]  # canonical, fully-defaulted spec
+    generated_hash: str  # sha256 of the generated module source
+    accounting: dict[str, Any]  # archspec.accounting.account(spec).to_dict()
+    data_hash: str
+    seed: int
+    recipe: dict[str, Any]  # the train recipe actually used (after CLI overrides)
+    code_version: str = ""
+    sweep: str | None = None
+    host: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return run_id_for(self.spec_hash, self.data_hash, self.recipe, self.seed)
+
+
+@runtime_checkable
+class RunLogger(Protocol):
+    """What the loop calls, in order: start → (log_metrics | heartbeat | log_artifact)* → set_summary → end."""
+
+    def start(self, info: RunInfo) -> str:
+        """Record the run as RUNNING; return its id."""
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Queue metric points for `step` (buffered; flushed in batches)."""
+
+    def heartbeat(self) -> None:
+        """Say the run is alive (also a good moment to flush buffered metrics)."""
+
+    def log_artifact(self, kind: str, path: str) -> None:
+        """Record a file the run produced (checkpoint, plot)."""
+
+    def set_summary(self, metrics: Mapping[str, float]) -> None:
+        """Final/summary metrics (final val loss, tokens/s, ...)."""
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Flush everything and set the final status (FINISHED / FAILED / KILLED)."""
+
+
+class NullLogger:
+    """Keeps everything in memory; used by tests and by `--no-log` runs."""
+
+    def __init__(self) -> None:
+        self.info: RunInfo | None = None
+        self.metrics: list[tuple[int, str, float]] = []
+        self.artifacts: list[tuple[str, str]] = []
+        self.summary: dict[str, float] = {}
+        self.status: str | None = None
+        self.error: str | None = None
+        self.heartbeats = 0
+
+    def start(self, info: RunInfo) -> str:
+        self.info = info
+        self.status = RUNNING
+        return info.run_id
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.metrics.extend((step, k, float(v)) for k, v in metrics.items())
+
+    def heartbeat(self) -> None:
+        self.heartbeats += 1
+
+    def log_artifact(self, kind: str, path: str) -> None:
+        self.artifacts.append((kind, path))
+
+    def set_summary(self, metrics: Mapping[str, float]) -> None:
+        self.summary.update({k: float(v) for k, v in metrics.items()})
+
+    def end(self, status: str, error: str | None = None) -> None:
+        self.status, self.error = status, error
