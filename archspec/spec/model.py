@@ -111,7 +111,7 @@ class GLUSpec(Strict):
     kind: Literal["glu"] = "glu"  # down(act(gate(x)) * up(x)): silu = SwiGLU, gelu = GEGLU, relu = ReGLU, sigmoid = GLU
     activation: Literal["silu", "gelu", "relu", "sigmoid"] = "silu"
     hidden_dim: int | None = Field(
-        None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 64 (LLaMA)"
+        None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 32 (LLaMA)"
     )
     bias: bool = False
 
@@ -149,8 +149,9 @@ class ModelSpec(Strict):
 
 def default_hidden_dim(kind: str, d_model: int) -> int:
     if kind == "glu":
-        # 2/3 of 4·d keeps GLU's three matrices at the parameter count of a 4·d MLP's two (LLaMA), rounded up to 64.
-        return min(MAX_HIDDEN, -(-(8 * d_model // 3) // 64) * 64)
+        # 2/3 of 4·d keeps GLU's three matrices at the parameter count of a 4·d MLP's two (LLaMA); rounded up to a
+        # multiple of 32 for matmul-friendly shapes (d_model 512 → 1376).
+        return min(MAX_HIDDEN, -(-(8 * d_model) // (3 * 32)) * 32)
     return min(MAX_HIDDEN, 4 * d_model)
 
 

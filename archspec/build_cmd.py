@@ -1,0 +1,194 @@
+"""`archspec build`, `archspec check`, `archspec schema`: the spec → generated module half of the CLI."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from archspec.accounting import Accounting, account
+from archspec.codegen import DEFAULT_OUT, generate, instantiate, render, source_label
+from archspec.errors import UserError
+from archspec.spec import SpecError, json_schema, load_spec, spec_hash
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a dotted spec key, e.g. --set model.attention.n_kv_heads=1 (value parsed as YAML).",
+)
+
+
+def build_json(spec, gen, acc: Accounting) -> dict:
+    """The `build --json` object (DESIGN.md): integers throughout."""
+    return {
+        "name": spec.name,
+        "spec_hash": spec_hash(spec),
+        "generated": str(gen.path),
+        **acc.to_dict(),
+    }
+
+
+def _human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def accounting_table(spec, acc: Accounting) -> Table:
+    flops = acc.flops_by_component
+    flops_of = {
+        "attention": flops["attention_proj"],
+        "ffn": flops["ffn"],
+        "lm_head": flops["lm_head"] if "lm_head" in acc.by_component else 0,
+    }
+    rows = [(name, n, flops_of.get(name, 0)) for name, n in acc.by_component.items()]
+    rows.insert([r[0] for r in rows].index("attention") + 1, ("attention scores·values", 0, flops["attention_scores"]))
+    if "lm_head" not in acc.by_component:
+        rows.append(("lm_head (tied to embedding)", 0, flops["lm_head"]))
+
+    table = Table(title=f"{spec.name}  ({spec_hash(spec)[:12]})", title_justify="left")
+    for col in ("component", "params", "share", "fwd FLOPs/token", "share"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for name, n, f in rows:
+        table.add_row(name, f"{n:,}", f"{100 * n / acc.total:.1f}%", _human(f), f"{100 * f / acc.flops_forward:.1f}%")
+    table.add_section()
+    table.add_row("total", f"{acc.total:,}", "100%", _human(acc.flops_forward), "100%", style="bold")
+    table.add_row("active", f"{acc.active:,}", f"{100 * acc.active / acc.total:.1f}%", "", "")
+    table.add_row("non-embedding", f"{acc.total - acc.embedding:,}", f"{100 * (acc.total - acc.embedding) / acc.total:.1f}%", "", "")
+    m = spec.model
+    table.caption = (
+        f"FLOPs per token at T={acc.seq_len} (causal attention averages (T+1)/2 keys): forward {_human(acc.flops_forward)}, "
+        f"train {_human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
+        f"{acc.kv_cache_bytes_per_token * m.context_length / 2**20:.1f} MiB per sequence of {m.context_length}."
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _record_spec(registry_url: str | None, spec, gen, acc: Accounting, console: Console) -> None:
+    """Record the spec and its accounting so that `archspec specs list` can answer before any training."""
+    try:
+        from archspec.registry import Registry
+    except ImportError:  # the registry package is optional for build
+        return
+    Registry(registry_url).record_spec(spec, gen.source_hash, acc.to_dict())
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
+@set_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              show_default=True, help="Directory for the generated module.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (name, hash, params, FLOPs) on stdout.")
+@click.option("--compile", "do_compile", is_flag=True, help="Also torch.compile each block and report compile time.")
+@click.option("--registry", "registry_url", default=None, help="Registry URL (default $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db).")
+@click.option("--no-record", is_flag=True, help="Do not record the spec in the registry.")
+def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compile: bool, registry_url, no_record):
+    """Validate SPEC, generate its module, run one forward on a tiny batch, print its accounting."""
+    import torch
+
+    console = Console(stderr=as_json)
+    spec = load_spec(spec_path, overrides)
+    acc = account(spec)
+    model = instantiate(spec, out_dir=out_dir, source=spec_path)
+    gen = generate(spec, out_dir=out_dir, source=spec_path)  # already written; returns the cached import
+    actual = sum(p.numel() for p in model.parameters())
+    if actual != acc.total:  # the accounting's promise; a mismatch is a bug worth shouting about
+        raise RuntimeError(f"accounting says {acc.total:,} parameters, the generated module has {actual:,}")
+
+    T = min(8, spec.model.context_length)
+    idx = torch.randint(0, spec.model.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        logits = model(idx)
+    if tuple(logits.shape) != (1, T, spec.model.vocab_size) or not torch.isfinite(logits).all():
+        raise RuntimeError(f"generated module returned {tuple(logits.shape)} logits (finite: {torch.isfinite(logits).all()})")
+
+    compile_s = None
+    if do_compile:
+        t0 = time.perf_counter()
+        for block in model.blocks:
+            block.compile()
+        with torch.no_grad():
+            compiled_logits = model(idx)
+        compile_s = time.perf_counter() - t0
+        if not torch.allclose(compiled_logits, logits, atol=1e-4, rtol=1e-4):
+            raise RuntimeError("compiled and eager logits differ")
+
+    if not no_record:
+        _record_spec(registry_url, spec, gen, acc, console)
+
+    if as_json:
+        out = build_json(spec, gen, acc)
+        if compile_s is not None:
+            console.print(f"compiled {spec.model.n_layers} blocks + first forward in {compile_s:.1f} s")
+        click.echo(json.dumps(out))
+        return
+    console.print(accounting_table(spec, acc))
+    console.print(f"generated [bold]{gen.path}[/] (sha256 {gen.source_hash[:12]}); forward on (1, {T}) → logits {tuple(logits.shape)}")
+    if compile_s is not None:
+        console.print(f"torch.compile per block ({spec.model.n_layers} blocks, one graph) + first forward: {compile_s:.1f} s")
+
+
+def _spec_files(specs_dir: Path) -> list[Path]:
+    return sorted(p for p in specs_dir.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+
+
+@click.command()
+@click.option("--fix", is_flag=True, help="Rewrite out-of-sync generated files.")
+@click.option("--specs", "specs_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specs"), show_default=True)
+@click.option("--generated", "gen_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT, show_default=True)
+def check_cmd(fix: bool, specs_dir: Path, gen_dir: Path):
+    """Regenerate every spec in specs/ in memory and diff against generated/; exit 1 when out of sync."""
+    if not specs_dir.is_dir():
+        raise UserError(f"{specs_dir}: no such directory (run from the repository root or pass --specs)")
+    problems: list[str] = []
+    expected: dict[str, str] = {}
+    for path in _spec_files(specs_dir):
+        try:
+            spec = load_spec(path)
+        except SpecError as e:
+            problems.append(e.render())
+            continue
+        label = source_label(path)
+        target = gen_dir / f"{spec.name}.py"
+        if target.name in expected:
+            problems.append(f"{path}: spec name {spec.name!r} is also used by {expected[target.name]}")
+            continue
+        expected[target.name] = label
+        text = render(spec, label)
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        if current == text:
+            continue
+        if fix:
+            gen_dir.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            click.echo(f"fixed {target}")
+            continue
+        diff = difflib.unified_diff(current.splitlines(True), text.splitlines(True), f"{target} (on disk)", f"{target} (from {label})")
+        sys.stdout.writelines(diff)
+        problems.append(f"{target}: out of sync with {label}" if current else f"{target}: missing (from {label})")
+    for orphan in sorted(gen_dir.glob("*.py")) if gen_dir.is_dir() else []:
+        if orphan.name not in expected:
+            if fix:
+                orphan.unlink()
+                click.echo(f"removed {orphan} (no spec in {specs_dir})")
+            else:
+                problems.append(f"{orphan}: no spec in {specs_dir} generates it")
+    if problems:
+        click.echo("\n".join(problems), err=True)
+        click.echo(f"archspec check: {len(problems)} problem(s); `archspec check --fix` regenerates", err=True)
+        raise click.exceptions.Exit(1)
+    click.echo(f"archspec check: {len(expected)} generated module(s) in sync with {specs_dir}/")
+
+
+@click.command()
+def schema_cmd():
+    """Print the JSON Schema of a spec file (for editor completion and validation)."""
+    click.echo(json.dumps(json_schema(), indent=2))

@@ -1,0 +1,185 @@
+"""The registry schema as SQLAlchemy 2.x typed models.
+
+Alembic migrations in `archspec/registry/migrations/versions/` create exactly these tables (a test compares the two),
+so a change here goes with a new migration.
+
+Why the tables look as they do:
+- `specs` / `spec_params` / `spec_accounting` exist without any run: `archspec build` records a spec with its
+  accounting so that `specs list --where "params.active < 20e6"` works before anything trains.
+- Params are stored flattened (`model.attention.n_heads`) with a typed value: numbers in `value_num` (so that
+  `n_layers >= 8` compares numerically), strings and booleans in `value_str`.
+- `metric_stats` holds, per (run, metric key), the latest and extreme values. The writer keeps it current as it
+  flushes, so that filtering and sorting 10,000 runs on `metrics.val_loss` never scans the raw metric points.
+- Times are naive UTC in the database (SQLite has no time zone type); `UTCDateTime` hands out aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import BigInteger, Double, ForeignKey, Index, Integer, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import DateTime, TypeDecorator
+
+# SQLite only auto-increments an `INTEGER PRIMARY KEY`; elsewhere metric ids may outgrow 32 bits.
+BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator):
+    """Stored as naive UTC, returned as aware UTC; naive inputs are taken to be UTC already."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    # Named constraints, so that a later migration can drop or alter them by name on every backend.
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class SpecRecord(Base):
+    """One fully-defaulted spec, keyed by its hash."""
+
+    __tablename__ = "specs"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    canonical_json: Mapped[str] = mapped_column(Text)
+    generated_hash: Mapped[str | None] = mapped_column(String(64))  # sha256 of the generated module source
+    accounting_json: Mapped[str] = mapped_column(Text)  # exact integers, for display; spec_accounting is for queries
+    created: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SpecParam(Base):
+    """One flattened spec key (`model.norm.kind`) with its typed value."""
+
+    __tablename__ = "spec_params"
+
+    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))  # int | float | bool | str | json | null
+    value_num: Mapped[float | None] = mapped_column(Double)  # int and float values
+    value_str: Mapped[str | None] = mapped_column(Text)  # str values, 'true'/'false', JSON of lists
+
+
+class SpecAccounting(Base):
+    """One accounting figure (`params.active`, `flops.train`, `params.by_component.attention`) of a spec."""
+
+    __tablename__ = "spec_accounting"
+
+    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float] = mapped_column(Double)
+
+
+class RunRecord(Base):
+    """One run. Its id is content-derived (`archspec.train.logger.run_id_for`): the same experiment is the same run."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash"), index=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)  # the spec's name
+    data_hash: Mapped[str] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(Integer)
+    recipe_json: Mapped[str] = mapped_column(Text)  # the train recipe actually used
+    code_version: Mapped[str] = mapped_column(String(128), default="")
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    sweep: Mapped[str | None] = mapped_column(String(128), index=True)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    error: Mapped[str | None] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    started: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The writer's own timeout: a reader marks the run KILLED once `heartbeat` is older than this.
+    heartbeat_timeout_s: Mapped[float] = mapped_column(Double)
+    # Incremented by each restart of a FAILED/KILLED run; a writer whose attempt was superseded stops writing.
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class RunParam(Base):
+    """The run's flattened params: its spec's keys, with `train.*` taken from the recipe actually used."""
+
+    __tablename__ = "run_params"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    value_num: Mapped[float | None] = mapped_column(Double)
+    value_str: Mapped[str | None] = mapped_column(Text)
+
+
+class RunTag(Base):
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Metric(Base):
+    """One metric point. NaN is stored as NULL on SQLite (which cannot hold NaN) and read back as NaN."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_run_key_step", "run_id", "key", "step"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(255))
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Double)
+    time: Mapped[float] = mapped_column(Double)  # Unix seconds, wall clock of the writer
+
+
+class MetricStats(Base):
+    """Per (run, key): latest point and extremes, maintained by the writer at each flush."""
+
+    __tablename__ = "metric_stats"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    last_value: Mapped[float | None] = mapped_column(Double)
+    min_value: Mapped[float | None] = mapped_column(Double)
+    max_value: Mapped[float | None] = mapped_column(Double)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class SummaryMetric(Base):
+    """Final/summary metrics set by the run (final val loss, tokens/s)."""
+
+    __tablename__ = "summary_metrics"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float | None] = mapped_column(Double)
+
+
+class Artifact(Base):
+    """A file a run produced (checkpoint, plot); the registry stores the path, not the file."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UTCDateTime)

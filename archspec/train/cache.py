@@ -1,0 +1,47 @@
+"""Where derived files live (tokenizers, token files, the measured CPU peak) and how they are written.
+
+Everything under the cache is derived from content and named by its hash, so a stale entry is never read: a changed
+corpus or tokenizer gets a new name. Writes go to a temporary name first and are renamed into place, so a reader
+never sees half a file, and two processes racing to fill the same entry both end with a complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CACHE = ".cache/archspec"  # relative to the working directory, like registry/ and runs/
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """`override`, else `$ARCHSPEC_CACHE`, else `.cache/archspec`; created if missing."""
+    path = Path(override or os.environ.get("ARCHSPEC_CACHE") or DEFAULT_CACHE)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def digest(*parts: Any) -> str:
+    """sha256 of the canonical JSON of `parts`: a cache key from a few identifying values."""
+    payload = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def temp_path_beside(path: Path) -> Path:
+    """A fresh, unique file name in `path`'s directory (same file system, so os.replace is atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = temp_path_beside(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
