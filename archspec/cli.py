@@ -41,7 +41,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="archspec", standalone_mode=False)
+        # Without standalone mode click returns a command's exit code (from ctx.exit / Exit) instead of exiting.
+        rc = cli.main(args=argv, prog_name="archspec", standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {e.render()}", err=True)
         return 2
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def entry() -> None:

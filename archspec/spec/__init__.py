@@ -48,8 +48,10 @@ def _user_path(loc: tuple, data: Any) -> str:
     """Field path as the user wrote it: pydantic puts the union tag into the location (`model.ffn.glu.activation`);
     drop it where the input at that point selected that tag, so the path reads `model.ffn.activation`."""
     parts, node = [], data
-    for part in loc:
-        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+    for i, part in enumerate(loc):
+        is_tag = (isinstance(node, dict) and isinstance(part, str) and part not in node and i + 1 < len(loc)
+                  and node.get("kind", part) == part)  # an omitted kind selects the default member
+        if is_tag:
             continue
         parts.append(str(part))
         node = node.get(part) if isinstance(node, dict) else (

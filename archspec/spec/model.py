@@ -10,9 +10,9 @@ problem is reported with its own field path.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from archspec.spec.train import TrainSpec
 
@@ -35,6 +35,30 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
 
+def kind_union(*members: type[BaseModel], default: str) -> Any:
+    """A union discriminated on `kind`, where an omitted kind means `default` (`norm: {eps: 1e-6}` is an RMSNorm).
+
+    Each member declares `kind: Literal[...]`; the tag is read from that literal, so there is one source of truth.
+    """
+    kinds = [m.model_fields["kind"].default for m in members]
+    assert default in kinds, (default, kinds)
+
+    def pick(value: Any) -> str | None:
+        if isinstance(value, dict):
+            kind = value.get("kind", default)
+            return kind if isinstance(kind, str) else None
+        return getattr(value, "kind", None)
+
+    return Annotated[
+        Union[tuple(Annotated[m, Tag(k)] for m, k in zip(members, kinds))],
+        Discriminator(
+            pick,
+            custom_error_type="invalid_kind",
+            custom_error_message=f"kind must be one of {', '.join(repr(k) for k in kinds)}",
+        ),
+    ]
+
+
 # ── norms ────────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -49,7 +73,7 @@ class RMSNormSpec(Strict):
     eps: float = Field(1e-5, gt=0, le=0.1)
 
 
-Norm = Annotated[Union[LayerNormSpec, RMSNormSpec], Field(discriminator="kind")]
+Norm = kind_union(LayerNormSpec, RMSNormSpec, default="rmsnorm")
 
 
 # ── positional encodings ─────────────────────────────────────────────────────────────────────────────────────────
@@ -73,9 +97,7 @@ class NoPositional(Strict):
     kind: Literal["none"] = "none"  # NoPE: causal masking alone carries position
 
 
-Positional = Annotated[
-    Union[LearnedPositional, SinusoidalPositional, RopePositional, NoPositional], Field(discriminator="kind")
-]
+Positional = kind_union(LearnedPositional, SinusoidalPositional, RopePositional, NoPositional, default="rope")
 
 
 # ── attention sparsity (sliding_window, global_local, block_sparse join this union) ─────────────────────────────
@@ -85,7 +107,7 @@ class DenseSparsity(Strict):
     kind: Literal["dense"] = "dense"  # full causal attention
 
 
-Sparsity = Annotated[Union[DenseSparsity], Field(discriminator="kind")]
+Sparsity = kind_union(DenseSparsity, default="dense")
 
 
 class AttentionSpec(Strict):
@@ -116,7 +138,7 @@ class GLUSpec(Strict):
     bias: bool = False
 
 
-FFN = Annotated[Union[MLPSpec, GLUSpec], Field(discriminator="kind")]
+FFN = kind_union(MLPSpec, GLUSpec, default="glu")
 
 
 # ── the model and the whole spec ─────────────────────────────────────────────────────────────────────────────────

@@ -1,0 +1,87 @@
+"""`archspec build` / `schema` through the real CLI entry point: output contract and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from archspec.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "specs" / "llama-like-tiny.yaml"
+
+
+def run(capsys, *args):
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_build_json_is_exactly_the_contract(tmp_path, capsys):
+    rc, out, err = run(capsys, "build", str(TINY), "--json", "--out", str(tmp_path), "--no-record")
+    assert rc == 0
+    obj = json.loads(out)  # exactly one JSON object on stdout
+    assert set(obj) == {"name", "spec_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token"}
+    assert set(obj["params"]) == {"total", "active", "embedding", "by_component"}
+    assert set(obj["flops_per_token"]) == {"forward", "train"}
+    ints = [obj["params"][k] for k in ("total", "active", "embedding")] + list(obj["params"]["by_component"].values())
+    ints += list(obj["flops_per_token"].values()) + [obj["kv_cache_bytes_per_token"]]
+    assert all(type(v) is int for v in ints)
+    assert obj["generated"] == str(tmp_path / "llama-like-tiny.py")
+    # the generated module's parameter count equals params.total
+    from archspec.codegen import import_source
+
+    model = import_source(Path(obj["generated"])).Model()
+    assert sum(p.numel() for p in model.parameters()) == obj["params"]["total"]
+
+
+def test_build_table_and_overrides(tmp_path, capsys):
+    rc, out, _ = run(capsys, "build", str(TINY), "--out", str(tmp_path), "--no-record",
+                     "--set", "model.attention.n_kv_heads=1", "--set", "name=tiny-mqa")
+    assert rc == 0
+    for word in ("component", "attention", "ffn", "total", "KV cache", "tiny-mqa"):
+        assert word in out
+    assert (tmp_path / "tiny-mqa.py").exists()
+    assert "N_KV_HEADS = 1  # 1: multi-query attention" in (tmp_path / "tiny-mqa.py").read_text()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "model.attention.n_kv_heads=3"], "model.attention.n_kv_heads: must divide n_heads (4), got 3"),
+    (["--set", "model.d_model=-1", "--set", "model.oops=2"], "model.oops: unknown field"),
+    (["--set", "nonsense"], "expected KEY=VALUE"),
+])
+def test_build_invalid_exits_2_with_message(tmp_path, capsys, args, needle):
+    rc, out, err = run(capsys, "build", str(TINY), "--out", str(tmp_path), "--no-record", *args)
+    assert rc == 2 and needle in err and "Traceback" not in err + out
+
+
+def test_build_missing_file_and_bad_option(capsys):
+    assert run(capsys, "build", "does/not/exist.yaml")[0] == 2
+    rc, _, err = run(capsys, "build", str(TINY), "--frobnicate")
+    assert rc == 2 and "No such option" in err
+
+
+def test_console_script_exit_code_no_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: ok\nmodel: {attention: {n_heads: 8, n_kv_heads: 3}, d_model: 64}\n")
+    proc = subprocess.run([sys.executable, "-m", "archspec.cli", "build", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {bad}: invalid spec (1 problem)",
+        "  model.attention.n_kv_heads: must divide n_heads (8), got 3",
+    ]
+
+
+def test_schema_command(capsys):
+    rc, out, _ = run(capsys, "schema")
+    assert rc == 0 and json.loads(out)["title"] == "archspec spec"
+
+
+@pytest.mark.slow
+def test_build_compile_reports_time(tmp_path, capsys):
+    rc, out, err = run(capsys, "build", str(TINY), "--out", str(tmp_path), "--no-record", "--compile")
+    assert rc == 0 and "torch.compile per block" in out
