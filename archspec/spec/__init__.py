@@ -16,12 +16,13 @@ from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from archspec.errors import UserError
+from archspec.spec.model import SLUG as SLUG_RE
 from archspec.spec.model import Spec
 from archspec.spec.rules import cross_field_problems
 
 __all__ = [
     "Spec", "SpecError", "parse_spec", "load_spec", "load_spec_dict", "apply_overrides", "canonical_json",
-    "spec_hash", "json_schema", "format_validation_error",
+    "spec_hash", "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
 ]
 
 
@@ -77,7 +78,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
     return lines
 
 
-def _set_dotted(data: dict, key: str, value: Any, origin: str) -> None:
+def set_dotted(data: dict, key: str, value: Any, origin: str) -> None:
     parts = key.split(".")
     if not key or any(not p for p in parts):
         raise UserError(f"{origin}: invalid key {key!r} (expected dotted.path.to.field)")
@@ -103,7 +104,7 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise UserError(f"--set {key}: cannot parse value {raw!r}: {str(e).splitlines()[0]}") from None
-        _set_dotted(data, key.strip(), value, f"--set {key.strip()}")
+        set_dotted(data, key.strip(), value, f"--set {key.strip()}")
     return data
 
 

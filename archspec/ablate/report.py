@@ -1,0 +1,211 @@
+"""The ablation verdict: a table (rich), val-loss plots (matplotlib PNG) and a self-contained HTML page (Jinja2).
+
+Built only from `VariantResult`s, which `archspec.ablate.runner.collect` reads back from the registry, so the report
+printed at the end of `archspec ablate` and the one rebuilt later by `archspec report` are the same computation on
+the same rows.
+
+Noise: each variant's final val loss is a mean over seeds. Its difference to the baseline, Δ = mean_v − mean_b, is
+flagged "within noise" when |Δ| < 2 · SE, with SE the pooled standard error of a difference of two means:
+SE = s_p · sqrt(1/n_v + 1/n_b), s_p² = ((n_v − 1)s_v² + (n_b − 1)s_b²) / (n_v + n_b − 2). With a single seed on both
+sides there is no estimate of noise and the flag says so ("n/a (1 seed)").
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from rich.table import Table
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    seed: int
+    status: str
+    final_val_loss: float | None
+    tokens_per_s: float | None
+    history: list[tuple[int, float]]  # (step, val_loss)
+    tokens_per_step: int
+    summary: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class VariantResult:
+    index: int
+    label: str  # what differs from the base spec
+    diff: dict[str, tuple[Any, Any]]  # dotted key → (baseline value, this value)
+    params_total: int
+    params_active: int
+    flops_train_per_token: int
+    kv_cache_bytes_per_token: int
+    runs: list[RunResult]
+
+    @property
+    def finals(self) -> list[float]:
+        return [r.final_val_loss for r in self.runs if r.status == "FINISHED" and r.final_val_loss is not None]
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.finals) if self.finals else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.finals) if len(self.finals) > 1 else (0.0 if self.finals else None)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        rates = [r.tokens_per_s for r in self.runs if r.tokens_per_s]
+        return statistics.fmean(rates) if rates else None
+
+    def extra_stats(self) -> dict[str, float]:
+        """Mean over seeds of summary metrics that only some kinds produce (e.g. `moe.*` load statistics)."""
+        keys = sorted({k for r in self.runs for k in r.summary if k.startswith("moe.")})
+        return {k: statistics.fmean([r.summary[k] for r in self.runs if k in r.summary]) for k in keys}
+
+
+@dataclass
+class Comparison:
+    delta: float | None
+    se: float | None
+    within_noise: bool | None  # None: not enough seeds to say
+
+    @property
+    def verdict(self) -> str:
+        if self.delta is None:
+            return "no runs"
+        if self.within_noise is None:
+            return "n/a (1 seed)"
+        return "within noise" if self.within_noise else ("better" if self.delta < 0 else "worse")
+
+
+def pooled_se(a: list[float], b: list[float]) -> float | None:
+    if len(a) + len(b) <= 2 or not a or not b:
+        return None
+    va = statistics.variance(a) if len(a) > 1 else 0.0
+    vb = statistics.variance(b) if len(b) > 1 else 0.0
+    sp2 = ((len(a) - 1) * va + (len(b) - 1) * vb) / (len(a) + len(b) - 2)
+    return math.sqrt(sp2) * math.sqrt(1 / len(a) + 1 / len(b))
+
+
+def compare(variant: VariantResult, baseline: VariantResult) -> Comparison:
+    if variant.mean is None or baseline.mean is None:
+        return Comparison(None, None, None)
+    delta = variant.mean - baseline.mean
+    se = pooled_se(variant.finals, baseline.finals)
+    return Comparison(delta, se, None if se is None else abs(delta) < 2 * se)
+
+
+def _fmt_int(n: int) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[str, str]]:
+    """The table's cells as strings: one source for the rich table, the HTML table and tests."""
+    baseline = next(v for v in variants if v.index == baseline_index)
+    show_kv = len({v.kv_cache_bytes_per_token for v in variants}) > 1
+    rows = []
+    for v in variants:
+        c = compare(v, baseline)
+        finals = v.finals
+        row = {
+            "variant": f"v{v.index}" + (" (baseline)" if v.index == baseline_index else ""),
+            "differs": v.label if v.index != baseline_index else (v.label or "base"),
+            "params": _fmt_int(v.params_total),
+            "active": _fmt_int(v.params_active),
+            "train FLOPs/tok": _fmt_int(v.flops_train_per_token),
+            "tok/s": f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "-",
+            "val loss": (f"{v.mean:.4f} ± {v.std:.4f}" if v.mean is not None else "-") + f" (n={len(finals)})",
+            "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",
+            "verdict": "baseline" if v.index == baseline_index else c.verdict,
+        }
+        if show_kv:
+            row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
+        stats = v.extra_stats()
+        if stats:
+            row["load stats"] = ", ".join(f"{k.removeprefix('moe.')}={x:.3g}" for k, x in stats.items())
+        rows.append(row)
+    if any("load stats" in r for r in rows):
+        for r in rows:
+            r.setdefault("load stats", "-")
+    return rows
+
+
+def rich_table(title: str, rows: list[dict[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in rows[0] if rows else []:
+        table.add_column(col, justify="left" if col in ("variant", "differs", "verdict") else "right",
+                         overflow="fold")
+    for r in rows:
+        table.add_row(*r.values())
+    table.caption = "val loss: final, mean ± std over seeds; 'within noise': |Δ| < 2 × pooled standard error"
+    table.caption_justify = "left"
+    return table
+
+
+def plot_png(title: str, variants: list[VariantResult], path: Path) -> Path:
+    """Val loss vs step (mean line, min–max band over seeds) and vs cumulative train FLOPs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_step, ax_flops) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    for v in variants:
+        curves = [dict(r.history) for r in v.runs if r.history]
+        if not curves:
+            continue
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        if not steps:
+            continue
+        vals = [[c[s] for c in curves] for s in steps]
+        mean = [statistics.fmean(x) for x in vals]
+        lo, hi = [min(x) for x in vals], [max(x) for x in vals]
+        label = f"v{v.index}: {v.label}"[:60]
+        (line,) = ax_step.plot(steps, mean, label=label)
+        ax_step.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
+        tokens_per_step = v.runs[0].tokens_per_step
+        flops = [s * tokens_per_step * v.flops_train_per_token for s in steps]
+        ax_flops.plot(flops, mean, color=line.get_color())
+        ax_flops.fill_between(flops, lo, hi, alpha=0.2, color=line.get_color())
+    ax_step.set(xlabel="step", ylabel="val loss", title=f"{title}: val loss (mean, min–max over seeds)")
+    ax_flops.set(xlabel="train FLOPs", ylabel="val loss", title="val loss vs compute", xscale="log")
+    ax_step.legend(fontsize=7)
+    for ax in (ax_step, ax_flops):
+        ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+_HTML = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+    autoescape=jinja2.select_autoescape(["html", "j2"]),  # spec values and labels are user text: escape them
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def render_html(title: str, rows: list[dict[str, str]], png: Path, variants: list[VariantResult],
+                meta: dict[str, Any]) -> str:
+    image = base64.b64encode(png.read_bytes()).decode()
+    return _HTML.get_template("report.html.j2").render(title=title, rows=rows, image=image, variants=variants,
+                                                       meta=meta)
+
+
+def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,
+                 meta: dict[str, Any]) -> tuple[list[dict[str, str]], Path, Path]:
+    rows = table_rows(variants, baseline_index)
+    png = plot_png(title, variants, out_dir / f"{title}.png")
+    html = out_dir / f"{title}.html"
+    html.write_text(render_html(title, rows, png, variants, meta), encoding="utf-8")
+    return rows, png, html

@@ -1,0 +1,255 @@
+"""Sweep files: a base spec, a grid (and zipped keys) of dotted-key variants, seeds and one budget.
+
+    name: ffn-variants
+    base: ../llama-like-tiny.yaml          # a path (relative to this file) or an inline spec mapping
+    seeds: [0, 1, 2]
+    budget: {tokens: 2_000_000}            # or {steps: N}, or {flops: X} (steps per variant from train FLOPs/token)
+    grid:                                  # cartesian product over dotted keys; values may be whole sub-specs
+      model.ffn:
+        - {kind: mlp, activation: gelu, hidden_dim: 512}
+        - {kind: glu, activation: silu, hidden_dim: 344}
+    zip:                                   # optional: keys varied together (equal-length lists)
+      model.d_model: [64, 128]
+      model.attention.n_heads: [2, 4]
+    baseline: 0                            # index of the variant the deltas are against
+
+Nothing here knows any spec kind: a variant is a set of dotted overrides applied to the base mapping and validated by
+the spec language, so new kinds (moe, sparse attention) are sweepable the day they exist.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from archspec.accounting import Accounting, account
+from archspec.errors import UserError
+from archspec.spec import SLUG_RE, Spec, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
+
+
+class Budget(BaseModel):
+    """Exactly one of tokens / steps / flops: every variant trains for the same amount of it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    tokens: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    flops: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Budget":
+        given = [k for k in ("tokens", "steps", "flops") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of tokens, steps, flops (got {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("tokens", "steps", "flops") if getattr(self, k) is not None)
+
+
+class SweepFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    name: str = Field(pattern=SLUG_RE)
+    base: str | dict[str, Any]
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    budget: Budget | None = None  # None: each variant's own train.steps
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    zip: dict[str, list[Any]] = Field(default_factory=dict)
+    baseline: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "SweepFile":
+        for section in ("grid", "zip"):
+            for key, values in getattr(self, section).items():
+                if not values:
+                    raise ValueError(f"{section}.{key}: needs at least one value")
+        lengths = {len(v) for v in self.zip.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"zip: every key needs the same number of values, got {sorted(lengths)}")
+        both = set(self.grid) & set(self.zip)
+        if both:
+            raise ValueError(f"{', '.join(sorted(both))}: in both grid and zip")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: repeated seed in {self.seeds}")
+        return self
+
+
+@dataclass
+class Variant:
+    index: int
+    overrides: dict[str, Any]  # dotted key → value, what differs from the base
+    spec: Spec  # seed not yet applied; train.steps set from the budget
+    accounting: Accounting
+
+    @property
+    def label(self) -> str:
+        if not self.overrides:
+            return "base"
+        return ", ".join(f"{k}={_short(v)}" for k, v in self.overrides.items())
+
+
+@dataclass
+class Job:
+    """One run: a variant at one seed."""
+
+    variant: Variant
+    seed: int
+    spec: Spec
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant.index}:{self.seed}"
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path | None
+    file: SweepFile
+    base: dict[str, Any]
+    variants: list[Variant]
+    sweep_hash: str
+    jobs: list[Job] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> Variant:
+        return self.variants[self.file.baseline]
+
+    def shard(self, index: int, count: int) -> list[Job]:
+        """Deterministic round-robin split of the jobs: shards 0..count-1 partition them exactly."""
+        return [job for i, job in enumerate(self.jobs) if i % count == index]
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k}: {_short(v)}" for k, v in value.items())
+        return "{" + inner + "}"
+    return str(value)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise UserError(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
+
+
+def variant_overrides(file: SweepFile) -> list[dict[str, Any]]:
+    grid_keys = list(file.grid)
+    grid_rows = [dict(zip(grid_keys, combo)) for combo in itertools.product(*(file.grid[k] for k in grid_keys))]
+    zip_keys = list(file.zip)
+    n_zip = len(next(iter(file.zip.values()))) if file.zip else 0
+    zip_rows = [{k: file.zip[k][i] for k in zip_keys} for i in range(n_zip)] or [{}]
+    return [{**g, **z} for g in grid_rows for z in zip_rows]
+
+
+def steps_for_budget(spec: Spec, budget: Budget | None, world_size: int = 1) -> int:
+    t = spec.train
+    if budget is None:
+        return t.steps
+    if budget.kind == "steps":
+        return budget.steps
+    tokens_per_step = t.batch_size * t.grad_accum * t.seq_len * world_size
+    if budget.kind == "tokens":
+        return max(1, math.ceil(budget.tokens / tokens_per_step))
+    flops_per_step = account(spec, seq_len=t.seq_len).flops_train * tokens_per_step
+    return max(1, math.ceil(budget.flops / flops_per_step))
+
+
+def load_sweep(path: str | Path | None = None, data: dict | None = None) -> Sweep:
+    """Read and validate a sweep, and every variant in it; all problems are reported at once (UserError)."""
+    origin = str(path) if path else "sweep"
+    if data is None:
+        data = read_yaml(path, what="sweep")
+    if not isinstance(data, dict):
+        raise UserError(f"{origin}: expected a mapping with name/base/seeds/budget/grid, got {type(data).__name__}")
+    try:
+        file = SweepFile.model_validate(data)
+    except ValidationError as e:
+        lines = format_validation_error(e, data=data)
+        raise UserError(f"{origin}: invalid sweep file", lines) from None
+
+    if isinstance(file.base, str):
+        base_path = (Path(path).parent if path else Path.cwd()) / file.base
+        base = read_yaml(base_path, what="base spec")
+        if not isinstance(base, dict):
+            raise UserError(f"{base_path}: expected a spec mapping")
+    else:
+        base = file.base
+
+    rows = variant_overrides(file)
+    if file.baseline >= len(rows):
+        raise UserError(f"{origin}: baseline: index {file.baseline} but the sweep has {len(rows)} variants")
+
+    problems: list[str] = []
+    variants: list[Variant] = []
+    for i, overrides in enumerate(rows):
+        data_i = copy.deepcopy(base)
+        data_i["name"] = f"{file.name}-v{i}"
+        try:
+            for key, value in overrides.items():
+                set_dotted(data_i, key, copy.deepcopy(value), f"grid/zip key {key}")
+            spec = parse_spec(data_i)
+            steps = steps_for_budget(spec, file.budget)
+            if steps != spec.train.steps:
+                data_i.setdefault("train", {})["steps"] = steps
+                warm = data_i["train"].get("warmup_steps", spec.train.warmup_steps)
+                data_i["train"]["warmup_steps"] = min(warm, steps)  # short budgets keep a valid schedule
+                spec = parse_spec(data_i)
+        except UserError as e:
+            problems.append(f"variant {i} ({_label(overrides)}): {e}")
+            continue
+        except ValidationError as e:
+            problems += [f"variant {i} ({_label(overrides)}): {line}" for line in format_validation_error(e, data=data_i)]
+            continue
+        variants.append(Variant(i, overrides, spec, account(spec, seq_len=spec.train.seq_len)))
+    if problems:
+        raise UserError(f"{origin}: {len(problems)} problem(s) in the sweep; nothing was trained", problems)
+
+    sweep_hash = hashlib.sha256(
+        json.dumps([canonical_dict(v.spec) for v in variants] + [file.seeds], sort_keys=True).encode()
+    ).hexdigest()
+    sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash)
+    for v in variants:
+        for seed in file.seeds:
+            spec = v.spec.model_copy(deep=True)
+            spec.train.seed = seed
+            sweep.jobs.append(Job(v, seed, spec))
+    return sweep
+
+
+def _label(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_short(v)}" for k, v in overrides.items()) or "base"
+
+
+def spec_diff(base: Spec, other: Spec) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two specs (name and train.seed excluded)."""
+    a, b = _flatten(canonical_dict(base)), _flatten(canonical_dict(other))
+    skip = {"name", "train.seed"}
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in skip and a.get(k) != b.get(k)}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+__all__ = ["Budget", "SweepFile", "Variant", "Job", "Sweep", "load_sweep", "parse_shard", "spec_diff",
+           "steps_for_budget", "variant_overrides"]
