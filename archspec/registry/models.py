@@ -10,6 +10,9 @@ Why the tables look as they do:
   `n_layers >= 8` compares numerically), strings and booleans in `value_str`.
 - `metric_stats` holds, per (run, metric key), the latest and extreme values. The writer keeps it current as it
   flushes, so that filtering and sorting 10,000 runs on `metrics.val_loss` never scans the raw metric points.
+- Side tables carry a (key, value) index: a filter compiles to `id IN (SELECT run_id ... WHERE key = ? AND value
+  < ?)`, answered from that index. Text values are not indexed: PostgreSQL cannot index arbitrarily long text, and
+  the (key, value_num) index already narrows a text predicate to one key.
 - Times are naive UTC in the database (SQLite has no time zone type); `UTCDateTime` hands out aware UTC datetimes.
 """
 
@@ -71,6 +74,7 @@ class SpecParam(Base):
     """One flattened spec key (`model.norm.kind`) with its typed value."""
 
     __tablename__ = "spec_params"
+    __table_args__ = (Index("ix_spec_params_key_value_num", "key", "value_num"),)
 
     spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -83,6 +87,7 @@ class SpecAccounting(Base):
     """One accounting figure (`params.active`, `flops.train`, `params.by_component.attention`) of a spec."""
 
     __tablename__ = "spec_accounting"
+    __table_args__ = (Index("ix_spec_accounting_key_value", "key", "value"),)
 
     spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -119,6 +124,7 @@ class RunParam(Base):
     """The run's flattened params: its spec's keys, with `train.*` taken from the recipe actually used."""
 
     __tablename__ = "run_params"
+    __table_args__ = (Index("ix_run_params_key_value_num", "key", "value_num"),)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -129,6 +135,7 @@ class RunParam(Base):
 
 class RunTag(Base):
     __tablename__ = "run_tags"
+    __table_args__ = (Index("ix_run_tags_key", "key"),)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -153,6 +160,10 @@ class MetricStats(Base):
     """Per (run, key): latest point and extremes, maintained by the writer at each flush."""
 
     __tablename__ = "metric_stats"
+    __table_args__ = (
+        Index("ix_metric_stats_key_last_value", "key", "last_value"),
+        Index("ix_metric_stats_key_min_value", "key", "min_value"),
+    )
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -167,6 +178,7 @@ class SummaryMetric(Base):
     """Final/summary metrics set by the run (final val loss, tokens/s)."""
 
     __tablename__ = "summary_metrics"
+    __table_args__ = (Index("ix_summary_metrics_key_value", "key", "value"),)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)

@@ -8,8 +8,8 @@ transaction that also holds the migration lock), passed in `config.attributes["c
 from alembic import context
 from sqlalchemy import create_engine
 
-from archspec.registry.models import Base
 from archspec.registry.migrate import VERSION_TABLE
+from archspec.registry.models import Base
 
 config = context.config
 

@@ -1,0 +1,495 @@
+"""`archspec runs list|show|compare|export` and `archspec specs list`: the registry from the command line.
+
+Every command takes `--registry URL` (default `$ARCHSPEC_REGISTRY`, else sqlite:///registry/archspec.db), on the
+group (`archspec runs --registry URL list`) or on the command (`archspec runs list --registry URL`). Bad filters,
+unknown run ids and bad URLs raise `UserError`, which `archspec.cli.main` turns into exit code 2 and a message.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from datetime import datetime
+from typing import Any, Sequence
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from archspec.errors import UserError
+from archspec.registry.query import FIELDS_HELP, referenced_fields, resolve_field
+from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
+
+FORMATS = ["table", "json", "csv"]
+TABLE_LIMIT = 50  # rows a `list` table shows unless --limit says otherwise
+STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNING": "cyan", "SCHEDULED": "dim"}
+_WHERE_HELP = "filter, e.g. \"params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2\"; fields: " + FIELDS_HELP
+
+
+def _registry_option(f):
+    return click.option(
+        "--registry", "registry_url", metavar="URL", default=None,
+        help="registry database URL (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db)",
+    )(f)
+
+
+def _open(ctx: click.Context, url: str | None) -> Registry:
+    url = url or (ctx.obj or {}).get("registry_url") or default_url()
+    reg = Registry(url)
+    ctx.call_on_close(reg.close)
+    return reg
+
+
+def _console() -> Console:
+    # Not a terminal (a pipe, a test): a wide fixed width, so that tables are not squeezed to 80 columns.
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+
+
+# ── formatting ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _human_int(v: float) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{unit}"
+    return f"{int(v)}" if float(v).is_integer() else f"{v:.4g}"
+
+
+def _fmt(name: str, v: Any) -> str:
+    """A value for a table cell: counts in k/M/G, floats to 4 significant digits, times to the minute."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%d %H:%M")
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and math.isnan(v):
+            return "nan"
+        if name.startswith(("params.total", "params.active", "params.embedding", "params.by_component", "flops.",
+                            "kv_cache_bytes")) or name == "runs":
+            return _human_int(v)
+        if isinstance(v, int):
+            return str(v)
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, datetime):
+        return o.isoformat()
+    raise TypeError(type(o).__name__)
+
+
+def _json_clean(o: Any) -> Any:
+    """NaN/inf are not JSON: write them as null so that every JSON tool can read the output."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _json_clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_json_clean(v) for v in o]
+    return o
+
+
+def _dump_json(data: Any) -> str:
+    return json.dumps(_json_clean(data), indent=2, default=_json_default)
+
+
+def _finite_metrics(d: dict[str, Any]) -> dict[str, Any]:
+    """A run dict ready for JSON: only metric values can be NaN/inf (spec and accounting are validated finite)."""
+    for key in ("metrics", "best", "max", "summary"):
+        d[key] = {k: (v if math.isfinite(v) else None) for k, v in d[key].items()}
+    return d
+
+
+def _dump_json_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """A JSON array with one object per line: valid JSON, greppable, and written by json's C encoder (an indented
+    dump of 10,000 runs takes seconds)."""
+    if not rows:
+        return "[]"
+    return "[\n" + ",\n".join(json.dumps(r, default=_json_default) for r in rows) + "\n]"
+
+
+def _write_csv(records: Sequence[dict[str, Any]], out) -> None:
+    columns: list[str] = []
+    for r in records:
+        columns.extend(k for k in r if k not in columns)
+    w = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()})
+
+
+def _split_columns(columns: str | None, target: str) -> list[str]:
+    names = [c.strip() for c in (columns or "").split(",") if c.strip()]
+    for name in names:
+        try:
+            resolve_field(name, target)
+        except ValueError as e:
+            raise UserError(f"--columns: {e}") from None
+    return names
+
+
+def _sparkline(values: Sequence[float], width: int = 40) -> str:
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return ""
+    if len(values) > width:  # downsample by taking evenly spaced points
+        values = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
+    lo, hi = min(vals), max(vals)
+    bars = "▁▂▃▄▅▆▇█"
+    span = (hi - lo) or 1.0
+    return "".join(" " if math.isnan(v) else bars[min(7, int((v - lo) / span * 8))] for v in values)
+
+
+# ── runs ─────────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@click.group("runs")
+@_registry_option
+@click.pass_context
+def runs_cmd(ctx: click.Context, registry_url: str | None) -> None:
+    """Query the runs in the registry."""
+    ctx.ensure_object(dict)["registry_url"] = registry_url
+
+
+def _default_metric_columns(rows: Sequence[RunRow], limit: int = 3) -> list[str]:
+    keys = sorted({k for r in rows for k in r.metrics})
+    losses = [k for k in keys if "loss" in k.lower()]
+    return [f"metrics.{k}" for k in (losses or keys)[:limit]]
+
+
+def _run_columns(rows: Sequence[RunRow], where: str | None, sort: str | None, extra: list[str]) -> list[str]:
+    cols = ["params.active"]
+    for name in [*referenced_fields(where, sort), *extra, *_default_metric_columns(rows)]:
+        if name not in cols and name not in ("id", "name", "status", "sweep", "seed", "started"):
+            cols.append(name)
+    return cols
+
+
+@runs_cmd.command("list")
+@_registry_option
+@click.option("--where", "-w", help=_WHERE_HELP)
+@click.option("--sort", "-s", help="sort fields, e.g. 'metrics.val_loss' or '-created, name' (- or DESC: descending)")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
+              help=f"at most N runs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--columns", "-c", help="extra fields to show, comma-separated (params.model.n_layers,summary.tok_s)")
+@click.pass_context
+def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
+    """List runs, filtered and sorted (newest first by default)."""
+    extra = _split_columns(columns, "runs")
+    reg = _open(ctx, registry_url)
+    # A table is for reading: show the first TABLE_LIMIT and say so; json/csv are for tools and get everything.
+    cut = TABLE_LIMIT if limit is None and fmt == "table" else limit or None
+    rows = reg.runs(where=where, sort=sort, limit=cut + 1 if cut and limit is None else cut)
+    more = limit is None and cut is not None and len(rows) > cut
+    rows = rows[:cut] if more else rows
+    if fmt == "json":
+        click.echo(_dump_json_rows([_finite_metrics(r.to_dict()) for r in rows]))
+        return
+    if fmt == "csv":
+        out = io.StringIO()
+        _write_csv([{**r.flat(params=False), **{c: r.get(c) for c in extra}} for r in rows], out)
+        click.echo(out.getvalue(), nl=False)
+        return
+    if not rows:
+        click.echo(f"no runs{' match' if where else ''} in {reg.url}")
+        return
+    cols = _run_columns(rows, where, sort, extra)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for head in ("id", "name", "status", "sweep", "seed", "started", "time"):
+        table.add_column(head, no_wrap=True)
+    for c in cols:
+        table.add_column(c, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r.id, r.name, Text(r.status, style=STATUS_STYLE.get(r.status, "")), r.sweep or "-", str(r.seed),
+            _fmt("started", r.started), _duration(r.duration_s), *(_fmt(c, r.get(c)) for c in cols),
+        )
+    console = _console()
+    console.print(table)
+    shown = f"{len(rows)} run{'s' if len(rows) != 1 else ''}"
+    if more:
+        shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
+    console.print(Text(shown, style="dim"))
+
+
+def _history_table(histories: dict[str, list[MetricPoint]]) -> Table:
+    table = Table(title="metrics", box=None, header_style="bold", title_justify="left", pad_edge=False)
+    for head in ("key", "points", "steps", "last", "min", "max", "history"):
+        table.add_column(head, justify="left" if head in ("key", "history", "steps") else "right", no_wrap=True)
+    for key, pts in histories.items():
+        vals = [p.value for p in pts]
+        finite = [v for v in vals if not math.isnan(v)]
+        table.add_row(
+            key, str(len(pts)), f"{pts[0].step}–{pts[-1].step}", _fmt(key, vals[-1]),
+            _fmt(key, min(finite)) if finite else "-", _fmt(key, max(finite)) if finite else "-", _sparkline(vals),
+        )
+    return table
+
+
+@runs_cmd.command("show")
+@_registry_option
+@click.argument("run_id")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--history", "history_key", metavar="KEY", help="print every point of this metric")
+@click.pass_context
+def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
+    """One run: its spec, params, summary and metric history (RUN_ID or a unique prefix of it)."""
+    reg = _open(ctx, registry_url)
+    run = reg.get_run(run_id)
+    histories = reg.metric_histories(run.id)
+    artifacts = reg.artifacts(run.id)
+    if history_key is not None and history_key not in histories:
+        known = ", ".join(histories) or "none"
+        raise UserError(f"run {run.id} has no metric {history_key!r} (it has: {known})")
+    if fmt == "json":
+        data = run.to_dict()
+        data.update(spec=run.spec, params=run.params, artifacts=[{"kind": k, "path": p} for k, p in artifacts],
+                    history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()
+                             if history_key in (None, k)})
+        click.echo(_dump_json(data))
+        return
+    console = _console()
+    info = Table(box=None, show_header=False, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    for label, value in [
+        ("run", run.id), ("name", run.name), ("status", Text(run.status, style=STATUS_STYLE.get(run.status, ""))),
+        ("attempt", str(run.attempt)), ("sweep", run.sweep or "-"), ("seed", str(run.seed)),
+        ("spec hash", run.spec_hash), ("data hash", run.data_hash), ("host", run.host or "-"),
+        ("code version", run.code_version or "-"), ("created", _fmt("", run.created)),
+        ("started", _fmt("", run.started)), ("ended", _fmt("", run.ended)), ("duration", _duration(run.duration_s)),
+        ("tags", ", ".join(f"{k}={v}" for k, v in run.tags.items()) or "-"),
+    ]:
+        info.add_row(label, value)
+    console.print(info)
+    if run.error:
+        console.print(Text("\nerror:", style="bold red"))
+        console.print(Text(run.error))
+    acct = Table(title="accounting", box=None, header_style="bold", title_justify="left", pad_edge=False)
+    acct.add_column("field")
+    acct.add_column("value", justify="right")
+    for key, value in accounting_fields(run.accounting).items():  # named as in filters: flops.forward, ...
+        acct.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print()
+    console.print(acct)
+    console.print(Text("\nspec", style="bold italic"))
+    spec = dict(run.spec)
+    spec["train"] = run.recipe or spec.get("train")  # the recipe actually used: these are the run's params
+    console.print(Text(yaml.safe_dump(spec, sort_keys=False).rstrip()))
+    if run.summary:
+        summ = Table(title="summary", box=None, header_style="bold", title_justify="left", pad_edge=False)
+        summ.add_column("key")
+        summ.add_column("value", justify="right")
+        for k, v in run.summary.items():
+            summ.add_row(k, _fmt(k, v))
+        console.print()
+        console.print(summ)
+    console.print()
+    if histories:
+        console.print(_history_table(histories))
+    else:
+        console.print(Text("no metrics recorded", style="dim"))
+    if artifacts:
+        console.print(Text("\nartifacts", style="bold italic"))
+        for kind, path in artifacts:
+            console.print(f"  {kind}: {path}")
+    if history_key is not None:
+        pts = Table(title=history_key, box=None, header_style="bold", title_justify="left", pad_edge=False)
+        pts.add_column("step", justify="right")
+        pts.add_column("value", justify="right")
+        for p in histories[history_key]:
+            pts.add_row(str(p.step), _fmt(history_key, p.value))
+        console.print()
+        console.print(pts)
+
+
+@runs_cmd.command("compare")
+@_registry_option
+@click.argument("run_ids", nargs=-1, required=True)
+@click.option("--all", "show_all", is_flag=True, help="also list the params that are the same in every run")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_context
+def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
+    """Runs side by side: the params that differ (the spec diff), accounting, and metrics."""
+    if len(run_ids) < 2:
+        raise UserError("runs compare needs at least two run ids")
+    reg = _open(ctx, registry_url)
+    runs = [reg.get_run(r) for r in run_ids]
+    params = [r.params for r in runs]
+    keys = sorted({k for p in params for k in p})
+    missing = object()
+    diff = {k: [p.get(k, missing) for p in params] for k in keys}
+    differing = {k: vs for k, vs in diff.items() if len({json.dumps(v, default=str) for v in vs}) > 1}
+    shown = diff if show_all else differing
+    metric_keys = sorted({k for r in runs for k in r.metrics})
+    summary_keys = sorted({k for r in runs for k in r.summary})
+    accts = [accounting_fields(r.accounting) for r in runs]
+    acct_keys = list(dict.fromkeys(k for a in accts for k in a))
+    if fmt == "json":
+        click.echo(_dump_json({
+            "runs": [r.id for r in runs],
+            "status": [r.status for r in runs],
+            "seed": [r.seed for r in runs],
+            "params": {k: [None if v is missing else v for v in vs] for k, vs in shown.items()},
+            "accounting": {k: [a.get(k) for a in accts] for k in acct_keys},
+            "metrics": {k: [r.metrics.get(k) for r in runs] for k in metric_keys},
+            "best": {k: [r.best.get(k) for r in runs] for k in metric_keys},
+            "summary": {k: [r.summary.get(k) for r in runs] for k in summary_keys},
+        }))
+        return
+    console = _console()
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("")
+    for r in runs:
+        table.add_column(f"{r.id}\n{r.name}", justify="right", no_wrap=True)
+
+    def section(title: str) -> None:
+        table.add_row(Text(title, style="bold italic"), *[""] * len(runs))
+
+    table.add_row("status", *(Text(r.status, style=STATUS_STYLE.get(r.status, "")) for r in runs))
+    table.add_row("seed", *(str(r.seed) for r in runs))
+    table.add_row("sweep", *(r.sweep or "-" for r in runs))
+    section(f"params ({'all' if show_all else f'{len(differing)} differ'})")
+    for k, vs in shown.items():
+        style = "" if k in differing else "dim"
+        cells = (Text("-" if v is missing else _fmt(k, v), style=style) for v in vs)
+        table.add_row(Text(f"  {k}", style=style), *cells)
+    section("accounting")
+    for k in acct_keys:
+        table.add_row(f"  {k}", *(_fmt(k, a.get(k)) for a in accts))
+    if metric_keys:
+        section("metrics (latest / best)")
+        for k in metric_keys:
+            table.add_row(f"  {k}", *(f"{_fmt(k, r.metrics.get(k))} / {_fmt(k, r.best.get(k))}" for r in runs))
+    if summary_keys:
+        section("summary")
+        for k in summary_keys:
+            table.add_row(f"  {k}", *(_fmt(k, r.summary.get(k)) for r in runs))
+    console.print(table)
+
+
+@runs_cmd.command("export")
+@_registry_option
+@click.option("--where", "-w", help=_WHERE_HELP)
+@click.option("--sort", "-s", help="sort fields (see runs list)")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None)
+@click.option("--format", "fmt", type=click.Choice(["json", "jsonl", "csv"]), default="json", show_default=True)
+@click.option("--metrics/--no-metrics", "with_metrics", default=False,
+              help="include every metric point (json/jsonl: a history per run; csv: one row per point)")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="file to write (default: stdout)")
+@click.pass_context
+def runs_export(ctx, registry_url, where, sort, limit, fmt, with_metrics, output) -> None:
+    """Export runs (and optionally their metric histories) as JSON, JSON lines or CSV."""
+    reg = _open(ctx, registry_url)
+    rows = reg.runs(where=where, sort=sort, limit=limit or None)
+
+    def record(r: RunRow) -> dict[str, Any]:
+        data = _finite_metrics(r.to_dict())
+        data["params"] = r.params
+        if with_metrics:
+            data["history"] = {k: [[p.step, p.value if math.isfinite(p.value) else None, p.time] for p in pts]
+                               for k, pts in reg.metric_histories(r.id).items()}
+        return data
+
+    out = io.StringIO()
+    if fmt == "json":
+        out.write(_dump_json_rows([record(r) for r in rows]) + "\n")
+    elif fmt == "jsonl":
+        for r in rows:
+            out.write(json.dumps(record(r), default=_json_default) + "\n")
+    elif with_metrics:
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(["run_id", "key", "step", "value", "time"])
+        for r in rows:
+            for k, pts in reg.metric_histories(r.id).items():
+                w.writerows([r.id, k, p.step, p.value, p.time] for p in pts)
+    else:
+        _write_csv([r.flat() for r in rows], out)
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as f:
+                f.write(out.getvalue())
+        except OSError as e:
+            raise UserError(f"--output {output}: {e.strerror}") from None
+        click.echo(f"exported {len(rows)} run{'s' if len(rows) != 1 else ''} to {output}", err=True)
+    else:
+        click.echo(out.getvalue(), nl=False)
+
+
+# ── specs ────────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@click.group("specs")
+@_registry_option
+@click.pass_context
+def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
+    """Query the specs recorded by `archspec build` (with their accounting), trained or not."""
+    ctx.ensure_object(dict)["registry_url"] = registry_url
+
+
+@specs_cmd.command("list")
+@_registry_option
+@click.option("--where", "-w", help="filter over params and accounting, e.g. 'params.active < 20e6'")
+@click.option("--sort", "-s", help="sort fields, e.g. 'params.active' or '-created'")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
+              help=f"at most N specs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--columns", "-c", help="extra fields to show, comma-separated (e.g. params.model.d_model)")
+@click.pass_context
+def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
+    """List recorded specs with their parameter counts, FLOPs and KV-cache size."""
+    extra = _split_columns(columns, "specs")
+    reg = _open(ctx, registry_url)
+    cut = TABLE_LIMIT if limit is None and fmt == "table" else limit or None
+    rows: list[SpecRow] = list(reg.specs(where=where, sort=sort, limit=cut + 1 if cut and limit is None else cut))
+    more = limit is None and cut is not None and len(rows) > cut
+    rows = rows[:cut] if more else rows
+    if fmt == "json":
+        click.echo(_dump_json_rows([s.to_dict() for s in rows]))
+        return
+    if fmt == "csv":
+        out = io.StringIO()
+        _write_csv([s.flat() for s in rows], out)
+        click.echo(out.getvalue(), nl=False)
+        return
+    if not rows:
+        click.echo(f"no specs{' match' if where else ''} in {reg.url}")
+        return
+    cols = ["params.total", "params.active", "params.embedding", "flops.forward", "kv_cache_bytes"]
+    for name in [*referenced_fields(where, sort), *extra]:
+        if name not in cols and name not in ("hash", "spec_hash", "name", "created"):
+            cols.append(name)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for head in ("hash", "name"):
+        table.add_column(head, no_wrap=True)
+    for c in [*cols, "runs"]:
+        table.add_column(c, justify="right", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    for s in rows:
+        table.add_row(s.hash[:12], s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs), _fmt("", s.created))
+    console = _console()
+    console.print(table)
+    shown = f"{len(rows)} spec{'s' if len(rows) != 1 else ''}"
+    if more:
+        shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
+    console.print(Text(shown, style="dim"))

@@ -1,0 +1,93 @@
+"""Schema migrations, run programmatically with alembic before any worker writes.
+
+`ensure_schema(engine)` is called once per `Registry` open: a fast read of the stored revision, and only when it is
+behind, an upgrade to head under a database-wide lock (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped
+advisory lock), so that several workers opening a fresh database at once migrate it exactly once. A database whose
+revision this code does not know was written by a newer archspec and is refused, never touched.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+from archspec.errors import UserError
+
+# Our own name, so that a registry can share a database with another alembic-managed application.
+VERSION_TABLE = "archspec_alembic_version"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# Arbitrary constant: the PostgreSQL advisory lock key that serialises archspec migrations.
+_PG_LOCK_KEY = 0x61726368  # "arch"
+
+
+class SchemaTooNewError(UserError):
+    """The database was migrated by a newer archspec than this one."""
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("path_separator", "os")
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def _script() -> ScriptDirectory:
+    # The revision files do not change while the process runs; reading them once keeps Registry() cheap.
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    head = _script().get_current_head()
+    assert head is not None, "the registry has no migrations"
+    return head
+
+
+def known_revisions() -> set[str]:
+    return {s.revision for s in _script().walk_revisions()}
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The revision stored in the database; None for a database archspec never migrated."""
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return ctx.get_current_revision()
+
+
+def _check_not_newer(rev: str | None, url: str) -> None:
+    if rev is not None and rev not in known_revisions():
+        raise SchemaTooNewError(
+            f"registry {url}: its schema is at revision {rev}, which this archspec does not know "
+            f"(its newest is {head_revision()}); the database was written by a newer archspec. "
+            "Upgrade archspec, or point --registry / ARCHSPEC_REGISTRY at another database."
+        )
+
+
+def ensure_schema(engine: Engine, url_for_messages: str) -> str:
+    """Bring the database to head (once, under a lock) or refuse it if newer. Returns the head revision."""
+    head = head_revision()
+    with engine.connect() as conn:
+        rev = current_revision(conn)
+        conn.rollback()
+    _check_not_newer(rev, url_for_messages)
+    if rev == head:
+        return head
+    # `archspec_write` makes SQLite open the transaction with BEGIN IMMEDIATE (see store._install_sqlite_hooks):
+    # the write lock is taken before we look again, so a second migrator waits here and then finds head.
+    with engine.connect().execution_options(archspec_write=True) as conn:
+        with conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+            rev = current_revision(conn)
+            _check_not_newer(rev, url_for_messages)
+            if rev != head:
+                command.upgrade(alembic_config(conn), "head")
+    return head

@@ -1,0 +1,712 @@
+"""The filter and sort grammar of `runs list --where/--sort` and `specs list`, and its compilation to SQLAlchemy.
+
+A hand-written tokenizer and recursive-descent parser turn the text into a small AST; the compiler turns the AST into
+SQLAlchemy expressions. Nothing from the text ever becomes SQL: column names come from an allow-list, and every
+field key (`model.norm.kind`, `val_loss`) and every literal becomes a bound parameter.
+
+Grammar (keywords are case-insensitive; NOT binds tighter than AND, AND tighter than OR):
+
+    filter     := or_expr EOF
+    or_expr    := and_expr ("OR" and_expr)*
+    and_expr   := not_expr ("AND" not_expr)*
+    not_expr   := "NOT" not_expr | "(" or_expr ")" | predicate
+    predicate  := field op literal
+                | field ["NOT"] "IN" "(" literal ("," literal)* ")"
+                | field ["NOT"] "LIKE" string
+                | field "IS" ["NOT"] "NULL"
+    op         := "=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">="
+    literal    := number | string | "true" | "false"
+    number     := -?digits[.digits][e[+-]digits]        (20e6, 3.2, -1, .5)
+    string     := '...' | "..."                         (a doubled quote stands for itself: 'it''s')
+    field      := segment ("." segment)*                 (a segment is [A-Za-z0-9_/-]+ or `back-quoted`)
+
+    sort       := key ("," key)*        key := ["-"] field ["ASC" | "DESC"]      ("-" means DESC)
+
+Fields (see FIELDS_HELP): spec params `params.model.*`, `params.train.*`, `params.name`; accounting `params.total`,
+`params.active`, `params.embedding`, `params.by_component.<name>`, `flops.forward`, `flops.train`, `kv_cache_bytes`;
+metrics `metrics.<key>` (latest value), `metrics.best.<key>` / `metrics.min.<key>` (lowest), `metrics.max.<key>`;
+`summary.<key>`; `tags.<key>`; run attributes (status, name, created, ...).
+
+Semantics worth knowing:
+- A number compares numerically, a string as text: `params.model.d_model < 1000` is true for 512. A param holds
+  either a number or a text (booleans are the text 'true'/'false'), so `params.model.n_layers = '8'` matches nothing.
+- A predicate on a field a run does not have is false, including `!=` (`metrics.val_loss != 3` needs a val_loss);
+  `NOT (...)` is plain negation, and `field IS NULL` asks for absence.
+- LIKE is case-insensitive on every backend (`%` any run, `_` one character, `\\` escapes).
+- Times (created, started, ended, heartbeat) compare with ISO strings, taken as UTC: `created >= '2026-05-01'`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Union
+
+from sqlalchemy import ColumnElement, and_, not_, or_, select, true
+from sqlalchemy.sql.elements import UnaryExpression
+
+from archspec.errors import UserError
+from archspec.registry.models import (
+    MetricStats,
+    RunParam,
+    RunRecord,
+    RunTag,
+    SpecAccounting,
+    SpecParam,
+    SpecRecord,
+    SummaryMetric,
+)
+from archspec.train.logger import STATUSES
+
+# ── errors ───────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class FilterError(UserError):
+    """A bad filter or sort: the message names the column, and `problems` echo the text with a caret under it."""
+
+    def __init__(self, what: str, text: str, pos: int, message: str):
+        shown = re.sub(r"\s", " ", text)  # tabs and newlines would shift the caret
+        pos = max(0, min(pos, len(text)))
+        super().__init__(f"invalid {what} at column {pos + 1}: {message}", [shown, " " * pos + "^"])
+        self.column = pos + 1
+
+
+# ── tokens ───────────────────────────────────────────────────────────────────────────────────────────────────────
+
+KEYWORDS = {"and", "or", "not", "in", "like", "is", "null", "true", "false", "asc", "desc"}
+_SEGMENT = r"(?:[A-Za-z0-9_/\-]+|`(?:[^`]|``)+`)"
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<number>-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![A-Za-z0-9_/`.]))
+  | (?P<string>'(?:[^']|'')*'|"(?:[^"]|"")*")
+  | (?P<field>(?:[A-Za-z_][A-Za-z0-9_/\-]*|`(?:[^`]|``)+`)(?:\.%s)*)
+  | (?P<op><=|>=|!=|<>|==|=|<|>)
+  | (?P<lparen>\()
+  | (?P<rparen>\))
+  | (?P<comma>,)
+  | (?P<minus>-)
+    """
+    % _SEGMENT,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # number | string | field | keyword | op | lparen | rparen | comma | minus | eof
+    text: str
+    pos: int  # 0-based column of the first character
+
+
+def tokenize(text: str, what: str = "filter") -> list[Token]:
+    tokens: list[Token] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            ch = text[pos]
+            if ch in "'\"":
+                raise FilterError(what, text, pos, f"unterminated string: no closing {ch}")
+            if ch == "`":
+                raise FilterError(what, text, pos, "unterminated `quoted` field name")
+            raise FilterError(what, text, pos, f"unexpected character {ch!r}")
+        kind = m.lastgroup
+        assert kind is not None
+        if kind != "ws":
+            word = m.group()
+            if kind == "field" and word.lower() in KEYWORDS:
+                kind = "keyword"
+            tokens.append(Token(kind, word, pos))
+        pos = m.end()
+    tokens.append(Token("eof", "", len(text)))
+    return tokens
+
+
+# ── AST ──────────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # dotted, back-quotes removed
+    pos: int
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: Union[str, float, bool]
+    pos: int
+
+
+@dataclass(frozen=True)
+class Compare:
+    field: Field
+    op: str  # = != < <= > >=
+    value: Literal
+
+
+@dataclass(frozen=True)
+class In:
+    field: Field
+    values: tuple[Literal, ...]
+    negated: bool
+
+
+@dataclass(frozen=True)
+class Like:
+    field: Field
+    pattern: Literal
+    negated: bool
+
+
+@dataclass(frozen=True)
+class IsNull:
+    field: Field
+    negated: bool
+
+
+@dataclass(frozen=True)
+class And:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    item: "Node"
+
+
+Node = Union[Compare, In, Like, IsNull, And, Or, Not]
+
+_OPS = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def _field_name(text: str) -> str:
+    """`metrics.`val loss`` → `metrics.val loss`: split on dots outside back-quotes, unquote each segment."""
+    parts, buf, quoted, i = [], [], False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "`":
+            if quoted and i + 1 < len(text) and text[i + 1] == "`":
+                buf.append("`")
+                i += 2
+                continue
+            quoted = not quoted
+        elif ch == "." and not quoted:
+            parts.append("".join(buf))
+            buf = []
+        else:
+            buf.append(ch)
+        i += 1
+    parts.append("".join(buf))
+    return ".".join(parts)
+
+
+class _Parser:
+    def __init__(self, text: str, what: str):
+        self.text, self.what = text, what
+        self.tokens = tokenize(text, what)
+        self.i = 0
+
+    # helpers
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.i]
+
+    def error(self, message: str, tok: Token | None = None) -> FilterError:
+        return FilterError(self.what, self.text, (tok or self.tok).pos, message)
+
+    def is_kw(self, *words: str) -> bool:
+        return self.tok.kind == "keyword" and self.tok.text.lower() in words
+
+    def take(self) -> Token:
+        tok = self.tok
+        self.i += 1
+        return tok
+
+    def describe(self, tok: Token) -> str:
+        return "the end of the filter" if tok.kind == "eof" else repr(tok.text)
+
+    # grammar
+    def parse_filter(self) -> Node:
+        node = self.or_expr()
+        if self.tok.kind != "eof":
+            if self.tok.kind == "rparen":
+                raise self.error("unbalanced ')'")
+            raise self.error(f"expected AND, OR or the end of the filter, got {self.describe(self.tok)}")
+        return node
+
+    def or_expr(self) -> Node:
+        items = [self.and_expr()]
+        while self.is_kw("or"):
+            self.take()
+            items.append(self.and_expr())
+        return items[0] if len(items) == 1 else Or(tuple(items))
+
+    def and_expr(self) -> Node:
+        items = [self.not_expr()]
+        while self.is_kw("and"):
+            self.take()
+            items.append(self.not_expr())
+        return items[0] if len(items) == 1 else And(tuple(items))
+
+    def not_expr(self) -> Node:
+        if self.is_kw("not"):
+            self.take()
+            return Not(self.not_expr())
+        if self.tok.kind == "lparen":
+            open_tok = self.take()
+            node = self.or_expr()
+            if self.tok.kind != "rparen":
+                if self.tok.kind == "eof":
+                    raise self.error(f"missing ')' to close the '(' at column {open_tok.pos + 1}")
+                raise self.error(f"expected ')', AND or OR, got {self.describe(self.tok)}")
+            self.take()
+            return node
+        return self.predicate()
+
+    def field(self) -> Field:
+        tok = self.tok
+        if tok.kind != "field":
+            if tok.kind == "keyword":
+                raise self.error(f"expected a field name, got the keyword {tok.text.upper()}")
+            raise self.error(f"expected a field name (e.g. params.model.n_layers), got {self.describe(tok)}")
+        self.take()
+        return Field(_field_name(tok.text), tok.pos)
+
+    def literal(self) -> Literal:
+        tok = self.tok
+        if tok.kind == "number":
+            self.take()
+            return Literal(float(tok.text), tok.pos)
+        if tok.kind == "string":
+            self.take()
+            quote = tok.text[0]
+            value = tok.text[1:-1].replace(quote * 2, quote)
+            _check_text(value, lambda m: FilterError(self.what, self.text, tok.pos, m))
+            return Literal(value, tok.pos)
+        if self.is_kw("true", "false"):
+            self.take()
+            return Literal(tok.text.lower() == "true", tok.pos)
+        if tok.kind == "field":
+            raise self.error(f"expected a value, got {tok.text!r}; quote text values: '{tok.text}'")
+        raise self.error(f"expected a value (number, 'text', true or false), got {self.describe(tok)}")
+
+    def predicate(self) -> Node:
+        field = self.field()
+        tok = self.tok
+        if tok.kind == "op":
+            self.take()
+            return Compare(field, _OPS[tok.text], self.literal())
+        negated = False
+        if self.is_kw("not"):
+            self.take()
+            negated = True
+            if not self.is_kw("in", "like"):
+                raise self.error(f"expected IN or LIKE after NOT, got {self.describe(self.tok)}")
+        if self.is_kw("in"):
+            self.take()
+            if self.tok.kind != "lparen":
+                raise self.error(f"expected '(' after IN, got {self.describe(self.tok)}")
+            self.take()
+            values = [self.literal()]
+            while self.tok.kind == "comma":
+                self.take()
+                values.append(self.literal())
+            if self.tok.kind != "rparen":
+                raise self.error(f"expected ',' or ')' in the IN list, got {self.describe(self.tok)}")
+            self.take()
+            return In(field, tuple(values), negated)
+        if self.is_kw("like"):
+            self.take()
+            if self.tok.kind != "string":
+                raise self.error(f"expected a quoted pattern after LIKE, got {self.describe(self.tok)}")
+            return Like(field, self.literal(), negated)
+        if self.is_kw("is"):
+            self.take()
+            neg = False
+            if self.is_kw("not"):
+                self.take()
+                neg = True
+            if not self.is_kw("null"):
+                raise self.error(f"expected NULL after IS{' NOT' if neg else ''}, got {self.describe(self.tok)}")
+            self.take()
+            return IsNull(field, neg)
+        raise self.error(
+            f"expected an operator (= != < <= > >= IN LIKE IS) after {field.name!r}, got {self.describe(tok)}"
+        )
+
+    def parse_sort(self) -> list[tuple[Field, bool]]:
+        keys: list[tuple[Field, bool]] = []
+        while True:
+            desc = False
+            if self.tok.kind == "minus":
+                self.take()
+                desc = True
+            field = self.field()
+            if self.is_kw("asc", "desc"):
+                desc = self.take().text.lower() == "desc"
+            keys.append((field, desc))
+            if self.tok.kind == "comma":
+                self.take()
+                continue
+            if self.tok.kind != "eof":
+                raise self.error(f"expected ',', ASC, DESC or the end of the sort, got {self.describe(self.tok)}")
+            return keys
+
+
+def _check_text(value: str, error: Callable[[str], FilterError]) -> None:
+    # PostgreSQL refuses NUL in text, and no driver can send a lone surrogate: refuse both here, with a column,
+    # rather than as a database error.
+    if "\x00" in value:
+        raise error("text values cannot contain the NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error("text value is not valid Unicode") from None
+
+
+def parse_filter(text: str | None) -> Node | None:
+    """Parse a filter; None for an empty one. Raises FilterError (a UserError) with the column of the problem."""
+    if text is None or not text.strip():
+        return None
+    return _Parser(text, "filter").parse_filter()
+
+
+def parse_sort(text: str | None) -> list[tuple[Field, bool]]:
+    """Parse `field [ASC|DESC], -field, ...` into (field, descending) pairs."""
+    if text is None or not text.strip():
+        return []
+    return _Parser(text, "sort").parse_sort()
+
+
+# ── fields: the allow-list ───────────────────────────────────────────────────────────────────────────────────────
+
+# Accounting figures (from `RunInfo.accounting`, flattened as stored in spec_accounting), and their aliases.
+ACCOUNTING_FIELDS = {
+    "params.total": "params.total",
+    "params.active": "params.active",
+    "params.embedding": "params.embedding",
+    "flops.forward": "flops.forward",
+    "flops.train": "flops.train",
+    "flops_per_token.forward": "flops.forward",
+    "flops_per_token.train": "flops.train",
+    "kv_cache_bytes": "kv_cache_bytes",
+    "kv_cache_bytes_per_token": "kv_cache_bytes",
+}
+SPEC_KEY_ROOTS = ("model", "train", "name")  # params.<spec key>: spec keys always start with one of these
+METRIC_AGGREGATES = {"best": "min", "min": "min", "max": "max", "last": "last"}
+
+# Typed run attributes: text, number, time or status (text, normalised to upper case and checked).
+RUN_ATTRS: dict[str, tuple[Any, str]] = {
+    "id": (RunRecord.id, "str"),
+    "name": (RunRecord.name, "str"),
+    "status": (RunRecord.status, "status"),
+    "sweep": (RunRecord.sweep, "str"),
+    "seed": (RunRecord.seed, "num"),
+    "spec_hash": (RunRecord.spec_hash, "str"),
+    "data_hash": (RunRecord.data_hash, "str"),
+    "host": (RunRecord.host, "str"),
+    "code_version": (RunRecord.code_version, "str"),
+    "error": (RunRecord.error, "str"),
+    "attempt": (RunRecord.attempt, "num"),
+    "created": (RunRecord.created, "time"),
+    "started": (RunRecord.started, "time"),
+    "ended": (RunRecord.ended, "time"),
+    "heartbeat": (RunRecord.heartbeat, "time"),
+}
+SPEC_ATTRS: dict[str, tuple[Any, str]] = {
+    "hash": (SpecRecord.hash, "str"),
+    "spec_hash": (SpecRecord.hash, "str"),
+    "name": (SpecRecord.name, "str"),
+    "generated_hash": (SpecRecord.generated_hash, "str"),
+    "created": (SpecRecord.created, "time"),
+}
+
+FIELDS_HELP = (
+    "params.model.* | params.train.* | params.name (spec keys), params.total | params.active | params.embedding | "
+    "params.by_component.<name> | flops.forward | flops.train | kv_cache_bytes (accounting), metrics.<key> (latest) | "
+    "metrics.best.<key> (lowest) | metrics.max.<key>, summary.<key>, tags.<key>, and run attributes: "
+    + ", ".join(RUN_ATTRS)
+)
+
+
+@dataclass(frozen=True)
+class FieldRef:
+    """A resolved field: what it is (`attr`, `param`, `acct`, `metric`, `summary`, `tag`) and its key."""
+
+    kind: str
+    key: str
+    aggregate: str = "last"  # metrics only: last | min | max
+
+
+def resolve_field(name: str, target: str) -> FieldRef:
+    """Map a field name to what it reads, or raise ValueError with a message naming the valid fields.
+
+    `target` is "runs" or "specs": specs have params and accounting but no metrics, status or tags.
+    """
+    attrs = RUN_ATTRS if target == "runs" else SPEC_ATTRS
+    if name in attrs:
+        return FieldRef("attr", name)
+    if name in ACCOUNTING_FIELDS:
+        return FieldRef("acct", ACCOUNTING_FIELDS[name])
+    head, _, rest = name.partition(".")
+    if head == "params" and rest:
+        if rest.startswith("by_component.") and len(rest) > len("by_component."):
+            return FieldRef("acct", name)
+        if rest.split(".", 1)[0] in SPEC_KEY_ROOTS:
+            return FieldRef("param", rest)
+        raise ValueError(
+            f"unknown field {name!r}: params.* are spec keys (params.model.…, params.train.…, params.name) or "
+            "accounting (params.total, params.active, params.embedding, params.by_component.<name>)"
+        )
+    if head in ("metrics", "summary", "tags") and rest:
+        if target != "runs":
+            raise ValueError(f"field {name!r} is not available for specs (specs have params and accounting only)")
+        if head == "metrics":
+            agg, _, key = rest.partition(".")
+            if agg in METRIC_AGGREGATES and key:
+                return FieldRef("metric", key, METRIC_AGGREGATES[agg])
+            return FieldRef("metric", rest, "last")
+        return FieldRef("summary" if head == "summary" else "tag", rest)
+    if target == "specs" and name in RUN_ATTRS:
+        raise ValueError(f"field {name!r} is a run attribute; specs have: {', '.join(SPEC_ATTRS)}")
+    raise ValueError(f"unknown field {name!r}; fields are {FIELDS_HELP}")
+
+
+# ── compilation ──────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class _Slot:
+    """Where a field's value lives: a numeric column and/or a text column (or a time column), plus the correlation
+    that ties a side table's row to the outer run or spec. `where` turns a condition on the side table into a
+    predicate on the outer row; None for the outer table's own columns."""
+
+    num: Any = None
+    text: Any = None
+    time: Any = None
+    status: bool = False
+    where: Callable[[ColumnElement], ColumnElement] | None = None  # side-table condition → outer predicate
+    scalar: Callable[[Any], Any] | None = None  # a side-table column as a correlated scalar subquery, for sorting
+
+
+def _side(outer, inner, key_col, key: str):
+    """Predicate and sort builders for a key-value side table (`inner` is its column that refers to `outer`).
+
+    Filters compile to `outer IN (SELECT inner FROM side WHERE key = :k AND <cond>)` rather than a correlated
+    EXISTS: the subquery runs once, on the side table's (key, value) index, instead of once per run."""
+
+    def where(cond: ColumnElement) -> ColumnElement:
+        return outer.in_(select(inner).where(key_col == key, cond))
+
+    def scalar(col):
+        return select(col).where(inner == outer, key_col == key).limit(1).scalar_subquery()
+
+    return where, scalar
+
+
+def _slot(ref: FieldRef, target: str) -> _Slot:
+    runs = target == "runs"
+    if ref.kind == "attr":
+        col, typ = (RUN_ATTRS if runs else SPEC_ATTRS)[ref.key]
+        return _Slot(
+            num=col if typ == "num" else None,
+            text=col if typ in ("str", "status") else None,
+            time=col if typ == "time" else None,
+            status=typ == "status",
+        )
+    if ref.kind == "param":
+        if runs:
+            where, scalar = _side(RunRecord.id, RunParam.run_id, RunParam.key, ref.key)
+            return _Slot(num=RunParam.value_num, text=RunParam.value_str, where=where, scalar=scalar)
+        where, scalar = _side(SpecRecord.hash, SpecParam.spec_hash, SpecParam.key, ref.key)
+        return _Slot(num=SpecParam.value_num, text=SpecParam.value_str, where=where, scalar=scalar)
+    if ref.kind == "acct":
+        outer = RunRecord.spec_hash if runs else SpecRecord.hash
+        where, scalar = _side(outer, SpecAccounting.spec_hash, SpecAccounting.key, ref.key)
+        return _Slot(num=SpecAccounting.value, where=where, scalar=scalar)
+    if ref.kind == "metric":
+        columns = {"last": MetricStats.last_value, "min": MetricStats.min_value, "max": MetricStats.max_value}
+        col = columns[ref.aggregate]
+        where, scalar = _side(RunRecord.id, MetricStats.run_id, MetricStats.key, ref.key)
+        return _Slot(num=col, where=where, scalar=scalar)
+    if ref.kind == "summary":
+        where, scalar = _side(RunRecord.id, SummaryMetric.run_id, SummaryMetric.key, ref.key)
+        return _Slot(num=SummaryMetric.value, where=where, scalar=scalar)
+    if ref.kind == "tag":
+        where, scalar = _side(RunRecord.id, RunTag.run_id, RunTag.key, ref.key)
+        return _Slot(text=RunTag.value, where=where, scalar=scalar)
+    raise AssertionError(ref)
+
+
+def _parse_time(value: str) -> datetime:
+    text = value.strip().replace("Z", "+00:00")
+    dt = datetime.fromisoformat(text)
+    return dt.astimezone(timezone.utc) if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+class _Compiler:
+    def __init__(self, text: str, target: str):
+        self.text, self.target = text, target
+
+    def error(self, pos: int, message: str) -> FilterError:
+        return FilterError("filter", self.text, pos, message)
+
+    def slot(self, field: Field) -> tuple[FieldRef, _Slot]:
+        try:
+            ref = resolve_field(field.name, self.target)
+        except ValueError as e:
+            raise self.error(field.pos, str(e)) from None
+        return ref, _slot(ref, self.target)
+
+    def operand(self, field: Field, slot: _Slot, lit: Literal) -> tuple[Any, Any]:
+        """The column to compare and the Python value to bind, chosen by the literal's type."""
+        v = lit.value
+        if isinstance(v, bool):
+            if slot.where is not None and slot.text is not None:  # params and tags store booleans as text
+                return slot.text, "true" if v else "false"
+            raise self.error(lit.pos, f"{field.name} is not a true/false field")
+        if isinstance(v, float):
+            if slot.num is not None:
+                if math.isnan(v):  # unreachable from the tokenizer, kept for API callers
+                    raise self.error(lit.pos, "NaN is not a comparable value")
+                return slot.num, v
+            kind = "a time; compare it with an ISO date such as '2026-05-01'" if slot.time is not None else "text"
+            raise self.error(lit.pos, f"{field.name} is {kind}; got the number {_num(v)}")
+        # text literal
+        if slot.text is not None:
+            if slot.status:
+                upper = v.upper()
+                if upper not in STATUSES:
+                    raise self.error(lit.pos, f"unknown status {v!r}; expected one of {', '.join(STATUSES)}")
+                return slot.text, upper
+            return slot.text, v
+        if slot.time is not None:
+            try:
+                return slot.time, _parse_time(v)
+            except ValueError:
+                message = f"{field.name} is a time; {v!r} is not an ISO date/time like '2026-05-01'"
+                raise self.error(lit.pos, message) from None
+        raise self.error(lit.pos, f"{field.name} is numeric; compare it with a number, not the text {v!r}")
+
+    def wrap(self, slot: _Slot, cond: ColumnElement) -> ColumnElement:
+        return slot.where(cond) if slot.where is not None else cond
+
+    def compile(self, node: Node) -> ColumnElement:
+        if isinstance(node, And):
+            return and_(*(self.compile(n) for n in node.items))
+        if isinstance(node, Or):
+            return or_(*(self.compile(n) for n in node.items))
+        if isinstance(node, Not):
+            return not_(self.compile(node.item))
+        if isinstance(node, Compare):
+            _, slot = self.slot(node.field)
+            col, value = self.operand(node.field, slot, node.value)
+            cond = {
+                "=": col.__eq__, "!=": col.__ne__, "<": col.__lt__, "<=": col.__le__, ">": col.__gt__, ">=": col.__ge__,
+            }[node.op](value)
+            if slot.where is None and node.op == "!=":
+                cond = and_(col.is_not(None), cond)  # absent (NULL) attributes never match, like absent params
+            return self.wrap(slot, cond)
+        if isinstance(node, In):
+            _, slot = self.slot(node.field)
+            # Each value goes to the column its type selects (numbers → value_num, texts → value_str).
+            groups: dict[int, tuple[Any, list[Any]]] = {}
+            for lit in node.values:
+                col, value = self.operand(node.field, slot, lit)
+                groups.setdefault(id(col), (col, []))[1].append(value)
+            if node.negated:
+                cond = and_(*(and_(col.is_not(None), col.not_in(vals)) for col, vals in groups.values()))
+            else:
+                cond = or_(*(col.in_(vals) for col, vals in groups.values()))
+            return self.wrap(slot, cond)
+        if isinstance(node, Like):
+            _, slot = self.slot(node.field)
+            if slot.text is None:
+                raise self.error(node.field.pos, f"LIKE needs a text field; {node.field.name} is not text")
+            pattern = str(node.pattern.value)
+            if (len(pattern) - len(pattern.rstrip("\\"))) % 2:  # PostgreSQL rejects a trailing escape
+                raise self.error(node.pattern.pos, "a LIKE pattern cannot end with a lone escape character '\\'")
+            like = slot.text.ilike(pattern, escape="\\")
+            return self.wrap(slot, and_(slot.text.is_not(None), not_(like)) if node.negated else like)
+        if isinstance(node, IsNull):
+            ref, slot = self.slot(node.field)
+            if slot.where is None:
+                col = slot.num if slot.num is not None else slot.text if slot.text is not None else slot.time
+                return col.is_not(None) if node.negated else col.is_(None)
+            cols = [c for c in (slot.num, slot.text) if c is not None]
+            present = slot.where(or_(*(c.is_not(None) for c in cols)))
+            return present if node.negated else not_(present)
+        raise AssertionError(node)
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if v.is_integer() and abs(v) < 1e16 else repr(v)
+
+
+def compile_filter(text: str | None, target: str = "runs") -> ColumnElement:
+    """The WHERE clause for a filter over `runs` (RunRecord) or `specs` (SpecRecord); `true()` when empty."""
+    node = parse_filter(text)
+    if node is None:
+        return true()
+    assert text is not None
+    return _Compiler(text, target).compile(node)
+
+
+def compile_sort(text: str | None, target: str = "runs") -> list[UnaryExpression]:
+    """ORDER BY terms; rows without the field sort last in either direction."""
+    terms: list[UnaryExpression] = []
+    if not text:
+        return terms
+    for field, desc in parse_sort(text):
+        try:
+            ref = resolve_field(field.name, target)
+        except ValueError as e:
+            raise FilterError("sort", text, field.pos, str(e)) from None
+        slot = _slot(ref, target)
+        if slot.where is None:
+            cols = [slot.num if slot.num is not None else slot.text if slot.text is not None else slot.time]
+        else:
+            assert slot.scalar is not None
+            # A param is a number or a text: sort numbers first (numerically), then texts.
+            cols = [slot.scalar(c) for c in (slot.num, slot.text) if c is not None]
+        for col in cols:
+            terms.append((col.desc() if desc else col.asc()).nulls_last())
+    return terms
+
+
+
+
+def referenced_fields(where: str | None = None, sort: str | None = None) -> list[str]:
+    """Field names a filter and a sort mention, in order of appearance, without repeats (for display columns)."""
+    names: list[str] = []
+
+    def walk(node: Node) -> None:
+        if isinstance(node, (And, Or)):
+            for item in node.items:
+                walk(item)
+        elif isinstance(node, Not):
+            walk(node.item)
+        elif node.field.name not in names:
+            names.append(node.field.name)
+
+    node = parse_filter(where)
+    if node is not None:
+        walk(node)
+    for f, _ in parse_sort(sort):
+        if f.name not in names:
+            names.append(f.name)
+    return names
+
+
+__all__ = [
+    "FilterError", "Token", "tokenize", "parse_filter", "parse_sort", "compile_filter", "compile_sort",
+    "resolve_field", "FieldRef", "FIELDS_HELP", "referenced_fields",
+]
