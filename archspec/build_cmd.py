@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+
+from archspec.console import make_console
 from rich.table import Table
 
 from archspec.accounting import Accounting, account
@@ -93,7 +95,7 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compi
     """Validate SPEC, generate its module, run one forward on a tiny batch, print its accounting."""
     import torch
 
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     spec = load_spec(spec_path, overrides)
     acc = account(spec)
     model = instantiate(spec, out_dir=out_dir, source=spec_path)

@@ -171,11 +171,11 @@ def plot_png(title: str, variants: list[VariantResult], path: Path) -> Path:
         mean = [statistics.fmean(x) for x in vals]
         lo, hi = [min(x) for x in vals], [max(x) for x in vals]
         label = f"v{v.index}: {v.label}"[:60]
-        (line,) = ax_step.plot(steps, mean, label=label)
+        (line,) = ax_step.plot(steps, mean, label=label, marker="o", markersize=3)
         ax_step.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
         tokens_per_step = v.runs[0].tokens_per_step
         flops = [s * tokens_per_step * v.flops_train_per_token for s in steps]
-        ax_flops.plot(flops, mean, color=line.get_color())
+        ax_flops.plot(flops, mean, color=line.get_color(), marker="o", markersize=3)
         ax_flops.fill_between(flops, lo, hi, alpha=0.2, color=line.get_color())
     ax_step.set(xlabel="step", ylabel="val loss", title=f"{title}: val loss (mean, min–max over seeds)")
     ax_flops.set(xlabel="train FLOPs", ylabel="val loss", title="val loss vs compute", xscale="log")

@@ -1,0 +1,135 @@
+"""`archspec ablate SWEEP` and `archspec report SWEEP`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from archspec.console import make_console
+from rich.table import Table
+
+from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
+
+# Dry-run time estimates assume this share of the measured matmul peak: what small models reach on CPU (the
+# llama-like-tiny preset measures 15-30%); a estimate, said as such in the table caption.
+ASSUMED_MFU = 0.2
+
+
+def _registry_option(f):
+    return click.option("--registry", "registry_url", default=None, metavar="URL",
+                        help="Registry URL (default $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db).")(f)
+
+
+def _out_option(f):
+    return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Where the report's PNG and HTML go (default reports/<sweep>/).")(f)
+
+
+def _human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
+    table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
+                  f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
+                  title_justify="left")
+    for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
+                "est. time/run"):
+        table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
+    total_s = 0.0
+    for v in sweep.variants:
+        t = v.spec.train
+        tokens = t.steps * t.batch_size * t.grad_accum * t.seq_len
+        seconds = v.accounting.flops_train * tokens / (peak * ASSUMED_MFU) if peak else None
+        n_jobs = sum(j.variant.index == v.index for j in jobs)
+        total_s += (seconds or 0) * n_jobs
+        table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
+                      f"{v.accounting.total:,}", f"{v.accounting.active:,}", _human(v.accounting.flops_train),
+                      f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", _human(tokens),
+                      f"{seconds:.0f} s" if seconds is not None else "-")
+    if peak:
+        table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs, at "
+                         f"{ASSUMED_MFU:.0%} of the measured matmul peak ({_human(peak)}FLOP/s), compile excluded")
+        table.caption_justify = "left"
+    return table
+
+
+def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
+            as_json: bool = False) -> None:
+    from archspec.ablate.report import rich_table, write_report
+    from archspec.ablate.runner import collect
+    from archspec.errors import UserError
+    from archspec.registry import Registry
+
+    registry = Registry(registry_url)
+    variants = collect(registry, sweep_name, sweep)
+    if not variants or not any(v.runs for v in variants):
+        raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or '(default)'} yet; "
+                        f"run `archspec ablate` first")
+    baseline = sweep.file.baseline if sweep else min(v.index for v in variants)
+    out_dir = out_dir or Path("reports") / sweep_name
+    meta = {"sweep": sweep_name, "registry": registry_url or "default",
+            "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}
+    if sweep is not None:
+        meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+    rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta)
+    if as_json:
+        click.echo(json.dumps({"sweep": sweep_name, "rows": rows, "png": str(png), "html": str(html)}))
+        return
+    console.print(rich_table(f"ablation {sweep_name}", rows))
+    console.print(f"plots: {png}\nreport: {html}")
+
+
+@click.command()
+@click.argument("sweep_path", metavar="SWEEP", type=click.Path(dir_okay=False, path_type=Path))
+@_registry_option
+@click.option("--shard", default="0/1", show_default=True, metavar="I/N",
+              help="Run only shard I of N (deterministic split; N machines on one registry split a sweep).")
+@click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (faster for very short runs).")
+@_out_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
+def ablate_cmd(sweep_path: Path, registry_url, shard: str, dry_run: bool, device: str, no_compile: bool,
+               out_dir: Path | None, as_json: bool):
+    """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered."""
+    console = make_console(stderr=True)
+    index, count = parse_shard(shard)
+    sweep = load_sweep(sweep_path)  # every variant validated before anything trains
+    jobs = sweep.shard(index, count)
+    if dry_run:
+        import torch
+
+        from archspec.train.cache import cache_dir
+        from archspec.train.throughput import peak_flops
+
+        dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
+        peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(None))
+        make_console().print(dry_run_table(sweep, jobs, peak))
+        return
+    from archspec.ablate.runner import run_jobs
+
+    outcome = run_jobs(sweep, jobs, registry_url, device=device, compile=False if no_compile else None,
+                       progress=not as_json, on_event=console.print)
+    console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
+                  f"{outcome.count('skipped (finished)')} already finished, "
+                  f"{outcome.count('skipped (running elsewhere)')} running elsewhere")
+    _report(console if not as_json else make_console(stderr=True), sweep.name, sweep, registry_url, out_dir, as_json)
+
+
+@click.command()
+@click.argument("sweep", metavar="SWEEP")
+@_registry_option
+@_out_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
+def report_cmd(sweep: str, registry_url, out_dir: Path | None, as_json: bool):
+    """Rebuild a sweep's report (table, PNG, HTML) from the registry alone. SWEEP: a sweep file or a sweep name."""
+    path = Path(sweep)
+    loaded = load_sweep(path) if path.suffix in (".yaml", ".yml") or path.exists() else None
+    _report(make_console(), loaded.name if loaded else sweep, loaded, registry_url, out_dir, as_json)

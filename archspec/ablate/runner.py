@@ -1,0 +1,166 @@
+"""Run a sweep's jobs through the shared loop into the registry, and read the results back for the report.
+
+Resuming is by content: a job's run id is derived from (spec hash, data hash, recipe, seed), the same id the loop
+records under, so before training a job the runner asks the registry for that id's status: FINISHED is skipped,
+RUNNING (with a live heartbeat, i.e. another machine on the same registry) is left alone, anything else
+(missing, FAILED, KILLED, SCHEDULED) is trained, which restarts it. Running the same command again resumes a sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from archspec.ablate.report import RunResult, VariantResult
+from archspec.ablate.sweep import Job, Sweep, spec_diff
+from archspec.registry import Registry, RegistryLogger, install_signal_handlers
+from archspec.spec import parse_spec, spec_hash
+from archspec.train.cache import cache_dir
+from archspec.train.data import build_data
+from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, run_id_for
+
+TAG_VARIANT, TAG_LABEL, TAG_SWEEP_HASH = "variant", "variant_label", "sweep_hash"
+
+
+class SweepLogger:
+    """Forwards to a RunLogger, stamping the run with its sweep and variant so the registry alone can rebuild the
+    report. Everything else passes through unchanged."""
+
+    def __init__(self, inner: RunLogger, sweep: Sweep, job: Job):
+        self.inner, self.sweep, self.job = inner, sweep, job
+
+    def start(self, info: RunInfo) -> str:
+        tags = {**info.tags, TAG_VARIANT: str(self.job.variant.index), TAG_LABEL: self.job.variant.label,
+                TAG_SWEEP_HASH: self.sweep.sweep_hash}
+        return self.inner.start(replace(info, sweep=self.sweep.name, tags=tags))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass
+class JobOutcome:
+    job: Job
+    run_id: str
+    action: str  # trained | skipped (finished) | skipped (running elsewhere)
+    status: str | None
+    error: str | None = None
+
+
+@dataclass
+class SweepOutcome:
+    outcomes: list[JobOutcome] = field(default_factory=list)
+
+    def count(self, action: str) -> int:
+        return sum(o.action == action for o in self.outcomes)
+
+
+def job_run_id(job: Job, cache: Path) -> str:
+    """The id the loop will record this job under (the data are tokenised once and cached, so this is cheap)."""
+    data = build_data(job.spec, cache, rank=0, world=1)
+    return run_id_for(spec_hash(job.spec), data.data_hash, job.spec.train.model_dump(mode="json"), job.seed)
+
+
+def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device: str = "auto",
+             compile: bool | None = None, progress: bool = False, cache: str | Path | None = None,
+             on_event: Callable[[str], None] = lambda line: None,
+             logger_factory: Callable[[], RunLogger] | None = None) -> SweepOutcome:
+    """Train every job not already FINISHED in the registry, in order. A FAILED run does not stop the sweep
+    (it is recorded and redone next time); Ctrl-C/SIGTERM ends the current run KILLED and stops the sweep."""
+    from archspec.train.loop import train  # torch-heavy: imported when a sweep actually trains
+
+    registry = Registry(registry_url)
+    cache_path = cache_dir(cache)
+    outcome = SweepOutcome()
+    for n, job in enumerate(jobs, 1):
+        run_id = job_run_id(job, cache_path)
+        status = registry.run_status(run_id)
+        where = f"[{n}/{len(jobs)}] v{job.variant.index} seed {job.seed} ({run_id})"
+        if status == FINISHED:
+            outcome.outcomes.append(JobOutcome(job, run_id, "skipped (finished)", status))
+            on_event(f"{where}: finished earlier, skipped")
+            continue
+        if status == RUNNING:
+            outcome.outcomes.append(JobOutcome(job, run_id, "skipped (running elsewhere)", status))
+            on_event(f"{where}: running elsewhere (live heartbeat), skipped")
+            continue
+        on_event(f"{where}: training {job.variant.label}" + (f" (was {status})" if status else ""))
+        inner = logger_factory() if logger_factory else RegistryLogger(registry_url)
+        with install_signal_handlers():
+            result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
+                           progress=progress, cache=cache)
+        outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
+        on_event(f"{where}: {result.status}" + (f": {result.error}" if result.error else
+                                                f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
+    return outcome
+
+
+def _tokens_per_step(recipe: Mapping[str, Any], tags: Mapping[str, str]) -> int:
+    world = int(tags.get("world_size", "1") or 1)
+    return int(recipe["batch_size"]) * int(recipe["grad_accum"]) * int(recipe["seq_len"]) * world
+
+
+def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> list[VariantResult]:
+    """Every variant of a sweep with its runs, from the registry alone.
+
+    With the sweep file, only runs of its current variants count (matched by spec hash, so an edited sweep never
+    mixes in runs of an older definition) and variants with no runs yet are listed empty. Without it, variants are
+    grouped by the tags their runs carry, the latest attempt per (variant, seed).
+    """
+    rows = registry.runs(where=f"sweep = {json.dumps(sweep_name)}", sort="created")
+    wanted: dict[str, Job] = {spec_hash(j.spec): j for j in sweep.jobs} if sweep else {}
+    by_variant: dict[int, dict[int, Any]] = {}
+    for row in rows:
+        if sweep is not None:
+            job = wanted.get(row.spec_hash)
+            if job is None:
+                continue
+            index = job.variant.index
+        else:
+            try:
+                index = int(row.tags.get(TAG_VARIANT, ""))
+            except ValueError:
+                continue
+        by_variant.setdefault(index, {})[row.seed] = row  # sorted by created: the latest attempt wins
+
+    indices = sorted(set(by_variant) | ({v.index for v in sweep.variants} if sweep else set()))
+    if not indices:
+        return []
+    specs = {}
+    for index in indices:
+        runs = by_variant.get(index, {})
+        if sweep is not None:
+            specs[index] = sweep.variants[index].spec
+        else:
+            specs[index] = parse_spec(next(iter(runs.values())).spec)
+    baseline_index = sweep.file.baseline if sweep else min(indices)
+    base_spec = specs.get(baseline_index, specs[indices[0]])
+
+    variants = []
+    for index in indices:
+        runs = by_variant.get(index, {})
+        results = []
+        for seed, row in sorted(runs.items()):
+            history = [(p.step, p.value) for p in registry.metric_history(row.id, "val_loss")]
+            results.append(RunResult(
+                run_id=row.id, seed=seed, status=row.status,
+                final_val_loss=row.summary.get("val_loss", row.metrics.get("val_loss")),
+                tokens_per_s=row.summary.get("tokens_per_s"),
+                history=history, tokens_per_step=_tokens_per_step(row.recipe, row.tags), summary=dict(row.summary),
+            ))
+        spec = specs[index]
+        if sweep is not None:
+            acc, label = sweep.variants[index].accounting, sweep.variants[index].label
+            acc_d = acc.to_dict()
+        else:
+            first = next(iter(runs.values()))
+            acc_d, label = first.accounting, first.tags.get(TAG_LABEL, f"v{index}")
+        variants.append(VariantResult(
+            index=index, label=label, diff=spec_diff(base_spec, spec),
+            params_total=int(acc_d["params"]["total"]), params_active=int(acc_d["params"]["active"]),
+            flops_train_per_token=int(acc_d["flops_per_token"]["train"]),
+            kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
+        ))
+    return variants
