@@ -109,3 +109,15 @@ def test_schema_is_json_schema_with_unions():
     # editors complete on it: it validates a real spec
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(yaml.safe_load(open("specs/llama-like.yaml")), schema)
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path):
+    f = tmp_path / "dup.yaml"
+    f.write_text("name: a\nmodel: {d_model: 64}\nname: b\n")
+    with pytest.raises(UserError, match=r"dup.yaml:3:1: invalid YAML: duplicate key 'name'"):
+        load_spec(f)
+
+
+def test_reserved_names_would_shadow_imports():
+    (line,) = problems({"name": "torch"})
+    assert line.startswith("name: 'torch' would generate torch.py, which shadows")

@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import typing
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from archspec.errors import UserError
@@ -45,35 +47,70 @@ def parse_spec(data: Any) -> Spec:
     return spec
 
 
-def _user_path(loc: tuple, data: Any) -> str:
-    """Field path as the user wrote it: pydantic puts the union tag into the location (`model.ffn.glu.activation`);
-    drop it where the input at that point selected that tag, so the path reads `model.ffn.activation`."""
-    parts, node = [], data
-    for i, part in enumerate(loc):
-        is_tag = (isinstance(node, dict) and isinstance(part, str) and part not in node and i + 1 < len(loc)
-                  and node.get("kind", part) == part)  # an omitted kind selects the default member
-        if is_tag:
+def _kind_members(annotation: Any) -> dict[str, type[BaseModel]] | None:
+    """The kind → class table of a `kind`-discriminated union annotation, or None if it is not one."""
+    found: dict[str, type[BaseModel]] = {}
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            if "kind" not in a.model_fields:
+                return None
+            found[a.model_fields["kind"].default] = a
+        else:
+            stack.extend(typing.get_args(a))
+    return found if len(found) >= 1 and typing.get_origin(annotation) is not None else None
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return _model_of(args[0]) if len(args) == 1 else None
+
+
+def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
+    """Field path as the user wrote it. Pydantic puts the union tag into the location of an error inside a union
+    member (`model.ffn.glu.activation`); walk the schema beside the location and drop exactly those tags."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = root
+    members: dict[str, type[BaseModel]] | None = None
+    for part in loc:
+        if members is not None:  # this element is the tag pydantic inserted
+            model, members = members.get(str(part)), None
             continue
-        parts.append(str(part))
-        node = node.get(part) if isinstance(node, dict) else (
-            node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+        parts.append(_printable(str(part)))
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        if field is None:
+            model = None
+            continue
+        members = _kind_members(field.annotation)
+        model = None if members else _model_of(field.annotation)
     return ".".join(parts)
 
 
-def format_validation_error(err: ValidationError, prefix: str = "", data: Any = None) -> list[str]:
+def _printable(text: str, limit: int = 120) -> str:
+    """User text inside a message: control characters escaped (no forged lines, no terminal codes), length capped."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def format_validation_error(err: ValidationError, prefix: str = "", data: Any = None,
+                            root: type[BaseModel] = Spec) -> list[str]:
     """One line per problem: `model.attention.n_kv_heads: must divide n_heads (8), got 3`."""
     lines = []
     for e in err.errors(include_url=False):
-        path = _user_path(e["loc"], data)
-        msg = e["msg"]
+        path = _user_path(e["loc"], root)
+        msg = _printable(e["msg"], 300)
         if e["type"] == "string_pattern_mismatch" and path.endswith("name"):
-            msg = f"must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), got {e['input']!r}"
+            msg = ("must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), "
+                   f"got {_printable(repr(e['input']))}")
         elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; `archspec schema` lists the valid fields)"
         elif e["type"] == "missing":
             msg = "required field is missing"
         elif e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg}, got {e['input']!r}"
+            msg = f"{msg}, got {_printable(repr(e['input']))}"
         lines.append(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}")
     return lines
 
@@ -108,6 +145,23 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
     return data
 
 
+class _StrictSafeLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, but a key given twice in one mapping is an error instead of "last one wins"."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark)
+                seen[key] = True
+            except TypeError:
+                pass  # unhashable keys: SafeLoader reports them itself
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path, what: str = "spec") -> Any:
     path = Path(path)
     try:
@@ -118,8 +172,10 @@ def read_yaml(path: str | Path, what: str = "spec") -> Any:
         raise UserError(f"{path}: is a directory, expected a {what} YAML file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read {what} file: {e}") from None
+    if not text.strip():
+        raise UserError(f"{path}: empty {what} file")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 (a SafeLoader subclass: safe_load semantics)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -131,7 +187,9 @@ def load_spec_dict(data: Any, overrides: Iterable[str] = (), origin: str = "spec
     """Validate a raw dict (after overrides); raise SpecError with one line per problem."""
     if not isinstance(data, dict):
         raise SpecError(f"{origin}: expected a mapping with name/model/train, got {type(data).__name__}")
-    data = apply_overrides(json.loads(json.dumps(data, default=str)), overrides)
+    # deepcopy, not a JSON round trip: it keeps YAML aliases shared (no "billion laughs" expansion) and survives
+    # cycles, which pydantic then reports as a field error.
+    data = apply_overrides(copy.deepcopy(data), overrides)
     try:
         return parse_spec(data)
     except ValidationError as e:
@@ -143,8 +201,18 @@ def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Spec:
     return load_spec_dict(read_yaml(path), overrides, origin=str(path))
 
 
+def _normalise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalise(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalise(v) for v in value]
+    if isinstance(value, float):
+        return value + 0.0  # -0.0 → 0.0: equal values, one spelling
+    return value
+
+
 def canonical_dict(spec: Spec) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
+    return _normalise(spec.model_dump(mode="json"))
 
 
 def canonical_json(spec: Spec) -> str:

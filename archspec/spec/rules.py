@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from archspec.spec.model import MAX_HEAD_DIM
+
 if TYPE_CHECKING:
     from archspec.spec.model import Spec
+
+# Names whose generated file (generated/<name>.py) would shadow a module that file itself imports (the directory
+# of a script run beside it comes first on sys.path).
+RESERVED_NAMES = {"torch", "math", "archspec"}
+BPE_MIN_VOCAB = 260
 
 Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending value)
 
@@ -35,13 +42,24 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     if att.positional.kind == "sinusoidal" and m.d_model % 2:
         out.append((("model", "d_model"), f"must be even for sinusoidal positions, got {m.d_model}", m.d_model))
 
+    if att.head_dim is not None and att.head_dim > MAX_HEAD_DIM:
+        out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // n_heads "
+                    "when not given: raise n_heads or set head_dim)", att.head_dim))
+    if spec.name in RESERVED_NAMES:
+        out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
+                    "name for scripts run beside it; pick another name", spec.name))
+
     t = spec.train
     if t.seq_len is not None and t.seq_len > m.context_length:
         out.append((("train", "seq_len"), f"must be at most model.context_length ({m.context_length}), got {t.seq_len}", t.seq_len))
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     tok = t.data.tokenizer
-    if tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size > m.vocab_size:
+    if tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size < BPE_MIN_VOCAB:
+        out.append((("train", "data", "tokenizer", "vocab_size"),
+                    f"must be at least {BPE_MIN_VOCAB} for a BPE tokenizer (256 bytes + specials + merges), got "
+                    f"{tok.vocab_size} (it defaults to model.vocab_size)", tok.vocab_size))
+    elif tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size > m.vocab_size:
         out.append((("train", "data", "tokenizer", "vocab_size"),
                     f"must be at most model.vocab_size ({m.vocab_size}), got {tok.vocab_size}", tok.vocab_size))
     return out
