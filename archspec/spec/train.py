@@ -48,22 +48,23 @@ class DataSpec(_Strict):
 
 
 class TrainSpec(_Strict):
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    steps: int = Field(200, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="model init, data order and dropout")
+    steps: int = Field(200, ge=1, le=10_000_000, description="optimizer steps; also the length of the schedule")
     batch_size: int = Field(8, ge=1, le=65536, description="sequences per micro-batch (per process)")
+    # tokens per optimizer step = batch_size · seq_len · grad_accum · processes
     grad_accum: int = Field(1, ge=1, le=4096)
     seq_len: int | None = Field(None, ge=1, description="training window; default model.context_length")
     lr: float = Field(3e-4, gt=0.0, le=10.0, description="peak learning rate")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.1, ge=0.0, le=10.0)
+    warmup_steps: int = Field(20, ge=0, description="linear warmup from lr/warmup_steps to lr")
+    weight_decay: float = Field(0.1, ge=0.0, le=10.0, description="AdamW decay on ≥2-D weights only")
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
-    eval_interval: int = Field(50, ge=1)
-    eval_batches: int = Field(4, ge=1, le=10_000)
+    eval_interval: int = Field(50, ge=1, description="steps between evaluations; the last step is always evaluated")
+    eval_batches: int = Field(4, ge=1, le=10_000, description="global batches in the fixed validation set")
     checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    compile: bool = True
+    compile: bool = True  # torch.compile per block; `archspec train --no-compile` overrides it
     data: DataSpec = Field(default_factory=DataSpec)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,10 @@ def digest(*parts: Any) -> str:
 
 
 def temp_path_beside(path: Path) -> Path:
-    """A fresh, unique file name in `path`'s directory (same file system, so os.replace is atomic)."""
+    """A unique file name in `path`'s directory (same file system, so os.replace is atomic). Not created here, so
+    the file gets the usual permissions (mkstemp would make it private)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return Path(name)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

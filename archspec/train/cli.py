@@ -1,0 +1,58 @@
+"""`archspec train SPEC`: one run of a spec through the shared loop, recorded in the registry.
+
+Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same command trains with DDP.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from archspec.spec import load_spec
+from archspec.train.checkpoint import resolve
+from archspec.train.distributed import DEVICES
+from archspec.train.logger import FINISHED, NullLogger, RunLogger
+from archspec.train.loop import train
+
+
+def make_logger(registry_url: str | None) -> RunLogger:
+    """The registry at `registry_url` (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db), on rank 0.
+
+    `archspec train` is an explicit request to train, so a run the registry already holds as FINISHED (same spec,
+    data, recipe and seed) is trained again as a new attempt; sweeps (`archspec ablate`) skip those instead."""
+    if os.environ.get("RANK", "0") != "0":
+        return NullLogger()  # under torchrun only rank 0 records anything
+    from archspec.registry import RegistryLogger, default_url
+
+    return RegistryLogger(registry_url or default_url(), rerun_finished=True)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("spec_path", metavar="SPEC")
+@click.option("--set", "overrides", multiple=True, metavar="K=V", help="Override a dotted spec key, e.g. train.lr=1e-3.")
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.steps, so the schedule too).")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="auto: CUDA when present, else CPU.")
+@click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
+@click.option("--registry", metavar="URL",
+              help="Registry database URL [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@click.option("--run-dir", metavar="DIR",
+              help="Where the generated module and checkpoint go [default: runs/<name>-<run id>].")
+@click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (overrides train.compile).")
+@click.option("--json", "json_out", is_flag=True, help="Print the final metrics as one JSON object on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or run lines on stderr.")
+def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
+              registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool) -> None:
+    """Train SPEC once with the shared loop and record the run."""
+    from archspec.registry import install_signal_handlers
+
+    spec = load_spec(spec_path, [*overrides, *([f"train.steps={steps}"] if steps is not None else [])])
+    if resume and not run_dir:
+        run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
+    with install_signal_handlers():  # SIGTERM ends the run KILLED, like Ctrl-C
+        result = train(spec, device=device, logger=make_logger(registry), resume=resume, run_dir=run_dir,
+                       compile=False if no_compile else None, json_out=json_out, progress=not quiet)
+    if result.status != FINISHED:
+        where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
+        raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")

@@ -1,0 +1,410 @@
+"""Training data: corpus → tokenizer → token file (once, cached) → shuffled windows of seq_len + 1 tokens.
+
+    data = build_data(spec, cache_dir(), rank=0, world=1)
+    x, y = data.sampler.next_batch()          # (B, T) inputs and the same windows shifted by one
+    data.val_batches                          # a fixed list of (x, y), the same for every run on this data
+
+The corpus is tokenised once into two memory-mapped files (train, val) of uint16 ids (uint32 above 65536 ids) with
+EOS after every document, named by the hash of (corpus content, tokenizer, split), so every later run, every rank and
+every machine with the same data reads the same tokens and records the same data hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from archspec.errors import UserError
+from archspec.spec.train import DataSpec, FilesCorpus, StdlibCorpus
+from archspec.train.cache import atomic_write_text, digest
+from archspec.train.tokenizer import Tokenizer, build_tokenizer
+
+_FORMAT = 1  # bump when the token files' layout or the split rule changes
+_ENCODE_CHUNK_CHARS = 8 << 20  # documents are tokenised in batches of about this much text
+
+
+# ── corpora ──────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class Corpus:
+    """Documents in a fixed order, and the sha256 of their content (each prefixed by its length)."""
+
+    description: str
+
+    def documents(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    @cached_property
+    def content_hash(self) -> str:
+        h, n_docs = hashlib.sha256(), 0
+        for doc in self.documents():
+            data = doc.encode("utf-8")
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+            n_docs += 1
+        if n_docs == 0:
+            raise UserError(f"corpus is empty: {self.description} holds no text")
+        return h.hexdigest()
+
+
+_STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+class StdlibSource(Corpus):
+    """The running Python's standard-library sources, test suites excluded (~13 MB): present on every machine."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root or sysconfig.get_paths()["stdlib"])
+        self.files = [
+            p for p in sorted(self.root.rglob("*.py"))
+            if p.is_file() and not _STDLIB_SKIP.intersection(p.relative_to(self.root).parts)
+        ]
+        self.description = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib ({len(self.files)} files)"
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            text = path.read_bytes().decode("utf-8", errors="replace")  # a stray latin-1 byte is not worth a refusal
+            if text:
+                yield text
+
+
+class FilesSource(Corpus):
+    """Text files, directories (every non-hidden file inside, sorted) and JSONL files (one document per line's `text`)."""
+
+    def __init__(self, paths: list[str]):
+        self.files = _expand_paths(paths)
+        self.description = f"{len(self.files)} file{'s' * (len(self.files) != 1)} from {', '.join(paths)}"
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            if path.suffix == ".jsonl":
+                yield from _jsonl_documents(path)
+            else:
+                text = _read_text(path)
+                if text:
+                    yield text
+
+
+def _expand_paths(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for i, raw in enumerate(paths):
+        where = f"train.data.corpus.paths[{i}]"
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            found = [p for p in sorted(path.rglob("*")) if p.is_file()
+                     and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+            if not found:
+                raise UserError(f"{where}: corpus directory {raw} holds no files")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif path.exists():
+            raise UserError(f"{where}: {raw} is neither a file nor a directory")
+        else:
+            raise UserError(f"{where}: no such corpus file or directory: {raw}")
+    return files
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read corpus file: {e.strerror or e}") from None
+
+
+def _read_text(path: Path) -> str:
+    data = _read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (invalid byte at offset {e.start}); corpus files must be UTF-8") from None
+
+
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    """One document per line's `text`, read line by line (a JSONL corpus may be larger than memory)."""
+    line_no = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if line.strip():
+                    text = _jsonl_text(path, line_no, line)
+                    if text:
+                        yield text
+    except UnicodeDecodeError:
+        raise UserError(f"{path}:{line_no + 1}: not UTF-8 text; corpus files must be UTF-8") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read corpus file: {e.strerror or e}") from None
+
+
+def _jsonl_text(path: Path, line_no: int, line: str) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{line_no}: invalid JSON: {e.msg}") from None
+    text = record.get("text") if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise UserError(f"{path}:{line_no}: expected an object with a string `text` field")
+    return text
+
+
+def open_corpus(spec: StdlibCorpus | FilesCorpus) -> Corpus:
+    return StdlibSource() if spec.kind == "stdlib" else FilesSource(spec.paths)
+
+
+# ── the token store ──────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class TokenStore:
+    """The tokenised corpus: `train` and `val` are read-only memory-mapped arrays of ids."""
+
+    directory: Path
+    train: np.ndarray
+    val: np.ndarray
+    meta: dict
+
+    @property
+    def key(self) -> str:
+        return self.meta["key"]
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def _is_val_document(text: str, val_fraction: float) -> bool:
+    """Split by document content: stable under reordering, and duplicate documents land on the same side."""
+    h = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "little") < val_fraction * 2.0**64
+
+
+def _batched_documents(corpus: Corpus) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for doc in corpus.documents():
+        batch.append(doc)
+        size += len(doc)
+        if size >= _ENCODE_CHUNK_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _write_token_files(corpus: Corpus, tokenizer: Tokenizer, val_fraction: float, out: Path) -> dict:
+    """Tokenise every document, EOS after each, into out/train.bin and out/val.bin; return the counts."""
+    dtype = _token_dtype(tokenizer.vocab_size)
+    eos = np.array([tokenizer.eos_id], dtype=dtype)
+    counts = {"train": 0, "val": 0, "documents": 0}
+    with open(out / "train.bin", "wb") as f_train, open(out / "val.bin", "wb") as f_val:
+        for docs in _batched_documents(corpus):
+            for doc, ids in zip(docs, tokenizer.encode_batch(docs)):
+                side = "val" if _is_val_document(doc, val_fraction) else "train"
+                ids = np.concatenate([ids.astype(dtype, copy=False), eos])
+                (f_val if side == "val" else f_train).write(ids.tobytes())
+                counts[side] += len(ids)
+                counts["documents"] += 1
+    counts["split"] = "documents"
+    if counts["train"] == 0 or counts["val"] == 0:  # too few documents to split by document: split the token stream
+        counts.update(_split_by_tokens(out, dtype, val_fraction))
+    return counts
+
+
+def _split_by_tokens(out: Path, dtype: np.dtype, val_fraction: float) -> dict:
+    tokens = np.concatenate([np.fromfile(out / "train.bin", dtype=dtype), np.fromfile(out / "val.bin", dtype=dtype)])
+    n_val = max(1, math.ceil(len(tokens) * val_fraction))
+    tokens[:-n_val].tofile(out / "train.bin")
+    tokens[-n_val:].tofile(out / "val.bin")
+    return {"train": len(tokens) - n_val, "val": n_val, "split": "tokens"}
+
+
+def _open_tokens(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    if len(tokens) != count:
+        raise ValueError(f"{path}: {len(tokens)} tokens, meta.json says {count}")
+    return tokens
+
+
+def _open_store(directory: Path) -> TokenStore:
+    meta = json.loads((directory / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    train = _open_tokens(directory / "train.bin", dtype, meta["n_train"])
+    val = _open_tokens(directory / "val.bin", dtype, meta["n_val"])
+    return TokenStore(directory, train, val, meta)
+
+
+def token_store(corpus: Corpus, tokenizer: Tokenizer, val_fraction: float, cache: Path) -> TokenStore:
+    """The tokenised corpus, built on first use and then read from `cache/tokens/<key>/`."""
+    key = digest("tokens", _FORMAT, corpus.content_hash, tokenizer.identity, val_fraction)
+    directory = cache / "tokens" / key[:24]
+    if (directory / "meta.json").exists():
+        try:
+            return _open_store(directory)
+        except (OSError, ValueError, KeyError):  # a damaged entry is rebuilt, not trusted
+            shutil.rmtree(directory, ignore_errors=True)
+    staging = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        counts = _write_token_files(corpus, tokenizer, val_fraction, staging)
+        meta = {
+            "format": _FORMAT, "key": key, "corpus": corpus.description, "corpus_hash": corpus.content_hash,
+            "tokenizer": tokenizer.kind, "tokenizer_identity": tokenizer.identity,
+            "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
+            "dtype": _token_dtype(tokenizer.vocab_size).name, "val_fraction": val_fraction,
+            "n_train": counts["train"], "n_val": counts["val"], "n_documents": counts["documents"],
+            "split": counts["split"],
+        }
+        atomic_write_text(staging / "meta.json", json.dumps(meta, indent=2))
+        try:
+            os.replace(staging, directory)
+        except OSError:  # another process finished the same entry first; theirs is identical
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _open_store(directory)
+
+
+# ── windows and batches ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _gather(tokens: np.ndarray, windows: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of seq_len + 1 tokens → inputs (B, T) and targets (B, T): the same window shifted by one."""
+    rows = np.stack([tokens[w * seq_len: w * seq_len + seq_len + 1] for w in windows]).astype(np.int64)
+    batch = torch.from_numpy(rows)  # (B, T + 1)
+    return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # (B, T) each; contiguous, as models may .view
+
+
+def window_count(n_tokens: int, seq_len: int) -> int:
+    """Windows start every seq_len tokens and hold seq_len + 1, so consecutive windows share one token and every
+    token but the first is a target exactly once per epoch."""
+    return max(0, (n_tokens - 1) // seq_len)
+
+
+class WindowSampler:
+    """Deterministic, shardable, resumable batches of training windows.
+
+    Each epoch visits every window once, in a permutation drawn from (seed, epoch). One global micro-batch is the
+    next `batch_size · world` windows of that order; rank r takes the r-th slice of `batch_size`. So one process with
+    batch 2B and two processes with batch B see the same global batch, and the position (epoch, cursor) is all that a
+    checkpoint needs to continue exactly.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+        self.seed, self.rank, self.world = seed, rank, world
+        self.n_windows = window_count(len(tokens), seq_len)
+        if self.n_windows == 0:
+            raise UserError(f"the training split holds {len(tokens)} tokens, fewer than one window of "
+                            f"train.seq_len + 1 = {seq_len + 1}; use a larger corpus or a shorter train.seq_len")
+        self.epoch, self.cursor = 0, 0
+        self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_windows)
+            self._order_epoch = self.epoch
+        return self._order
+
+    def _take(self, count: int) -> np.ndarray:
+        taken = []
+        while count:
+            order = self._epoch_order()
+            chunk = order[self.cursor: self.cursor + count]
+            taken.append(chunk)
+            count -= len(chunk)
+            self.cursor += len(chunk)
+            if self.cursor == self.n_windows:
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return np.concatenate(taken)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        global_batch = self._take(self.batch_size * self.world)
+        mine = global_batch[self.rank * self.batch_size: (self.rank + 1) * self.batch_size]
+        return _gather(self.tokens, mine, self.seq_len)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len,
+                "n_windows": self.n_windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "seq_len", "n_windows"):
+            if state.get(key) != getattr(self, key):
+                raise UserError(f"checkpoint data position was saved with {key}={state.get(key)}, this run has "
+                                f"{key}={getattr(self, key)}; resume with the same data and recipe")
+        if not 0 <= state["cursor"] < self.n_windows or state["epoch"] < 0:
+            raise UserError(f"checkpoint data position is out of range: {state}")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+
+
+def val_batches(tokens: np.ndarray, seq_len: int, batch_size: int, n_batches: int, rank: int = 0,
+                world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed set of `n_batches` global batches (`batch_size · world` windows each, fewer if the split is short)
+    spread evenly over the split: the same for every seed, and for every way of cutting the same global batch into
+    processes. Rank r evaluates every world-th window."""
+    n_windows = window_count(len(tokens), seq_len)
+    if n_windows == 0:
+        raise UserError(f"the validation split holds {len(tokens)} tokens, fewer than one window of "
+                        f"train.seq_len + 1 = {seq_len + 1}; raise train.data.val_fraction or use a larger corpus")
+    count = min(n_windows, n_batches * batch_size * world)
+    windows = (np.arange(count) * n_windows // count)[rank::world]
+    return [_gather(tokens, windows[i: i + batch_size], seq_len) for i in range(0, len(windows), batch_size)]
+
+
+# ── everything a run needs ───────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class TrainData:
+    corpus: Corpus
+    tokenizer: Tokenizer
+    store: TokenStore
+    sampler: WindowSampler
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def data_hash(self) -> str:
+        """Names the tokens a run trains on: corpus content, tokenizer and split (not the path of any file)."""
+        return self.store.key
+
+    def describe(self) -> dict:
+        m = self.store.meta
+        return {"corpus": m["corpus"], "corpus_hash": m["corpus_hash"], "tokenizer": m["tokenizer"],
+                "vocab_size": m["vocab_size"], "train_tokens": m["n_train"], "val_tokens": m["n_val"],
+                "documents": m["n_documents"], "split": m["split"], "data_hash": self.data_hash}
+
+
+def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
+    if tokenizer.vocab_size > model_vocab_size:
+        what = "256 bytes + EOS" if tokenizer.kind == "byte" else "as trained"
+        raise UserError(f"model.vocab_size: must be at least the {tokenizer.kind} tokenizer's vocabulary "
+                        f"({tokenizer.vocab_size}, {what}), got {model_vocab_size}")
+
+
+def prepare_tokens(data_spec: DataSpec, model_vocab_size: int, cache: Path) -> tuple[Corpus, Tokenizer, TokenStore]:
+    """Corpus, tokenizer and token store, built into `cache` on first use (run this on one rank first)."""
+    corpus = open_corpus(data_spec.corpus)
+    tokenizer = build_tokenizer(data_spec.tokenizer, corpus, cache)  # the byte tokenizer reads no text
+    check_vocab(tokenizer, model_vocab_size)
+    return corpus, tokenizer, token_store(corpus, tokenizer, data_spec.val_fraction, cache)
+
+
+def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData:
+    t = spec.train
+    corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
+    sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)
+    val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_batches, rank, world)
+    return TrainData(corpus, tokenizer, store, sampler, val)

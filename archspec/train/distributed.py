@@ -1,0 +1,111 @@
+"""Device choice and data-parallel plumbing. One code path: a single process is a world of size one.
+
+Under `torchrun --nproc-per-node N` (which sets RANK, LOCAL_RANK and WORLD_SIZE) the loop joins a process group
+(gloo on CPU, nccl on CUDA), wraps the model in DistributedDataParallel, reads its own slice of every global batch,
+and leaves logging and checkpoints to rank 0. DDP keeps a full replica per process, so it scales throughput, not
+model size; a model that does not fit one device needs FSDP2 (`torch.distributed.fsdp.fully_shard`), not wired yet.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from archspec.errors import UserError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class World:
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this process created the group, so it also destroys it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (a single process returns `values`)."""
+        if not self.distributed:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Average of `tensor` over ranks (a single process returns it unchanged)."""
+        if not self.distributed:
+            return tensor
+        dist.all_reduce(tensor)  # a sum: gloo has no AVG
+        return tensor / self.size
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise UserError(f"${name} must be an integer, got {raw!r}") from None
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    if requested not in DEVICES:
+        raise UserError(f"--device: must be one of {', '.join(DEVICES)}, got {requested!r}")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices")
+    return torch.device("cuda", local_rank)
+
+
+def init_world(requested_device: str = "auto") -> World:
+    """The process's place in the job: from torchrun's environment, else a world of one."""
+    size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    device = resolve_device(requested_device, local_rank)
+    if size <= 1:
+        return World(device=device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size,
+                                device_id=device if device.type == "cuda" else None)
+    return World(rank=rank, local_rank=local_rank, size=size, device=device, owns_group=owns)
+
+
+def wrap_ddp(model: nn.Module, world: World) -> nn.Module:
+    if not world.distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+
+
+def no_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulated step."""
+    if sync or not isinstance(model, DistributedDataParallel):
+        return nullcontext()
+    return model.no_sync()

@@ -1,0 +1,468 @@
+"""The shared training loop: every generated model is trained by this one `Trainer`, which is what makes runs comparable.
+
+    result = train(load_spec("specs/llama-like-tiny.yaml"), steps=50)
+    result.status, result.metrics["val_loss"], result.losses
+
+Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
+DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`.
+Around it (`run`): metrics every step, evaluation every `eval_interval` steps, checkpoints, heartbeats, final status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import archspec
+from archspec import codegen
+from archspec.accounting import account
+from archspec.errors import UserError
+from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
+from archspec.train.cache import cache_dir, digest
+from archspec.train.checkpoint import (
+    FILENAME,
+    check_same_spec,
+    load_checkpoint,
+    resolve,
+    restore_modules,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from archspec.train.data import TrainData, build_data
+from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
+from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger, RunInfo, RunLogger, run_id_for
+from archspec.train.optim import build_optimizer, lr_at, set_lr
+from archspec.train.progress import ProgressBar
+from archspec.train.run_dir import default_run_dir
+from archspec.train.throughput import mfu, peak_flops
+
+HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
+
+
+class NonFiniteLoss(Exception):
+    """A step produced a NaN/inf loss or gradient norm; the update was not applied."""
+
+
+@dataclass
+class StepStats:
+    loss: float  # cross-entropy, mean over the step's micro-batches and ranks
+    aux: dict[str, float]  # auxiliary losses (MoE), same averaging
+    grad_norm: float  # before clipping
+    lr: float
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    status: str  # FINISHED | FAILED (KILLED and crashes propagate as exceptions)
+    error: str | None
+    step: int  # optimizer steps completed, counting those before a resume
+    metrics: dict[str, float]  # the summary sent to the logger
+    losses: list[float] = field(default_factory=list)  # train loss of every step this call ran
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, val_loss)
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "status": self.status, "error": self.error, "step": self.step,
+                **self.metrics, "run_dir": str(self.run_dir), "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """None: plain fp32. `auto` is bf16 autocast on a CUDA device that has bf16, fp32 elsewhere (CPUs without native
+    bf16 run it hundreds of times slower)."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+
+
+def with_steps(spec: Spec, steps: int) -> Spec:
+    """The spec with train.steps replaced, validated again (warmup must still fit)."""
+    return load_spec_dict(canonical_dict(spec), [f"train.steps={int(steps)}"], origin=f"{spec.name} (--steps {steps})")
+
+
+def code_version() -> str:
+    version = archspec.__version__
+    try:
+        rev = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
+                             text=True, timeout=5, cwd=Path(archspec.__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{version}+g{rev}" if rev else version
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB: the process's peak RSS
+
+
+class Trainer:
+    def __init__(self, spec: Spec, *, device: str = "auto", logger: RunLogger | None = None,
+                 resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
+                 progress: bool = False, cache: str | Path | None = None, world: World | None = None):
+        self.started = time.perf_counter()
+        self.spec, self.recipe = spec, spec.train
+        self.world = world or init_world(device)
+        self.device = self.world.device
+        self.amp_dtype = autocast_dtype(self.recipe.precision, self.device)
+        self.cache = cache_dir(cache)
+        self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
+        self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
+
+        self.data = self._build_data()
+        self.run_id = run_id_for(spec_hash(spec), self.data.data_hash, self._recipe(), self.recipe.seed)
+        self.resume_path = resolve(resume) if resume is not None else None
+        self.run_dir = Path(run_dir) if run_dir else (
+            self.resume_path.parent if self.resume_path else default_run_dir(spec.name, self.run_id))
+        self.generated, self.model = self._build_model()
+        self.optimizer = build_optimizer(self.model, self.recipe, self.device)
+        self.compiled = self._should_compile(compile)
+        self.compile_s = self._compile_blocks() if self.compiled else 0.0
+        self.ddp_model = wrap_ddp(self.model, self.world)
+        self.step, self.saved_step = 0, -1
+        if self.resume_path:
+            self._resume(self.resume_path)
+
+        self.tokens_per_step = self.recipe.batch_size * self.recipe.seq_len * self.recipe.grad_accum * self.world.size
+        self.flops_per_token = account(spec, seq_len=self.recipe.seq_len).flops_train
+        self.peak_flops, self.peak_source = peak_flops(self.device, self.amp_dtype or torch.float32, self.cache)
+        self.step_seconds: list[float] = []
+        self.first_step_at: float | None = None
+        self.last_eval: dict[str, float] = {}
+
+    # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def _recipe(self) -> dict[str, Any]:
+        return self.recipe.model_dump(mode="json")
+
+    def _build_data(self) -> TrainData:
+        """Rank 0 tokenises into the cache first; the others wait, then read the same files."""
+        if not self.world.is_main:
+            self.world.barrier()
+        data = build_data(self.spec, self.cache, rank=self.world.rank, world=self.world.size)
+        if self.world.is_main:
+            self.world.barrier()
+        return data
+
+    def _build_model(self) -> tuple[codegen.Generated, nn.Module]:
+        """Generate the spec's module into the run directory (the exact source this run trains, beside its
+        checkpoint) and build it on the device from the run's seed; every rank starts from the same weights."""
+        codegen.check_memory(self.spec, for_training=True, device=self.device.type)
+        generated = codegen.generate(self.spec, out_dir=self.run_dir)
+        torch.manual_seed(self.recipe.seed)
+        random.seed(self.recipe.seed)
+        with torch.device(self.device):
+            model = generated.Model()
+        # Dropout draws from a stream of its own per rank (the init stream above is shared by every rank).
+        torch.manual_seed(int(digest("dropout", self.recipe.seed, self.world.rank)[:15], 16))
+        return generated, model
+
+    def _should_compile(self, requested: bool | None) -> bool:
+        wanted = self.recipe.compile if requested is None else requested
+        if wanted and self.device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
+            self.progress.log("[yellow]no C++ compiler found: torch.compile needs one on CPU; running eager[/]")
+            return False
+        return wanted
+
+    def _compile_blocks(self) -> float:
+        """Compile each block (identical code and shapes, so one graph serves all: compile time does not grow with
+        depth) and, when the model splits it out as `head(x, targets)`, the output head (final norm → logits →
+        loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step). Then build the
+        graphs now, with a forward and backward on a dummy batch, so compile time is reported on its own and the
+        first step is a real step. The RNG is forked so that compiling leaves the training random stream untouched."""
+        for block in self.model.blocks:
+            block.compile()
+        if callable(getattr(type(self.model), "head", None)):
+            self.model.head = torch.compile(self.model.head)  # instance attribute: forward's self.head finds it
+        t0 = time.perf_counter()
+        dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            with self.autocast():
+                _, loss = self.model(dummy, dummy)
+            loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _resume(self, path: Path) -> None:
+        state = load_checkpoint(path)
+        check_same_spec(path, state, spec_hash(self.spec), canonical_dict(self.spec))
+        restore_modules(path, state, self.model, self.optimizer)
+        self.data.sampler.load_state_dict(state["data"])
+        if not 0 <= state["step"] <= self.recipe.steps:
+            raise UserError(f"{path}: checkpoint step {state['step']} is outside this run's 0..{self.recipe.steps}")
+        self.step = self.saved_step = int(state["step"])
+        per_rank = state["rng"]
+        set_rng_state(per_rank[self.world.rank] if len(per_rank) == self.world.size else per_rank[0])
+
+    def run_info(self) -> RunInfo:
+        d = self.data.describe()
+        return RunInfo(
+            spec_name=self.spec.name, spec_hash=spec_hash(self.spec), spec_json=canonical_dict(self.spec),
+            generated_hash=self.generated.source_hash,
+            accounting=account(self.spec, seq_len=self.recipe.seq_len).to_dict(),
+            data_hash=self.data.data_hash, seed=self.recipe.seed, recipe=self._recipe(),
+            code_version=code_version(), host=socket.gethostname(),
+            tags={"device": str(self.device), "precision": str(self.amp_dtype or torch.float32).replace("torch.", ""),
+                  "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
+                  "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
+                  "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
+                  "resumed_from_step": str(self.step)},
+        )
+
+    # ── one step ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def autocast(self) -> AbstractContextManager:
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.device.type == "cpu":
+            return batch
+        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in batch)  # type: ignore[return-value]
+
+    def _clip_gradients(self) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.recipe.grad_clip > 0:
+            return torch.nn.utils.clip_grad_norm_(params, self.recipe.grad_clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+    def _forward_backward(self, accum: int, sync: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One micro-batch: forward, plus the model's auxiliary losses, backward of their sum scaled by 1/accum.
+        DDP all-reduces the gradients only when `sync` (the last micro-batch of a step)."""
+        inputs, targets = self._to_device(self.data.sampler.next_batch())
+        with no_sync(self.ddp_model, sync):
+            with self.autocast():
+                _, loss = self.ddp_model(inputs, targets)
+                aux = self.model.auxiliary_losses()
+            total = loss + sum(aux.values()) if aux else loss
+            (total / accum).backward()
+        return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}
+
+    def train_step(self) -> StepStats:
+        """One optimizer step over `grad_accum` micro-batches. Raises NonFiniteLoss before applying a bad update."""
+        t0 = time.perf_counter()
+        lr = lr_at(self.step, self.recipe)
+        set_lr(self.optimizer, lr)
+        accum = self.recipe.grad_accum
+        loss_sum = torch.zeros((), device=self.device)
+        aux_sums: dict[str, torch.Tensor] = {}
+        for micro in range(accum):
+            loss, aux = self._forward_backward(accum, sync=micro == accum - 1)
+            loss_sum += loss
+            for name, value in aux.items():
+                aux_sums[name] = aux_sums.get(name, 0.0) + value
+        grad_norm = self._clip_gradients()  # the same on every rank: DDP averaged the gradients
+        # Losses averaged over ranks, so every rank agrees on stopping at a non-finite loss; one sync per step.
+        losses = self.world.mean(torch.stack([loss_sum, *aux_sums.values()]) / accum)
+        loss_value, *aux_values, grad_norm = torch.cat([losses, grad_norm.reshape(1).float()]).tolist()
+        aux_stats = dict(zip(aux_sums, aux_values))
+        self._check_finite(loss_value + sum(aux_values), grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        self.step += 1
+        return StepStats(loss_value, aux_stats, grad_norm, lr, time.perf_counter() - t0)
+
+    def _check_finite(self, loss: float, grad_norm: float) -> None:
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"non-finite loss ({loss}) at step {self.step + 1}")
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLoss(f"non-finite gradient norm ({grad_norm}) at step {self.step + 1}")
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over the fixed validation windows (every window holds seq_len targets, so the mean of window
+        means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
+        self.model.eval()
+        loss_sum, windows = 0.0, 0
+        with torch.compiler.set_stance("force_eager"):
+            for batch in self.data.val_batches:
+                inputs, targets = self._to_device(batch)
+                with self.autocast():
+                    _, loss = self.model(inputs, targets)
+                loss_sum += loss.item() * len(inputs)
+                windows += len(inputs)
+        self.model.train()
+        loss_sum, windows = self.world.sum([loss_sum, windows])
+        val_loss = loss_sum / windows
+        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+
+    # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / FILENAME
+
+    def save(self) -> None:
+        """Rank 0 writes model, optimizer, step, data position and every rank's RNG state; the others wait."""
+        rngs = [rng_state()]
+        if self.world.distributed:
+            rngs = [None] * self.world.size
+            torch.distributed.all_gather_object(rngs, rng_state())
+        if self.world.is_main:
+            save_checkpoint(self.checkpoint_path, {
+                "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "rng": rngs, "data": self.data.sampler.state_dict(), "world_size": self.world.size,
+            })
+        self.world.barrier()
+        self.saved_step = self.step
+
+    # ── the run ──────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def run(self) -> TrainResult:
+        """Train to `train.steps` (from the resumed step). A non-finite loss ends the run FAILED with the last good
+        checkpoint left in place; Ctrl-C ends it KILLED; any other exception ends it FAILED and propagates."""
+        self.run_id = self.logger.start(self.run_info()) or self.run_id
+        self.logger.log_artifact("model", str(self.generated.path))
+        losses: list[float] = []
+        evals: list[tuple[int, float]] = []
+        try:
+            with self.progress:
+                self._announce()
+                last_beat = time.monotonic()
+                while self.step < self.recipe.steps:
+                    stats = self.train_step()
+                    losses.append(stats.loss)
+                    self._record_step(stats)
+                    if self.step % self.recipe.eval_interval == 0 or self.step == self.recipe.steps:
+                        evals.append((self.step, self._record_eval()))
+                    if self.recipe.checkpoint_interval and self.step % self.recipe.checkpoint_interval == 0:
+                        self.save()
+                    if time.monotonic() - last_beat >= HEARTBEAT_S:
+                        self.logger.heartbeat()
+                        last_beat = time.monotonic()
+            if self.saved_step != self.step:
+                self.save()
+        except NonFiniteLoss as e:
+            return self._finish(FAILED, str(e), losses, evals)
+        except KeyboardInterrupt:
+            self._finish(KILLED, f"interrupted at step {self.step}", losses, evals)
+            raise
+        except Exception as e:
+            self._finish(FAILED, f"{type(e).__name__} at step {self.step + 1}: {e}", losses, evals)
+            raise
+        return self._finish(FINISHED, None, losses, evals)
+
+    def _announce(self) -> None:
+        acc = account(self.spec, seq_len=self.recipe.seq_len)
+        d = self.data.describe()
+        precision = "bf16 autocast" if self.amp_dtype else "fp32"
+        self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
+                          f"{self.device} {precision} × {self.world.size} · dir {self.run_dir}")
+        self.progress.log(f"data: {d['corpus']} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
+                          f"{d['val_tokens']:,} val tokens")
+        if self.amp_dtype and self.device.type == "cpu":
+            self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
+                              "than fp32; train.precision=auto picks fp32 here[/]")
+        if self.compiled:
+            self.progress.log(f"compiled {len(self.model.blocks)} blocks in {self.compile_s:.1f} s")
+        if self.step:
+            self.progress.log(f"resumed from step {self.step}")
+
+    def _record_step(self, stats: StepStats) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.perf_counter()
+        self.step_seconds.append(stats.seconds)
+        tokens_per_s = self.tokens_per_step / stats.seconds
+        metrics = {"train_loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm,
+                   "tokens_per_s": tokens_per_s,
+                   "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
+                   **{f"aux_{name}": value for name, value in stats.aux.items()}}
+        self.logger.log_metrics(self.step, metrics)
+        self.progress.update(self.step, stats.loss, tokens_per_s)
+
+    def _record_eval(self) -> float:
+        self.last_eval = self.evaluate()
+        self.logger.log_metrics(self.step, self.last_eval)
+        self.logger.heartbeat()
+        self.progress.log(f"step {self.step:>{len(str(self.recipe.steps))}}/{self.recipe.steps} · "
+                          f"val loss {self.last_eval['val_loss']:.4f} · ppl {self.last_eval['val_ppl']:.2f}")
+        return self.last_eval["val_loss"]
+
+    def summary(self, losses: list[float]) -> dict[str, float]:
+        out: dict[str, float] = {"steps": self.step, "tokens": self.step * self.tokens_per_step,
+                                 "compile_s": self.compile_s, "peak_mem_bytes": peak_memory_bytes(self.device),
+                                 "params": account(self.spec).total}
+        if losses:
+            out["train_loss"] = losses[-1]
+        out.update(self.last_eval)
+        if self.step_seconds:
+            steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
+            tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)
+            out.update(tokens_per_s=tokens_per_s, train_s=sum(self.step_seconds),
+                       mfu=mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
+                       time_to_first_step_s=self.first_step_at - self.started)
+        return out
+
+    def _finish(self, status: str, error: str | None, losses: list[float], evals: list) -> TrainResult:
+        metrics = self.summary(losses)
+        checkpoint = self.checkpoint_path if self.checkpoint_path.exists() else None
+        self.logger.set_summary(metrics)
+        if checkpoint:
+            self.logger.log_artifact("checkpoint", str(checkpoint))
+        self.logger.end(status, error)
+        if error:
+            self.progress.log(f"[red]{status}[/]: {error}" + (f" (last good checkpoint: {checkpoint})" if checkpoint else ""))
+        else:
+            self.progress.log(self._closing_line(metrics))
+        return TrainResult(self.run_id, status, error, self.step, metrics, losses, evals, self.run_dir, checkpoint)
+
+    def _closing_line(self, m: dict[str, float]) -> str:
+        parts = [f"[green]{FINISHED}[/] {self.step} steps"]
+        if "val_loss" in m:
+            parts.append(f"val loss {m['val_loss']:.4f}")
+        if "tokens_per_s" in m:
+            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · MFU {100 * m['mfu']:.1f}%")
+        parts.append(f"checkpoint {self.checkpoint_path}")
+        return " · ".join(parts)
+
+
+def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger: RunLogger | None = None,
+          resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
+          json_out: bool = False, progress: bool = False, cache: str | Path | None = None) -> TrainResult:
+    """Train `spec` once through the shared loop.
+
+    steps: override train.steps (the schedule's length). device: auto | cpu | cuda. logger: where the run is
+    recorded (default: nowhere but the returned result). resume: a checkpoint file or run directory to continue.
+    run_dir: where the generated module and checkpoint go (default runs/<name>-<run id>, or the resumed run's).
+    compile: per-block torch.compile (default: train.compile). json_out: print the final metrics as one JSON object
+    on stdout (rank 0). progress: show the progress bar and run lines on stderr. cache: the derived-data cache
+    (default $ARCHSPEC_CACHE or .cache/archspec).
+    """
+    if steps is not None:
+        spec = with_steps(spec, steps)
+    world = init_world(device)
+    try:
+        trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
+                          progress=progress, cache=cache, world=world)
+        result = trainer.run()
+    finally:
+        world.close()
+    if json_out and world.is_main:
+        print(json.dumps(result.to_json(), sort_keys=True), flush=True)
+    return result

@@ -1,0 +1,202 @@
+"""The loop: determinism, exact resume, failure handling, accumulation, auxiliary losses, logging, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from archspec.cli import main
+from archspec.registry import Registry
+from archspec.train.checkpoint import load_checkpoint
+from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger
+from archspec.train.loop import Trainer, train
+
+
+def run_losses(spec, tmp_path, name, cache, **kw):
+    return train(spec, run_dir=tmp_path / name, cache=cache, **kw)
+
+
+def test_same_seed_same_curve_other_seed_other_curve(make_spec, tmp_path, cache):
+    a = run_losses(make_spec(), tmp_path, "a", cache)
+    b = run_losses(make_spec(), tmp_path, "b", cache)
+    c = run_losses(make_spec(seed=1), tmp_path, "c", cache)
+    assert a.status == FINISHED and len(a.losses) == 8
+    assert a.losses == b.losses and a.evals == b.evals
+    assert a.losses != c.losses
+    assert a.losses[-1] < a.losses[0]  # it learns
+
+
+def test_resume_after_a_crash_reproduces_the_uninterrupted_run_exactly(make_spec, tmp_path, cache):
+    # dropout and accumulation make the RNG state and the data position matter
+    spec = make_spec(model={"dropout": 0.1}, grad_accum=2, checkpoint_interval=4)
+    whole = run_losses(spec, tmp_path, "whole", cache)
+
+    crashing = Trainer(spec, run_dir=tmp_path / "crash", cache=cache)
+    calls = {"n": 0}
+
+    def crash_in_step_6(module, args):
+        calls["n"] += module.training  # evaluation forwards do not count
+        if calls["n"] > 5 * spec.train.grad_accum:
+            raise RuntimeError("simulated crash")
+
+    crashing.model.register_forward_pre_hook(crash_in_step_6)
+    logger = NullLogger()
+    crashing.logger = logger
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashing.run()
+    assert logger.status == FAILED and "at step 6" in logger.error
+    assert load_checkpoint(tmp_path / "crash")["step"] == 4
+
+    resumed = train(spec, resume=tmp_path / "crash", cache=cache)
+    assert resumed.step == 8 and resumed.run_dir == tmp_path / "crash"
+    assert resumed.losses == whole.losses[4:]  # exact, not approximate
+    assert resumed.evals == whole.evals[1:]
+    final = [load_checkpoint(tmp_path / d)["model"] for d in ("whole", "crash")]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(make_spec, tmp_path, cache):
+    spec = make_spec(checkpoint_interval=2)
+    trainer = Trainer(spec, run_dir=tmp_path / "nan", cache=cache, logger=(logger := NullLogger()))
+    steps = {"n": 0}
+
+    def poison_step_3(module, args, output):
+        steps["n"] += module.training
+        return output * float("nan") if steps["n"] == 3 else output
+
+    trainer.model.final_norm.register_forward_hook(poison_step_3)
+    result = trainer.run()
+    assert result.status == FAILED and result.step == 2
+    assert result.error == "non-finite loss (nan) at step 3"
+    assert logger.status == FAILED and logger.error == result.error
+    assert result.checkpoint == tmp_path / "nan" / "checkpoint.pt" and load_checkpoint(result.checkpoint)["step"] == 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())  # the bad update was not applied
+    assert ("checkpoint", str(result.checkpoint)) in logger.artifacts
+
+
+def test_non_finite_gradient_fails_before_the_update(make_spec, tmp_path, cache):
+    trainer = Trainer(make_spec(), run_dir=tmp_path / "inf", cache=cache)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.model.tok_emb.weight.register_hook(lambda grad: grad * float("inf"))
+    result = trainer.run()
+    assert result.status == FAILED and result.error.startswith("non-finite gradient norm") and "step 1" in result.error
+    assert result.checkpoint is None  # nothing good to keep yet
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_interrupt_ends_the_run_killed_and_propagates(make_spec, tmp_path, cache):
+    trainer = Trainer(make_spec(), run_dir=tmp_path / "int", cache=cache, logger=(logger := NullLogger()))
+    calls = {"n": 0}
+
+    def ctrl_c_in_step_3(module, args):
+        calls["n"] += module.training
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+
+    trainer.model.register_forward_pre_hook(ctrl_c_in_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    assert logger.status == KILLED and logger.error == "interrupted at step 2"
+    assert logger.summary["steps"] == 2
+
+
+def test_gradient_accumulation_matches_the_larger_batch(make_spec, tmp_path, cache):
+    big = run_losses(make_spec(batch_size=8), tmp_path, "big", cache)
+    accumulated = run_losses(make_spec(batch_size=4, grad_accum=2), tmp_path, "acc", cache)
+    assert accumulated.losses == pytest.approx(big.losses, rel=1e-5)
+
+
+def test_auxiliary_losses_are_added_and_logged(make_spec, tmp_path, cache):
+    trainer = Trainer(make_spec(steps=3), run_dir=tmp_path / "aux", cache=cache, logger=(logger := NullLogger()))
+    model = trainer.model
+    model.auxiliary_losses = lambda: {"balance": 10.0 * model.final_norm.weight.square().mean()}
+    trainer.run()
+    aux = [v for _, k, v in logger.metrics if k == "aux_balance"]
+    assert len(aux) == 3 and aux[0] == pytest.approx(10.0)
+    assert aux[-1] < aux[0]  # its gradient reached the weights: the optimizer pulled the norm gain down
+
+
+def test_logger_sees_the_whole_run(make_spec, tmp_path, cache):
+    result = train(make_spec(), run_dir=tmp_path / "log", cache=cache, logger=(logger := NullLogger()))
+    info = logger.info
+    assert info.run_id == result.run_id and info.spec_name == "tiny" and len(info.data_hash) == 64
+    assert info.accounting["params"]["total"] == sum(p.numel() for p in torch.load(
+        result.checkpoint, weights_only=True)["model"].values()) - 320 * 32  # tied head stored twice
+    keys = {k for _, k, _ in logger.metrics}
+    assert {"train_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "val_loss", "val_ppl"} <= keys
+    assert [s for s, k, _ in logger.metrics if k == "val_loss"] == [4, 8]
+    assert [s for s, k, _ in logger.metrics if k == "train_loss"] == list(range(1, 9))
+    val = dict((k, v) for s, k, v in logger.metrics if s == 8 and k.startswith("val"))
+    assert val["val_ppl"] == pytest.approx(math.exp(val["val_loss"]))
+    assert logger.status == FINISHED and logger.heartbeats >= 2
+    assert {k for k, _ in logger.artifacts} == {"model", "checkpoint"}
+    for key in ("train_loss", "val_loss", "val_ppl", "tokens_per_s", "mfu", "time_to_first_step_s", "peak_mem_bytes"):
+        assert key in logger.summary and math.isfinite(logger.summary[key])
+    assert 0 < logger.summary["mfu"] < 1.5
+
+
+def test_steps_override_is_validated_like_the_spec(make_spec, tmp_path, cache):
+    from archspec.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        train(make_spec(warmup_steps=4), steps=2, run_dir=tmp_path / "x", cache=cache)
+    assert "train.warmup_steps: must be at most train.steps (2), got 4" in info.value.render()
+
+
+def test_cli_trains_and_prints_one_json_object(tmp_path, capsys, corpus_dir):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(f"name: tiny\nmodel: {{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, "
+                    f"attention: {{n_heads: 2}}}}\ntrain: {{data: {{corpus: {{kind: files, paths: ['{corpus_dir}']}}}}, "
+                    f"batch_size: 2, warmup_steps: 1, eval_interval: 2}}\n")
+    code = main(["train", str(spec), "--steps", "3", "--no-compile", "--json", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--set", "train.lr=1e-2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["status"] == "FINISHED" and result["step"] == 3 and result["compile_s"] == 0.0
+    assert {"val_loss", "val_ppl", "tokens_per_s", "mfu", "train_loss"} <= set(result)
+    assert (tmp_path / "run" / "checkpoint.pt").exists() and (tmp_path / "run" / "tiny.py").exists()
+
+    registry = Registry(f"sqlite:///{tmp_path}/registry.db")  # the default, per the autouse fixture
+    run = registry.get_run(result["run_id"])
+    assert run.status == "FINISHED" and run.summary["val_loss"] == pytest.approx(result["val_loss"])
+    assert [p.step for p in registry.metric_history(result["run_id"], "train_loss")] == [1, 2, 3]
+    assert ("checkpoint", str(tmp_path / "run" / "checkpoint.pt")) in registry.artifacts(result["run_id"])
+
+    # the same command again trains again (a new attempt), rather than refusing a finished run
+    assert main(["train", str(spec), "--steps", "3", "--no-compile", "--json", "-q", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--set", "train.lr=1e-2"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["run_id"] == result["run_id"] and again["train_loss"] == result["train_loss"]
+    assert registry.get_run(result["run_id"]).attempt == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "Invalid value for '--device'"),
+    (["--steps", "0"], "Invalid value for '--steps'"),
+    (["--set", "train.batch_size=-1"], "train.batch_size"),
+])
+def test_cli_bad_input_exits_2(tmp_path, capsys, args, message):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: tiny\n")
+    assert main(["train", str(spec), "--run-dir", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_missing_spec_exits_2(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such spec file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_per_block_compile_trains_like_eager(make_spec, tmp_path, cache):
+    eager = run_losses(make_spec(steps=3, warmup_steps=1), tmp_path, "eager", cache)
+    compiled = run_losses(make_spec(steps=3, warmup_steps=1), tmp_path, "compiled", cache, compile=True)
+    assert compiled.metrics["compile_s"] > 0
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-3)
+    state = load_checkpoint(compiled.checkpoint)["model"]
+    assert set(state) == set(load_checkpoint(eager.checkpoint)["model"])  # compiling does not rename weights

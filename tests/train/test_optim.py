@@ -1,0 +1,60 @@
+"""The learning-rate schedule and the weight-decay groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from archspec import codegen
+from archspec.spec.train import TrainSpec
+from archspec.train.optim import build_optimizer, lr_at, param_groups
+
+
+def test_warmup_is_linear_up_to_the_peak():
+    r = TrainSpec(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
+    warm = [lr_at(s, r) for s in range(10)]
+    assert warm == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    assert lr_at(10, r) == pytest.approx(1e-3)
+
+
+def test_cosine_decays_monotonically_to_the_floor_at_the_last_step():
+    r = TrainSpec(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
+    decay = [lr_at(s, r) for s in range(10, 100)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert decay[-1] == pytest.approx(1e-4)
+    midpoint = 10 + (100 - 1 - 10) / 2
+    assert lr_at(int(midpoint), r) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * (int(midpoint) - 10) / 89)) * 9e-4)
+    assert lr_at(10_000, r) == pytest.approx(1e-4)  # past the end: stays at the floor
+
+
+def test_no_warmup_starts_at_the_peak_and_zero_floor_ends_at_zero():
+    r = TrainSpec(steps=20, warmup_steps=0, lr=2e-3, min_lr_ratio=0.0)
+    assert lr_at(0, r) == pytest.approx(2e-3) and lr_at(19, r) == pytest.approx(0.0)
+
+
+def test_weight_decay_on_matrices_only(make_spec, tmp_path):
+    spec = make_spec(model={"norm": {"kind": "layernorm"}, "attention": {"n_heads": 2, "bias": True},
+                            "ffn": {"kind": "mlp", "bias": True}})
+    model = codegen.generate(spec, out_dir=tmp_path).Model()
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "tok_emb.weight" in decayed and "blocks.0.attn.qkv_proj.weight" in decayed
+    assert all(model.get_parameter(n).ndim >= 2 for n in decayed)
+    assert all(model.get_parameter(n).ndim == 1 for n in kept)
+    assert any("norm" in n for n in kept) and any(n.endswith(".bias") for n in kept)
+    # every parameter exactly once, the tied embedding/head included
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert decayed | kept == set(dict(model.named_parameters()))
+
+
+def test_optimizer_uses_the_recipe(make_spec, tmp_path):
+    spec = make_spec(lr=1e-2, warmup_steps=4, beta1=0.8, beta2=0.9, weight_decay=0.05)
+    model = codegen.generate(spec, out_dir=tmp_path).Model()
+    opt = build_optimizer(model, spec.train, torch.device("cpu"))
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(2.5e-3)] * 2
+    assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["weight_decay"] == 0.05
