@@ -187,8 +187,12 @@ class Model(nn.Module):
         x = self.emb_drop(x)
         for block in self.blocks:
             x = block(x)  # (B, T, D_MODEL)
-        x = self.final_norm(x)
-        logits = self.lm_head(x)  # (B, T, VOCAB_SIZE)
+        return self.head(x, targets)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
+        """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
+        B, T, _ = x.shape
+        logits = self.lm_head(self.final_norm(x))  # (B, T, VOCAB_SIZE)
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 from pydantic import ValidationError
 
+from archspec.spec import _printable
+
 from archspec import testing as T
 from archspec.accounting import account
 from archspec.codegen import generate, render
@@ -325,7 +327,7 @@ def _blamed(lines, blamed):
     for path in blamed:
         if not path:
             return True
-        prefix = ".".join(map(str, path))
+        prefix = ".".join(_printable(str(p)) for p in path)  # problem lines escape unprintable key text
         if any(line.startswith(prefix + ":") or line.startswith(prefix + ".") for line in lines):
             return True
     return False

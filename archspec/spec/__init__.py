@@ -59,7 +59,8 @@ def _kind_members(annotation: Any) -> dict[str, type[BaseModel]] | None:
             found[a.model_fields["kind"].default] = a
         else:
             stack.extend(typing.get_args(a))
-    return found if len(found) >= 1 and typing.get_origin(annotation) is not None else None
+    # A one-member union (today's `sparsity`) reaches here as the bare class; it is still tagged by pydantic.
+    return found or None
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -76,9 +77,11 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
     model: type[BaseModel] | None = root
     members: dict[str, type[BaseModel]] | None = None
     for part in loc:
-        if members is not None:  # this element is the tag pydantic inserted
-            model, members = members.get(str(part)), None
-            continue
+        if members is not None:
+            if str(part) in members:  # the tag pydantic inserted after a union field
+                model, members = members[str(part)], None
+                continue
+            model, members = None, None  # a rule's own path (no tag) into a union member's field
         parts.append(_printable(str(part)))
         field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
         if field is None:

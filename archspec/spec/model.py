@@ -10,9 +10,11 @@ problem is reported with its own field path.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from archspec.spec.kinds import kind_union
 
 from archspec.spec.train import TrainSpec
 
@@ -33,30 +35,6 @@ class Strict(BaseModel):
     """Unknown keys are errors, NaN/inf are refused, and assignments are validated too."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
-
-
-def kind_union(*members: type[BaseModel], default: str) -> Any:
-    """A union discriminated on `kind`, where an omitted kind means `default` (`norm: {eps: 1e-6}` is an RMSNorm).
-
-    Each member declares `kind: Literal[...]`; the tag is read from that literal, so there is one source of truth.
-    """
-    kinds = [m.model_fields["kind"].default for m in members]
-    assert default in kinds, (default, kinds)
-
-    def pick(value: Any) -> str | None:
-        if isinstance(value, dict):
-            kind = value.get("kind", default)
-            return kind if isinstance(kind, str) else None
-        return getattr(value, "kind", None)
-
-    return Annotated[
-        Union[tuple(Annotated[m, Tag(k)] for m, k in zip(members, kinds))],
-        Discriminator(
-            pick,
-            custom_error_type="invalid_kind",
-            custom_error_message=f"kind must be one of {', '.join(repr(k) for k in kinds)}",
-        ),
-    ]
 
 
 # ── norms ────────────────────────────────────────────────────────────────────────────────────────────────────────

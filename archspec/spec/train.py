@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from archspec.spec.kinds import kind_union
 
 
 class _Strict(BaseModel):
@@ -23,7 +25,7 @@ class FilesCorpus(_Strict):
     paths: list[str] = Field(min_length=1)
 
 
-Corpus = Annotated[Union[StdlibCorpus, FilesCorpus], Field(discriminator="kind")]
+Corpus = kind_union(StdlibCorpus, FilesCorpus, default="stdlib")
 
 
 # ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────
@@ -38,7 +40,7 @@ class BPETokenizer(_Strict):
     vocab_size: int | None = Field(None, ge=260, le=1 << 20, description="default: model.vocab_size")
 
 
-Tokenizer = Annotated[Union[ByteTokenizer, BPETokenizer], Field(discriminator="kind")]
+Tokenizer = kind_union(ByteTokenizer, BPETokenizer, default="byte")
 
 
 class DataSpec(_Strict):

@@ -10,10 +10,9 @@ import os
 import click
 
 from archspec.spec import load_spec
-from archspec.train.checkpoint import resolve
-from archspec.train.distributed import DEVICES
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
-from archspec.train.loop import train
+
+DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
 
 
 def make_logger(registry_url: str | None) -> RunLogger:
@@ -46,6 +45,8 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
               registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool) -> None:
     """Train SPEC once with the shared loop and record the run."""
     from archspec.registry import install_signal_handlers
+    from archspec.train.checkpoint import resolve
+    from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
 
     spec = load_spec(spec_path, [*overrides, *([f"train.steps={steps}"] if steps is not None else [])])
     if resume and not run_dir:
