@@ -120,7 +120,7 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, dry_run: bool, device
     console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere")
-    _report(console if not as_json else make_console(stderr=True), sweep.name, sweep, registry_url, out_dir, as_json)
+    _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
 
 
 @click.command()
