@@ -170,6 +170,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "activation_call": lambda arg: _ACTIVATIONS[f.activation].format(arg),
         "glu_name": _GLU_NAMES.get(f.activation, "GLU"),
         "tie_embeddings": bool(m.tie_embeddings),
+        "sinusoid_scale": bool(getattr(a.positional, "scale_embeddings", False)),
     }
 
 

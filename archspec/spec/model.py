@@ -64,6 +64,9 @@ class LearnedPositional(Strict):
 class SinusoidalPositional(Strict):
     kind: Literal["sinusoidal"] = "sinusoidal"  # fixed table from "Attention Is All You Need", added to embeddings
     base: float = Field(10000.0, gt=1.0, le=1e9)
+    # The paper multiplies token embeddings by sqrt(d_model) before adding the table; without it, N(0, 0.02)
+    # embeddings are swamped by the table's unit-amplitude sinusoids (measured: docs/ABLATIONS.md).
+    scale_embeddings: bool = True
 
 
 class RopePositional(Strict):
