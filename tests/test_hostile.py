@@ -189,16 +189,16 @@ REFUSED = object()
     (("model", "d_model"), 16.0, 16),
     (("model", "d_model"), 16.5, REFUSED),
     (("model", "d_model"), "0x10", REFUSED),
-    (("model", "tie_embeddings"), "false", False),
-    (("model", "tie_embeddings"), "False", False),
-    (("model", "tie_embeddings"), "no", False),
-    (("model", "tie_embeddings"), "off", False),
-    (("model", "tie_embeddings"), "0", False),
-    (("model", "tie_embeddings"), "true", True),
+    (("model", "tie_embeddings"), "false", REFUSED),  # a string is not a bool
+    (("model", "tie_embeddings"), "False", REFUSED),  # a string is not a bool
+    (("model", "tie_embeddings"), "no", REFUSED),  # a string is not a bool
+    (("model", "tie_embeddings"), "off", REFUSED),  # a string is not a bool
+    (("model", "tie_embeddings"), "0", REFUSED),  # a string is not a bool
+    (("model", "tie_embeddings"), "true", REFUSED),  # a string is not a bool
     (("model", "tie_embeddings"), "maybe", REFUSED),
     (("model", "tie_embeddings"), "", REFUSED),
     (("model", "tie_embeddings"), 2, REFUSED),
-    (("model", "attention", "bias"), "yes", True),
+    (("model", "attention", "bias"), "yes", REFUSED),  # quoted: a string, not YAML's yes
     (("train", "seed"), 2**31, REFUSED),
     (("train", "compile"), "None", REFUSED),
 ])

@@ -121,3 +121,14 @@ def test_duplicate_yaml_keys_are_refused(tmp_path):
 def test_reserved_names_would_shadow_imports():
     (line,) = problems({"name": "torch"})
     assert line.startswith("name: 'torch' would generate torch.py, which shadows")
+
+
+@pytest.mark.parametrize("override,line", [
+    ("model.n_layers=true", "model.n_layers: expected a number, got true"),
+    ("model.n_layers=yes", "model.n_layers: expected a number, got true"),
+    ("model.dropout=false", "model.dropout: expected a number, got false"),
+    ("model.attention.bias=1", "model.attention.bias: expected true or false, got 1"),
+])
+def test_booleans_and_numbers_do_not_mix(override, line):
+    assert problems(BASE, [override]) == [line]
+    assert load_spec_dict(BASE, ["train.lr=3e-4"]).train.lr == 3e-4  # PyYAML's string '3e-4' still reads as a float

@@ -112,6 +112,8 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
             msg = "unknown field (check the spelling; `archspec schema` lists the valid fields)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "value_error":  # our own validators: the message already names what was given
+            msg = msg.removeprefix("Value error, ")
         elif e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg}, got {_printable(repr(e['input']))}"
         lines.append(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}")

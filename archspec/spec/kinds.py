@@ -1,10 +1,32 @@
-"""Discriminated unions on `kind`, shared by the model and the training recipe."""
+"""The base of every spec class, and discriminated unions on `kind`: shared by the model and the training recipe."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, Discriminator, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationInfo, field_validator
+
+_NUMBERS = (int, float, int | None, float | None)
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors, NaN/inf are refused, assignments are validated too, and booleans are not numbers.
+
+    Numbers stay lax otherwise: PyYAML reads `3e-4` (no dot) as a string, and pydantic turns it into the float the
+    user meant. But `n_layers: yes` must not quietly become one layer, nor `bias: 1` true.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and annotation in _NUMBERS:
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        if annotation is bool and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
 
 
 def kind_union(*members: type[BaseModel], default: str) -> Any:

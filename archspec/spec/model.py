@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from archspec.spec.kinds import kind_union
+from archspec.spec.kinds import Strict, kind_union
 
 from archspec.spec.train import TrainSpec
 
@@ -29,12 +29,6 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors, NaN/inf are refused, and assignments are validated too."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
 
 # ── norms ────────────────────────────────────────────────────────────────────────────────────────────────────────

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
 
 # ── corpus sources ───────────────────────────────────────────────────────────────────────────────────────────────
