@@ -62,25 +62,27 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
             as_json: bool = False) -> None:
-    from archspec.ablate.report import rich_table, write_report
-    from archspec.ablate.runner import collect
+    from archspec.ablate.report import rich_table, variant_numbers, write_report
+    from archspec.ablate.runner import collect, recorded_baseline
     from archspec.errors import UserError
-    from archspec.registry import Registry
+    from archspec.registry import Registry, default_url
 
     registry = Registry(registry_url)
     variants = collect(registry, sweep_name, sweep)
     if not variants or not any(v.runs for v in variants):
-        raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or '(default)'} yet; "
+        raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or default_url()} yet; "
                         f"run `archspec ablate` first")
-    baseline = sweep.file.baseline if sweep else min(v.index for v in variants)
+    baseline = sweep.file.baseline if sweep else recorded_baseline(registry.runs(where=f"sweep = {json.dumps(sweep_name)}"),
+                                                                    [v.index for v in variants])
     out_dir = out_dir or Path("reports") / sweep_name
-    meta = {"sweep": sweep_name, "registry": registry_url or "default",
+    meta = {"sweep": sweep_name, "registry": registry_url or default_url(),
             "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
     rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta)
     if as_json:
-        click.echo(json.dumps({"sweep": sweep_name, "rows": rows, "png": str(png), "html": str(html)}))
+        click.echo(json.dumps({"sweep": sweep_name, "baseline": baseline, "rows": rows,
+                               "variants": variant_numbers(variants, baseline), "png": str(png), "html": str(html)}))
         return
     console.print(rich_table(f"ablation {sweep_name}", rows))
     console.print(f"plots: {png}\nreport: {html}")

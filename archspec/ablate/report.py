@@ -109,13 +109,19 @@ def _fmt_int(n: int) -> str:
     return str(n)
 
 
+def _mean_std(v: VariantResult) -> str:
+    if v.mean is None:
+        return "-"
+    return f"{v.mean:.4f} ± {v.std:.4f}" if len(v.finals) > 1 else f"{v.mean:.4f}"
+
+
 def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[str, str]]:
     """The table's cells as strings: one source for the rich table, the HTML table and tests."""
-    baseline = next(v for v in variants if v.index == baseline_index)
+    baseline = next((v for v in variants if v.index == baseline_index), None)
     show_kv = len({v.kv_cache_bytes_per_token for v in variants}) > 1
     rows = []
     for v in variants:
-        c = compare(v, baseline)
+        c = compare(v, baseline) if baseline is not None else Comparison(None, None, None)
         finals = v.finals
         row = {
             "variant": f"v{v.index}" + (" (baseline)" if v.index == baseline_index else ""),
@@ -124,9 +130,10 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "active": _fmt_int(v.params_active),
             "train FLOPs/tok": _fmt_int(v.flops_train_per_token),
             "tok/s": f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "-",
-            "val loss": (f"{v.mean:.4f} ± {v.std:.4f}" if v.mean is not None else "-") + f" (n={len(finals)})",
+            "val loss": _mean_std(v) + f" (n={len(finals)})",
             "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",
-            "verdict": "baseline" if v.index == baseline_index else c.verdict,
+            "verdict": "baseline" if v.index == baseline_index else (
+                c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
         }
         if show_kv:
             row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
@@ -138,6 +145,24 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
         for r in rows:
             r.setdefault("load stats", "-")
     return rows
+
+
+def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[dict[str, Any]]:
+    """The table's figures as numbers (for --json): what a script compares against the registry."""
+    baseline = next((v for v in variants if v.index == baseline_index), None)
+    out = []
+    for v in variants:
+        c = compare(v, baseline) if baseline is not None and v.index != baseline_index else Comparison(None, None, None)
+        out.append({
+            "index": v.index, "label": v.label, "params_total": v.params_total, "params_active": v.params_active,
+            "flops_train_per_token": v.flops_train_per_token, "kv_cache_bytes_per_token": v.kv_cache_bytes_per_token,
+            "tokens_per_s": v.tokens_per_s, "n": len(v.finals), "final_val_losses": v.finals,
+            "mean": v.mean, "std": v.std if len(v.finals) > 1 else None, "delta": c.delta, "se": c.se,
+            "verdict": "baseline" if v.index == baseline_index else (
+                c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
+            "runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status} for r in v.runs],
+        })
+    return out
 
 
 def rich_table(title: str, rows: list[dict[str, str]]) -> Table:

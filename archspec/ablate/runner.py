@@ -15,13 +15,14 @@ from typing import Any, Callable, Mapping
 
 from archspec.ablate.report import RunResult, VariantResult
 from archspec.ablate.sweep import Job, Sweep, spec_diff
+from archspec.errors import UserError
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.spec import parse_spec, spec_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, run_id_for
 
-TAG_VARIANT, TAG_LABEL, TAG_SWEEP_HASH = "variant", "variant_label", "sweep_hash"
+TAG_VARIANT, TAG_LABEL, TAG_SWEEP_HASH, TAG_BASELINE = "variant", "variant_label", "sweep_hash", "baseline"
 
 
 class SweepLogger:
@@ -33,7 +34,7 @@ class SweepLogger:
 
     def start(self, info: RunInfo) -> str:
         tags = {**info.tags, TAG_VARIANT: str(self.job.variant.index), TAG_LABEL: self.job.variant.label,
-                TAG_SWEEP_HASH: self.sweep.sweep_hash}
+                TAG_SWEEP_HASH: self.sweep.sweep_hash, TAG_BASELINE: str(self.sweep.file.baseline)}
         return self.inner.start(replace(info, sweep=self.sweep.name, tags=tags))
 
     def __getattr__(self, name: str) -> Any:
@@ -63,6 +64,21 @@ def job_run_id(job: Job, cache: Path) -> str:
     return run_id_for(spec_hash(job.spec), data.data_hash, job.spec.train.model_dump(mode="json"), job.seed)
 
 
+def check_data(jobs: list[Job], cache: Path) -> dict[str, str]:
+    """Prepare every job's data (tokenised once per corpus and tokenizer, cached) and derive its run id, before
+    anything trains: a variant whose data cannot work (a missing corpus, a vocabulary smaller than the tokenizer's)
+    refuses the whole sweep, every such problem listed at once."""
+    run_ids, problems = {}, []
+    for job in jobs:
+        try:
+            run_ids[job.key] = job_run_id(job, cache)
+        except UserError as e:
+            problems.append(f"variant {job.variant.index} ({job.variant.label}), seed {job.seed}: {e.render()}")
+    if problems:
+        raise UserError(f"{len(problems)} problem(s) with the sweep's data; nothing was trained", problems)
+    return run_ids
+
+
 def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device: str = "auto",
              compile: bool | None = None, progress: bool = False, cache: str | Path | None = None,
              on_event: Callable[[str], None] = lambda line: None,
@@ -73,9 +89,10 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
 
     registry = Registry(registry_url)
     cache_path = cache_dir(cache)
+    run_ids = check_data(jobs, cache_path)
     outcome = SweepOutcome()
     for n, job in enumerate(jobs, 1):
-        run_id = job_run_id(job, cache_path)
+        run_id = run_ids[job.key]
         status = registry.run_status(run_id)
         where = f"[{n}/{len(jobs)}] v{job.variant.index} seed {job.seed} ({run_id})"
         if status == FINISHED:
@@ -100,6 +117,16 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
 def _tokens_per_step(recipe: Mapping[str, Any], tags: Mapping[str, str]) -> int:
     world = int(tags.get("world_size", "1") or 1)
     return int(recipe["batch_size"]) * int(recipe["grad_accum"]) * int(recipe["seq_len"]) * world
+
+
+def recorded_baseline(rows, indices: list[int]) -> int:
+    """The baseline the sweep's runs were tagged with (the latest run's word wins), else the first variant."""
+    for row in reversed(rows):
+        try:
+            return int(row.tags[TAG_BASELINE])
+        except (KeyError, ValueError):
+            continue
+    return min(indices)
 
 
 def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> list[VariantResult]:
@@ -135,7 +162,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             specs[index] = sweep.variants[index].spec
         else:
             specs[index] = parse_spec(next(iter(runs.values())).spec)
-    baseline_index = sweep.file.baseline if sweep else min(indices)
+    baseline_index = sweep.file.baseline if sweep else recorded_baseline(rows, indices)
     base_spec = specs.get(baseline_index, specs[indices[0]])
 
     variants = []

@@ -57,7 +57,8 @@ class Budget(BaseModel):
 
 class SweepFile(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    name: str = Field(pattern=SLUG_RE)
+    # Variant specs are named <name>-v<index>, and a spec name is at most 64 characters.
+    name: str = Field(pattern=SLUG_RE, max_length=56)
     base: str | dict[str, Any]
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     budget: Budget | None = None  # None: each variant's own train.steps

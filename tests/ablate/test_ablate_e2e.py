@@ -125,3 +125,29 @@ def test_report_without_runs_is_a_clear_error(workdir, base_spec, capsys):
     path = write_sweep(workdir, base_spec)
     assert main(["report", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}"]) == 2
     assert "no runs in the registry" in capsys.readouterr().err
+
+
+def test_data_problems_refuse_the_sweep_before_any_training(workdir, base_spec, capsys):
+    path = write_sweep(workdir, base_spec, grid={"model.vocab_size": [300, 100]})  # 100 < the byte tokenizer's 257
+    url = f"sqlite:///{workdir / 'reg.db'}"
+    assert main(["ablate", str(path), "--registry", url]) == 2
+    err = capsys.readouterr().err
+    assert "problem(s) with the sweep's data; nothing was trained" in err
+    assert "variant 1 (model.vocab_size=100), seed 0" in err and "variant 0" not in err
+    assert Registry(url).runs() == [] and not (workdir / "runs").exists()
+
+
+def test_report_by_name_keeps_the_sweeps_baseline(workdir, base_spec, capsys):
+    path = write_sweep(workdir, base_spec, seeds=[0], baseline=1)
+    url = f"sqlite:///{workdir / 'reg.db'}"
+    assert main(["ablate", str(path), "--registry", url, "--json"]) == 0
+    by_file = json.loads(capsys.readouterr().out)
+    assert main(["report", "mini", "--registry", url, "--json", "--out", str(workdir / "r")]) == 0
+    by_name = json.loads(capsys.readouterr().out)
+    assert by_name["baseline"] == by_file["baseline"] == 1
+    assert by_name["rows"] == by_file["rows"]
+    assert by_name["rows"][1]["verdict"] == "baseline"
+    numbers = {v["index"]: v for v in by_name["variants"]}
+    runs = {int(r.tags["variant"]): r for r in Registry(url).runs(where="sweep = 'mini'")}
+    assert numbers[0]["mean"] == runs[0].summary["val_loss"]
+    assert numbers[0]["delta"] == pytest.approx(runs[0].summary["val_loss"] - runs[1].summary["val_loss"])
