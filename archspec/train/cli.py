@@ -48,11 +48,11 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     from archspec.train.checkpoint import resolve
     from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
 
-    spec = load_spec(spec_path, [*overrides, *([f"train.steps={steps}"] if steps is not None else [])])
+    spec = load_spec(spec_path, overrides)
     if resume and not run_dir:
         run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
     with install_signal_handlers():  # SIGTERM ends the run KILLED, like Ctrl-C
-        result = train(spec, device=device, logger=make_logger(registry), resume=resume, run_dir=run_dir,
+        result = train(spec, steps=steps, device=device, logger=make_logger(registry), resume=resume, run_dir=run_dir,
                        compile=False if no_compile else None, json_out=json_out, progress=not quiet)
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""

@@ -94,8 +94,12 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 def with_steps(spec: Spec, steps: int) -> Spec:
-    """The spec with train.steps replaced, validated again (warmup must still fit)."""
-    return load_spec_dict(canonical_dict(spec), [f"train.steps={int(steps)}"], origin=f"{spec.name} (--steps {steps})")
+    """The spec with train.steps replaced, validated again. A warmup longer than the shortened run is cut to the
+    run's length (a 5-step smoke test of a preset with 10 warmup steps should just run)."""
+    overrides = [f"train.steps={int(steps)}"]
+    if spec.train.warmup_steps > steps:
+        overrides.append(f"train.warmup_steps={int(steps)}")
+    return load_spec_dict(canonical_dict(spec), overrides, origin=f"{spec.name} (--steps {steps})")
 
 
 def code_version() -> str:
@@ -151,7 +155,12 @@ class Trainer:
     # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
 
     def _recipe(self) -> dict[str, Any]:
-        return self.recipe.model_dump(mode="json")
+        """The recipe as run. Under DDP it includes the world size: N processes see N× the tokens per step, a
+        different experiment, so a different run id (a single process's id is unchanged by this)."""
+        recipe = self.recipe.model_dump(mode="json")
+        if self.world.size > 1:
+            recipe["world_size"] = self.world.size
+        return recipe
 
     def _build_data(self) -> TrainData:
         """Rank 0 tokenises into the cache first; the others wait, then read the same files."""

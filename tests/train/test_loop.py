@@ -142,8 +142,8 @@ def test_steps_override_is_validated_like_the_spec(make_spec, tmp_path, cache):
     from archspec.errors import UserError
 
     with pytest.raises(UserError) as info:
-        train(make_spec(warmup_steps=4), steps=2, run_dir=tmp_path / "x", cache=cache)
-    assert "train.warmup_steps: must be at most train.steps (2), got 4" in info.value.render()
+        train(make_spec(warmup_steps=4), steps=0, run_dir=tmp_path / "x", cache=cache)
+    assert "train.steps: Input should be greater than or equal to 1, got 0" in info.value.render()
 
 
 def test_cli_trains_and_prints_one_json_object(tmp_path, capsys, corpus_dir):
@@ -200,3 +200,26 @@ def test_per_block_compile_trains_like_eager(make_spec, tmp_path, cache):
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-3)
     state = load_checkpoint(compiled.checkpoint)["model"]
     assert set(state) == set(load_checkpoint(eager.checkpoint)["model"])  # compiling does not rename weights
+
+
+def test_steps_shorter_than_warmup_cut_the_warmup(make_spec):
+    from archspec.train.loop import with_steps
+
+    spec = make_spec(steps=8, warmup_steps=6)
+    assert (with_steps(spec, 3).train.steps, with_steps(spec, 3).train.warmup_steps) == (3, 3)
+    assert with_steps(spec, 7).train.warmup_steps == 6
+
+
+def test_a_ddp_run_is_a_different_run(make_spec):
+    """N processes train N× the tokens per step: the recipe, and so the run id, says so; one process's id does not
+    change (a sweep derives it without starting a world)."""
+    from types import SimpleNamespace
+
+    from archspec.train.logger import run_id_for
+    from archspec.train.loop import Trainer
+
+    spec = make_spec()
+    one = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=1)))
+    two = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=2)))
+    assert one == spec.train.model_dump(mode="json") and two == {**one, "world_size": 2}
+    assert run_id_for("s", "d", one, 0) != run_id_for("s", "d", two, 0)
