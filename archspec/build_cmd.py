@@ -98,8 +98,13 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compi
     console = make_console(stderr=as_json)
     spec = load_spec(spec_path, overrides)
     acc = account(spec)
-    model = instantiate(spec, out_dir=out_dir, source=spec_path)
-    gen = generate(spec, out_dir=out_dir, source=spec_path)  # already written; returns the cached import
+    # With --set the module is not what the file alone says: its banner says so (no "regenerate with" line).
+    source = None if overrides else spec_path
+    model = instantiate(spec, out_dir=out_dir, source=source)
+    gen = generate(spec, out_dir=out_dir, source=source)  # already written; returns the cached import
+    if overrides and (spec_path.parent / "..").resolve() == Path.cwd().resolve() and out_dir == DEFAULT_OUT:
+        console.print(f"[yellow]note:[/] --set changed {spec_path}'s spec, so {gen.path} no longer matches it; "
+                      "`archspec check --fix` restores it, and `--set name=...` writes a file of its own")
     actual = sum(p.numel() for p in model.parameters())
     if actual != acc.total:  # the accounting's promise; a mismatch is a bug worth shouting about
         raise RuntimeError(f"accounting says {acc.total:,} parameters, the generated module has {actual:,}")

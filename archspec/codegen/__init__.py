@@ -176,8 +176,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
 
 def render(spec: Spec, source: str | None = None) -> str:
     """The generated module's source. Deterministic: the same spec and source label give the same bytes."""
-    source = source or f"specs/{spec.name}.yaml"
-    text = _ENV.get_template("model.py.j2").render(**_context(spec, source))
+    context = _context(spec, source or f"the spec {spec.name!r}")
+    text = _ENV.get_template("model.py.j2").render(**context, from_file=source is not None)
     # Normalise blank lines the includes leave behind (at most two in a row, as black would).
     lines, blank = [], 0
     for line in text.splitlines():
