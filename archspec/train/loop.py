@@ -48,7 +48,7 @@ from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger, RunInfo,
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
-from archspec.train.throughput import mfu, peak_flops
+from archspec.train.throughput import mfu, peak_flops, raise_measured_peak
 
 HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
 
@@ -423,6 +423,10 @@ class Trainer:
         if self.step_seconds:
             steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
             tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)
+            achieved = self.flops_per_token * tokens_per_s / self.world.size
+            if achieved > self.peak_flops and self.peak_source.startswith("measured"):
+                self.peak_flops = raise_measured_peak(self.device, self.amp_dtype or torch.float32, self.cache,
+                                                      achieved)
             out.update(tokens_per_s=tokens_per_s, train_s=sum(self.step_seconds),
                        mfu=mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
                        time_to_first_step_s=self.first_step_at - self.started)

@@ -58,3 +58,20 @@ def test_optimizer_uses_the_recipe(make_spec, tmp_path):
     opt = build_optimizer(model, spec.train, torch.device("cpu"))
     assert [g["lr"] for g in opt.param_groups] == [pytest.approx(2.5e-3)] * 2
     assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["weight_decay"] == 0.05
+
+
+def test_a_run_faster_than_the_measured_peak_raises_it(tmp_path):
+    """A peak measured on a busy machine is too low; a run that beats it proves so, and MFU stays a fraction."""
+    import json
+
+    import torch
+
+    from archspec.train.throughput import _measurement_key, peak_flops, raise_measured_peak
+
+    cpu = torch.device("cpu")
+    key = _measurement_key(cpu, torch.float32)
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1e9}))
+    assert peak_flops(cpu, torch.float32, tmp_path)[0] == 1e9
+    assert raise_measured_peak(cpu, torch.float32, tmp_path, 3e9) == 3e9
+    assert raise_measured_peak(cpu, torch.float32, tmp_path, 2e9) == 3e9  # never lowered
+    assert peak_flops(cpu, torch.float32, tmp_path)[0] == 3e9
