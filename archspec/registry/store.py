@@ -752,8 +752,14 @@ class Registry:
         self._write(tx, "set_summary")
 
     def add_artifact(self, run_id: str, kind: str, path: str) -> None:
-        self._write(lambda conn: conn.execute(insert(Artifact).values(
-            run_id=run_id, kind=kind, path=str(path), created=self._now())), "log_artifact")
+        """Record a file once per (run, kind, path): a resumed run re-announces its module and checkpoint."""
+        def tx(conn: Connection) -> None:
+            known = conn.execute(select(Artifact.id).where(
+                Artifact.run_id == run_id, Artifact.kind == kind, Artifact.path == str(path))).first()
+            if known is None:
+                conn.execute(insert(Artifact).values(run_id=run_id, kind=kind, path=str(path), created=self._now()))
+
+        self._write(tx, "log_artifact")
 
     def finish_run(self, run_id: str, attempt: int, status: str, error: str | None = None) -> bool:
         """Set the final status of this attempt. False when a newer attempt owns the run."""

@@ -365,6 +365,8 @@ class Trainer:
                     if time.monotonic() - last_beat >= HEARTBEAT_S:
                         self.logger.heartbeat()
                         last_beat = time.monotonic()
+            if not evals:  # resumed at the end (nothing left to train): the summary still needs a val loss
+                evals.append((self.step, self._record_eval()))
             if self.saved_step != self.step:
                 self.save()
         except NonFiniteLoss as e:

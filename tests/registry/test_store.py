@@ -70,6 +70,7 @@ def test_run_lifecycle_history_and_summary(registry):
     assert registry.write_metrics(info.run_id, 1, pts)
     registry.set_summary(info.run_id, {"final_loss": 6.0})
     registry.add_artifact(info.run_id, "checkpoint", "/ckpt/step4.pt")
+    registry.add_artifact(info.run_id, "checkpoint", "/ckpt/step4.pt")  # a resume announces it again: kept once
     assert registry.finish_run(info.run_id, 1, FINISHED)
     run = registry.get_run(info.run_id)
     assert (run.status, run.sweep, run.seed) == (FINISHED, "sw", 3)
