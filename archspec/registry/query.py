@@ -38,6 +38,7 @@ Semantics worth knowing:
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
@@ -461,6 +462,12 @@ def resolve_field(name: str, target: str) -> FieldRef:
         if rest.startswith("by_component.") and len(rest) > len("by_component."):
             return FieldRef("acct", name)
         if rest.split(".", 1)[0] in SPEC_KEY_ROOTS:
+            from archspec.spec import known_keys
+
+            if rest not in known_keys():  # a typo would otherwise match nothing, silently
+                close = difflib.get_close_matches(rest, sorted(known_keys()), n=1)
+                hint = f"; did you mean params.{close[0]}?" if close else " (`archspec schema` lists the spec's keys)"
+                raise ValueError(f"unknown spec key {name!r}{hint}")
             return FieldRef("param", rest)
         raise ValueError(
             f"unknown field {name!r}: params.* are spec keys (params.model.…, params.train.…, params.name) or "

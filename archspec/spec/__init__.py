@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import typing
@@ -25,6 +26,7 @@ from archspec.spec.rules import cross_field_problems
 __all__ = [
     "Spec", "SpecError", "parse_spec", "load_spec", "load_spec_dict", "apply_overrides", "canonical_json",
     "spec_hash", "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
+    "known_keys",
 ]
 
 
@@ -90,6 +92,26 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
         members = _kind_members(field.annotation)
         model = None if members else _model_of(field.annotation)
     return ".".join(parts)
+
+
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """Every dotted leaf key a spec can have, across all union members (`model.norm.eps`, `train.data.corpus.paths`):
+    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe."""
+    keys: set[str] = {"train.world_size"}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            members = _kind_members(field.annotation)
+            nested = list(members.values()) if members else ([m] if (m := _model_of(field.annotation)) else [])
+            if nested:
+                for member in nested:
+                    walk(member, f"{prefix}{name}.")
+            else:
+                keys.add(f"{prefix}{name}")
+
+    walk(Spec, "")
+    return frozenset(keys)
 
 
 def _printable(text: str, limit: int = 120) -> str:

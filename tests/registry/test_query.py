@@ -267,7 +267,9 @@ def test_injection_attempts_are_plain_values(data, attack):
     assert ids(reg.runs(where=f"tags.note = {quoted}")) == expected
     assert ids(reg.runs(where=f"name like {quoted} or name in ({quoted}, 'zzz')")) == set()
     back = attack.replace("`", "``")
-    assert reg.runs(where=f"metrics.`{back}` < 1 or params.model.`{back}` = 1") == []
+    assert reg.runs(where=f"metrics.`{back}` < 1 or tags.`{back}` = 'v'") == []
+    with pytest.raises(FilterError, match="unknown spec key"):  # spec keys are known: refused before any SQL
+        reg.runs(where=f"params.model.`{back}` = 1")
     assert _table_counts(reg) == before
     assert reg.run_status(data[1]["llama1"]) == "FAILED"
 
@@ -316,7 +318,7 @@ _INJECTION = "'" + INJECTION.replace("'", "''") + "'"
 _TYPED = [  # (fields, literals that fit them)
     (["name", "sweep", "id", "tags.note", "params.model.norm.kind"], st.one_of(_QUOTED, st.just(_INJECTION))),
     (["seed", "params.total", "params.model.d_model", "metrics.val_loss", "metrics.best.val_loss", "summary.tok_s",
-      "metrics.`a'b; DROP TABLE runs`", "params.model.`x'); --`"], _NUMBER),
+      "metrics.`a'b; DROP TABLE runs`", "summary.`x'); --`"], _NUMBER),
     (["status"], st.sampled_from(["'finished'", "'FAILED'", "'Running'"])),
     (["created", "ended"], st.sampled_from(["'2026-01-01'", "'1999-12-31T23:59:59+05:00'"])),
     (["params.model.tie_embeddings"], st.sampled_from(["true", "false"])),
@@ -370,3 +372,10 @@ def test_fuzz_wellformed_filters_with_hostile_values_all_run(fuzz_registry, text
 def fuzz_registry(registry):
     populate(registry)
     return registry, _table_counts(registry)
+
+
+def test_unknown_spec_keys_are_refused_with_a_suggestion():
+    """A typo in a spec key would match nothing and look like "no such runs"; it is an error instead."""
+    with pytest.raises(FilterError, match=r"unknown spec key 'params.model.n_layer'; did you mean params.model.n_layers\?"):
+        compile_filter("params.model.n_layer >= 8")
+    compile_filter("params.model.attention.positional.theta > 1e4 and params.train.data.corpus.kind = 'stdlib'")
