@@ -132,3 +132,14 @@ def test_reserved_names_would_shadow_imports():
 def test_booleans_and_numbers_do_not_mix(override, line):
     assert problems(BASE, [override]) == [line]
     assert load_spec_dict(BASE, ["train.lr=3e-4"]).train.lr == 3e-4  # PyYAML's string '3e-4' still reads as a float
+
+
+def test_setting_another_kind_starts_from_its_defaults():
+    spec = load_spec_dict({**BASE, "model": {**BASE["model"], "attention": {"n_heads": 8, "positional": {
+        "kind": "rope", "theta": 5e5}}}}, ["model.attention.positional.kind=learned"])
+    assert spec.model.attention.positional.kind == "learned"
+    spec = load_spec_dict(BASE, ["model.ffn.kind=mlp", "model.ffn.hidden_dim=100"])
+    assert (spec.model.ffn.kind, spec.model.ffn.hidden_dim, spec.model.ffn.activation) == ("mlp", 100, "gelu")
+    # the same kind keeps the section's other fields
+    spec = load_spec_dict(BASE, ["model.ffn={kind: glu, hidden_dim: 96}", "model.ffn.kind=glu"])
+    assert spec.model.ffn.hidden_dim == 96

@@ -168,7 +168,20 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise UserError(f"--set {key}: cannot parse value {raw!r}: {str(e).splitlines()[0]}") from None
-        set_dotted(data, key.strip(), value, f"--set {key.strip()}")
+        key = key.strip()
+        if key.endswith(".kind") and isinstance(value, str):
+            section = _get_dotted(data, key.rsplit(".", 1)[0])
+            if isinstance(section, dict) and section.get("kind", value) != value:
+                section.clear()  # another kind: its own fields, from its defaults (later --set keys refine it)
+        set_dotted(data, key, value, f"--set {key}")
+    return data
+
+
+def _get_dotted(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
     return data
 
 

@@ -69,6 +69,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file: RuntimeError, UnpicklingError, EOFError, ...
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        if "weights_only" in first_line:  # torch's advice (weights_only=False) would run the file's pickled code
+            first_line = "it holds objects beyond tensors and plain data, which a safe load refuses"
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first_line})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"{path}: not an archspec checkpoint (expected format {FORMAT!r})")
