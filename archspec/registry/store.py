@@ -906,7 +906,8 @@ class Registry:
                     run_id_full = matches[0]
                     return self._load_runs(conn, select(RunRecord).where(RunRecord.id == run_id_full))[0]
             if row is None:
-                raise UserError(f"no run {run_id!r} in registry {self.url} (`archspec runs list` shows the runs)")
+                short = " (an id prefix needs at least 4 characters)" if len(run_id) < 4 else ""
+                raise UserError(f"no run {run_id!r} in registry {self.url}{short} (`archspec runs list` shows the runs)")
             return self._load_runs(conn, select(RunRecord).where(RunRecord.id == run_id))[0]
 
         return self._read(tx, "get_run")
