@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 import click
 
@@ -27,10 +26,7 @@ _SUBCOMMANDS = [
 
 
 def _register() -> None:
-    root = Path(__file__).resolve().parent.parent
     for module_name, names in _SUBCOMMANDS:
-        if not (root / (module_name.replace(".", "/") + ".py")).exists():
-            continue  # TODO(wave 1): becomes a plain import once every module has landed
         module = importlib.import_module(module_name)
         for name in names:
             cli.add_command(getattr(module, name.replace("-", "_") + "_cmd"), name)
