@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from archspec.console import make_console
+from archspec.console import human, make_console
 from rich.table import Table
 
 from archspec.accounting import Accounting, account
-from archspec.codegen import DEFAULT_OUT, generate, instantiate, render, source_label
+from archspec.codegen import DEFAULT_OUT, check_memory, generate, render, source_label
 from archspec.errors import UserError
 from archspec.spec import SpecError, json_schema, load_spec, spec_hash
 
@@ -35,13 +35,6 @@ def build_json(spec, gen, acc: Accounting) -> dict:
     }
 
 
-def _human(n: float) -> str:
-    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f}{unit}"
-    return f"{n:.0f}"
-
-
 def accounting_table(spec, acc: Accounting) -> Table:
     flops = acc.flops_by_component
     flops_of = {
@@ -58,15 +51,15 @@ def accounting_table(spec, acc: Accounting) -> Table:
     for col in ("component", "params", "share", "fwd FLOPs/token", "share"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for name, n, f in rows:
-        table.add_row(name, f"{n:,}", f"{100 * n / acc.total:.1f}%", _human(f), f"{100 * f / acc.flops_forward:.1f}%")
+        table.add_row(name, f"{n:,}", f"{100 * n / acc.total:.1f}%", human(f), f"{100 * f / acc.flops_forward:.1f}%")
     table.add_section()
-    table.add_row("total", f"{acc.total:,}", "100%", _human(acc.flops_forward), "100%", style="bold")
+    table.add_row("total", f"{acc.total:,}", "100%", human(acc.flops_forward), "100%", style="bold")
     table.add_row("active", f"{acc.active:,}", f"{100 * acc.active / acc.total:.1f}%", "", "")
     table.add_row("non-embedding", f"{acc.total - acc.embedding:,}", f"{100 * (acc.total - acc.embedding) / acc.total:.1f}%", "", "")
     m = spec.model
     table.caption = (
-        f"FLOPs per token at T={acc.seq_len} (causal attention averages (T+1)/2 keys): forward {_human(acc.flops_forward)}, "
-        f"train {_human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
+        f"FLOPs per token at T={acc.seq_len} (causal attention averages (T+1)/2 keys): forward {human(acc.flops_forward)}, "
+        f"train {human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
         f"{acc.kv_cache_bytes_per_token * m.context_length / 2**20:.1f} MiB per sequence of {m.context_length}."
     )
     table.caption_justify = "left"
@@ -100,8 +93,9 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compi
     acc = account(spec)
     # With --set the module is not what the file alone says: its banner says so (no "regenerate with" line).
     source = None if overrides else spec_path
-    model = instantiate(spec, out_dir=out_dir, source=source)
-    gen = generate(spec, out_dir=out_dir, source=source)  # already written; returns the cached import
+    check_memory(spec)  # refuse before anything is allocated
+    gen = generate(spec, out_dir=out_dir, source=source)
+    model = gen.Model()
     if overrides and (spec_path.parent / "..").resolve() == Path.cwd().resolve() and out_dir == DEFAULT_OUT:
         console.print(f"[yellow]note:[/] --set changed {spec_path}'s spec, so {gen.path} no longer matches it; "
                       "`archspec check --fix` restores it, and `--set name=...` writes a file of its own")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from archspec.console import make_console
+from archspec.console import human, make_console
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
@@ -28,13 +28,6 @@ def _out_option(f):
                         help="Where the report's PNG and HTML go (default reports/<sweep>/).")(f)
 
 
-def _human(n: float) -> str:
-    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f}{unit}"
-    return f"{n:.0f}"
-
-
 def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
     table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
                   f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
@@ -50,12 +43,12 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
         table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
-                      f"{v.accounting.total:,}", f"{v.accounting.active:,}", _human(v.accounting.flops_train),
-                      f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", _human(tokens),
+                      f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
+                      f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(tokens),
                       f"{seconds:.0f} s" if seconds is not None else "-")
     if peak:
         table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs, at "
-                         f"{ASSUMED_MFU:.0%} of the measured matmul peak ({_human(peak)}FLOP/s), compile excluded")
+                         f"{ASSUMED_MFU:.0%} of the measured matmul peak ({human(peak)}FLOP/s), compile excluded")
         table.caption_justify = "left"
     return table
 
@@ -63,17 +56,15 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
             as_json: bool = False) -> None:
     from archspec.ablate.report import rich_table, variant_numbers, write_report
-    from archspec.ablate.runner import collect, recorded_baseline
+    from archspec.ablate.runner import collect
     from archspec.errors import UserError
     from archspec.registry import Registry, default_url
 
     registry = Registry(registry_url)
-    variants = collect(registry, sweep_name, sweep)
+    variants, baseline = collect(registry, sweep_name, sweep)
     if not variants or not any(v.runs for v in variants):
         raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or default_url()} yet; "
                         f"run `archspec ablate` first")
-    baseline = sweep.file.baseline if sweep else recorded_baseline(registry.runs(where=f"sweep = {json.dumps(sweep_name)}"),
-                                                                    [v.index for v in variants])
     out_dir = out_dir or Path("reports") / sweep_name
     meta = {"sweep": sweep_name, "registry": registry_url or default_url(),
             "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}

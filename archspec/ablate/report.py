@@ -13,7 +13,6 @@ sides there is no estimate of noise and the flag says so ("n/a (1 seed)").
 from __future__ import annotations
 
 import base64
-import io
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from typing import Any
 
 import jinja2
 from rich.table import Table
+
+from archspec.console import human
 
 
 @dataclass
@@ -102,13 +103,6 @@ def compare(variant: VariantResult, baseline: VariantResult) -> Comparison:
     return Comparison(delta, se, None if se is None else abs(delta) < 2 * se)
 
 
-def _fmt_int(n: int) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(n)
-
-
 def _mean_std(v: VariantResult) -> str:
     if v.mean is None:
         return "-"
@@ -126,9 +120,9 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
         row = {
             "variant": f"v{v.index}" + (" (baseline)" if v.index == baseline_index else ""),
             "differs": v.label if v.index != baseline_index else (v.label or "base"),
-            "params": _fmt_int(v.params_total),
-            "active": _fmt_int(v.params_active),
-            "train FLOPs/tok": _fmt_int(v.flops_train_per_token),
+            "params": human(v.params_total),
+            "active": human(v.params_active),
+            "train FLOPs/tok": human(v.flops_train_per_token),
             "tok/s": f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "-",
             "val loss": _mean_std(v) + f" (n={len(finals)})",
             "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",

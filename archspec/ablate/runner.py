@@ -129,8 +129,8 @@ def recorded_baseline(rows, indices: list[int]) -> int:
     return min(indices)
 
 
-def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> list[VariantResult]:
-    """Every variant of a sweep with its runs, from the registry alone.
+def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> tuple[list[VariantResult], int]:
+    """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
 
     With the sweep file, only runs of its current variants count (matched by spec hash, so an edited sweep never
     mixes in runs of an older definition) and variants with no runs yet are listed empty. Without it, variants are
@@ -154,7 +154,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
 
     indices = sorted(set(by_variant) | ({v.index for v in sweep.variants} if sweep else set()))
     if not indices:
-        return []
+        return [], sweep.file.baseline if sweep else 0
     specs = {}
     for index in indices:
         runs = by_variant.get(index, {})
@@ -190,4 +190,4 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             flops_train_per_token=int(acc_d["flops_per_token"]["train"]),
             kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
         ))
-    return variants
+    return variants, baseline_index

@@ -287,14 +287,3 @@ def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu") ->
             f"{spec.name}: needs about {need / gib:.1f} GiB for {what} ({account(spec).total:,} parameters), "
             f"but this machine has {have / gib:.1f} GiB available; shrink the model or use a larger machine"
         )
-
-
-def instantiate(spec: Spec, *, for_training: bool = False, device: str = "cpu", out_dir: str | Path = DEFAULT_OUT,
-                write: bool = True, source: str | Path | None = None):
-    """Generate, import, and build `Model()` on `device` after checking that it fits in memory."""
-    check_memory(spec, for_training, device)
-    gen = generate(spec, out_dir=out_dir, write=write, source=source)
-    import torch
-
-    with torch.device(device):
-        return gen.Model()

@@ -99,7 +99,8 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(workdir, base_s
     runs = reg.runs(where="sweep = 'mini'")
     assert len(runs) == 4 and {r.status for r in runs} == {"FINISHED"}
     assert {r.id: r.ended for r in runs if r.id in finished_before} == finished_before
-    assert len(collect(reg, "mini", sweep)) == 2
+    variants, baseline = collect(reg, "mini", sweep)
+    assert len(variants) == 2 and baseline == 0
 
 
 def test_invalid_variant_refuses_whole_sweep_before_training(workdir, base_spec, capsys):
