@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from archspec.accounting import account
 from archspec.spec import canonical_dict, load_spec_dict, spec_hash
 from archspec.train.logger import RunInfo
 
@@ -20,18 +21,9 @@ def make_spec(name: str = "tiny", **model: Any):
     return load_spec_dict({"name": name, "model": base})
 
 
-def fake_accounting(spec) -> dict[str, Any]:
-    """Deterministic accounting-shaped numbers (the real ones come from archspec.accounting)."""
-    m = spec.model
-    embedding = m.vocab_size * m.d_model
-    per_layer = 12 * m.d_model * m.d_model
-    total = embedding + m.n_layers * per_layer
-    return {
-        "params": {"total": total, "active": total, "embedding": embedding,
-                   "by_component": {"embedding": embedding, "blocks": m.n_layers * per_layer}},
-        "flops_per_token": {"forward": 2 * total, "train": 6 * total},
-        "kv_cache_bytes_per_token": 2 * m.n_layers * m.attention.n_kv_heads * m.attention.head_dim * 4,
-    }
+def accounting(spec) -> dict[str, Any]:
+    """The real accounting, as the training loop records it (a pure function of the spec: microseconds)."""
+    return account(spec, seq_len=spec.train.seq_len).to_dict()
 
 
 def make_info(spec=None, seed: int = 0, sweep: str | None = None, data_hash: str = "data-v1",
@@ -41,7 +33,7 @@ def make_info(spec=None, seed: int = 0, sweep: str | None = None, data_hash: str
     recipe = {**data["train"], **recipe_overrides}
     return RunInfo(
         spec_name=spec.name, spec_hash=spec_hash(spec), spec_json=data, generated_hash="g" * 64,
-        accounting=fake_accounting(spec), data_hash=data_hash, seed=seed, recipe=recipe, code_version="test",
+        accounting=accounting(spec), data_hash=data_hash, seed=seed, recipe=recipe, code_version="test",
         sweep=sweep, host="testhost", tags=dict(tags or {}),
     )
 

@@ -14,7 +14,7 @@ from archspec.cli import main
 from archspec.registry.cli import runs_cmd, specs_cmd
 from archspec.registry.migrate import VERSION_TABLE
 
-from .helpers import INJECTION, fake_accounting, make_spec, populate
+from .helpers import INJECTION, accounting, make_spec, populate
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def test_runs_export(data, capsys, tmp_path):
 def test_specs_list(registry, registry_url, capsys):
     small, big = make_spec("small"), make_spec("big", d_model=1024, n_layers=24, attention={"n_heads": 16})
     for spec in (small, big):
-        registry.record_spec(spec, "g" * 64, fake_accounting(spec))
+        registry.record_spec(spec, "g" * 64, accounting(spec))
     code, out, err = run_cli(capsys, "specs", "list", "--registry", registry_url, "--where", "params.active < 20e6")
     assert code == 0, err
     assert "small" in out and "big" not in out and "params.active" in out.splitlines()[0]

@@ -175,7 +175,7 @@ def test_accounting_fields_and_scientific_literals(data):
     small = reg.runs(where="params.active < 2e6")
     assert ids(small) == names(data, "llama0", "llama1", "wide0")
     assert ids(reg.runs(where="params.total >= 20e6 and flops.train > 0 and kv_cache_bytes > 0")) == names(data, "gpt0")
-    assert ids(reg.runs(where="params.by_component.blocks > 0 and params.embedding = 16384")) == names(
+    assert ids(reg.runs(where="params.by_component.ffn > 0 and params.embedding = 16384")) == names(
         data, "llama0", "llama1")
 
 
@@ -222,11 +222,11 @@ def test_sort_numeric_nulls_last_and_limit(data):
 
 
 def test_specs_filter_before_any_training(registry):
-    from .helpers import fake_accounting, make_spec
+    from .helpers import accounting, make_spec
 
     small, big = make_spec("small"), make_spec("big", d_model=1024, n_layers=24, attention={"n_heads": 16})
     for spec in (small, big):
-        registry.record_spec(spec, "g" * 64, fake_accounting(spec))
+        registry.record_spec(spec, "g" * 64, accounting(spec))
     assert [s.name for s in registry.specs(where="params.active < 20e6")] == ["small"]
     assert [s.name for s in registry.specs(where="params.model.n_layers >= 8 and params.total > 20e6")] == ["big"]
     assert [s.name for s in registry.specs(sort="-params.active")] == ["big", "small"]

@@ -13,7 +13,7 @@ from archspec.registry.store import accounting_fields, run_params, typed_value
 from archspec.spec import canonical_json, spec_hash
 from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED
 
-from .helpers import fake_accounting, make_info, make_spec, record_run
+from .helpers import accounting, make_info, make_spec, record_run
 
 
 def test_default_url(monkeypatch):
@@ -33,7 +33,7 @@ def test_default_registry_is_created_relative_to_cwd(tmp_path, monkeypatch):
 
 def test_record_spec_is_idempotent_and_keeps_accounting(registry):
     spec = make_spec("tiny")
-    acct = fake_accounting(spec)
+    acct = accounting(spec)
     for _ in range(2):
         assert registry.record_spec(spec, "a" * 64, acct) == spec_hash(spec)
     (row,) = registry.specs()
@@ -57,7 +57,7 @@ def test_values_are_typed():
     assert typed_value("rmsnorm") == ("str", None, "rmsnorm")
     assert typed_value(None) == ("null", None, None)
     assert typed_value(["a", "b"]) == ("json", None, '["a","b"]')
-    fields = accounting_fields(fake_accounting(make_spec()))
+    fields = accounting_fields(accounting(make_spec()))
     assert fields["flops.train"] > 0 and fields["kv_cache_bytes"] > 0 and isinstance(fields["params.total"], int)
     assert run_params({"name": "x", "train": {"steps": 5}}, {"steps": 7})["train.steps"] == 7
 
