@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+def printable(text: str, limit: int | None = None) -> str:
+    """User text inside a message: control characters escaped (no forged lines, no terminal codes), length capped.
+
+    Anything that echoes a path, key or value the user (or a file) supplied goes through this, so a corpus path
+    holding `\\r` or `\\x1b[2K` cannot rewrite what the terminal shows."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    if limit is not None and len(out) > limit:
+        return out[: limit - 3] + "..."
+    return out
+
+
 class UserError(Exception):
     """Bad input (spec, sweep file, filter, checkpoint, CLI argument): the message names what and where.
 
@@ -14,6 +25,7 @@ class UserError(Exception):
         self.problems = list(problems or [])
 
     def render(self) -> str:
+        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`)."""
         if not self.problems:
-            return str(self)
-        return "\n".join([str(self), *("  " + p for p in self.problems)])
+            return printable(str(self))
+        return "\n".join([printable(str(self)), *("  " + printable(p) for p in self.problems)])

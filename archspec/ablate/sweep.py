@@ -26,13 +26,25 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from archspec.accounting import Accounting, account
 from archspec.errors import UserError
+from archspec.errors import printable
 from archspec.spec import SLUG_RE, Spec, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
+from archspec.spec.safe_yaml import check_structure, variant_count_text
+from archspec.spec.train import TrainSpec
+
+# A sweep is trained, variant by variant: past these counts it is a mistake (or an attack), not an experiment, and
+# the count is checked from the list lengths before a single variant is built.
+MAX_VARIANTS = 1000
+MAX_SEEDS = 100
+MAX_JOBS = 10_000
+
+# A seed is a spec's train.seed: the same bounds, from the one place that states them.
+Seed = Annotated[StrictInt, *TrainSpec.model_fields["seed"].metadata]
 
 
 class Budget(BaseModel):
@@ -60,7 +72,7 @@ class SweepFile(BaseModel):
     # Variant specs are named <name>-v<index>, and a spec name is at most 64 characters.
     name: str = Field(pattern=SLUG_RE, max_length=56)
     base: str | dict[str, Any]
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
     budget: Budget | None = None  # None: each variant's own train.steps
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     zip: dict[str, list[Any]] = Field(default_factory=dict)
@@ -80,6 +92,15 @@ class SweepFile(BaseModel):
             raise ValueError(f"{', '.join(sorted(both))}: in both grid and zip")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: repeated seed in {self.seeds}")
+        counts = [len(v) for v in self.grid.values()] + ([next(iter(lengths))] if lengths else [])
+        if math.prod(min(c, MAX_VARIANTS + 1) for c in counts) > MAX_VARIANTS:  # capped factors: no huge product
+            shape = " × ".join(str(c) for c in counts[:12]) + (" × ..." if len(counts) > 12 else "")
+            raise ValueError(f"grid: {variant_count_text(counts)} variants ({shape}), more than the limit of "
+                             f"{MAX_VARIANTS:,}; split the sweep into several files")
+        variants = math.prod(counts)
+        if variants * len(self.seeds) > MAX_JOBS:
+            raise ValueError(f"{variants:,} variants × {len(self.seeds)} seeds = {variants * len(self.seeds):,} runs, "
+                             f"more than the limit of {MAX_JOBS:,}")
         return self
 
 
@@ -94,7 +115,7 @@ class Variant:
     def label(self) -> str:
         if not self.overrides:
             return "base"
-        return ", ".join(f"{k}={_short(v)}" for k, v in self.overrides.items())
+        return printable(", ".join(f"{k}={_short(v)}" for k, v in self.overrides.items()))
 
 
 @dataclass
@@ -173,6 +194,8 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None) -> Swee
     origin = str(path) if path else "sweep"
     if data is None:
         data = read_yaml(path, what="sweep")
+    else:
+        check_structure(data, origin)  # a mapping built in Python gets the limits a file gets
     if not isinstance(data, dict):
         raise UserError(f"{origin}: expected a mapping with name/base/seeds/budget/grid, got {type(data).__name__}")
     try:
@@ -231,7 +254,7 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None) -> Swee
 
 
 def _label(overrides: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_short(v)}" for k, v in overrides.items()) or "base"
+    return printable(", ".join(f"{k}={_short(v)}" for k, v in overrides.items()) or "base", 200)
 
 
 def spec_diff(base: Spec, other: Spec) -> dict[str, tuple[Any, Any]]:

@@ -61,6 +61,14 @@ from archspec.registry.models import (
 )
 from archspec.train.logger import STATUSES
 
+# Limits: a filter is typed by a person; past these it is a mistake or an attack, and the database would refuse it
+# anyway, less clearly (SQLite: "Expression tree is too large" at depth 1000, "too many terms in ORDER BY clause").
+MAX_TEXT = 10_000  # characters of a filter or sort
+MAX_NESTING = 50  # parentheses and NOTs, one inside another
+MAX_PREDICATES = 200  # comparisons joined by AND / OR
+MAX_VALUES = 1000  # literals in all IN lists together
+MAX_SORT_KEYS = 16
+
 # ── errors ───────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -70,7 +78,12 @@ class FilterError(UserError):
     def __init__(self, what: str, text: str, pos: int, message: str):
         shown = re.sub(r"\s", " ", text)  # tabs and newlines would shift the caret
         pos = max(0, min(pos, len(text)))
-        super().__init__(f"invalid {what} at column {pos + 1}: {message}", [shown, " " * pos + "^"])
+        caret = pos
+        if len(shown) > 200:  # a window around the column, so a long text stays one readable line
+            start = max(0, min(pos - 100, len(shown) - 200))
+            shown = ("..." if start else "") + shown[start:start + 200] + ("..." if start + 200 < len(shown) else "")
+            caret = pos - start + (3 if start else 0)
+        super().__init__(f"invalid {what} at column {pos + 1}: {message}", [shown, " " * caret + "^"])
         self.column = pos + 1
 
 
@@ -212,8 +225,11 @@ def _field_name(text: str) -> str:
 class _Parser:
     def __init__(self, text: str, what: str):
         self.text, self.what = text, what
+        if len(text) > MAX_TEXT:
+            raise FilterError(what, text, MAX_TEXT, f"{len(text):,} characters, more than the limit of {MAX_TEXT:,}")
         self.tokens = tokenize(text, what)
         self.i = 0
+        self.depth = self.predicates = self.values = 0
 
     # helpers
     @property
@@ -257,13 +273,30 @@ class _Parser:
             items.append(self.not_expr())
         return items[0] if len(items) == 1 else And(tuple(items))
 
+    def nest(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"nested deeper than {MAX_NESTING} levels of parentheses and NOT")
+
     def not_expr(self) -> Node:
-        if self.is_kw("not"):
+        # NOT chains are read in a loop, not by recursion; both count towards the nesting limit.
+        nots = 0
+        while self.is_kw("not"):
             self.take()
-            return Not(self.not_expr())
+            self.nest()
+            nots += 1
+        node = self.operand()
+        for _ in range(nots):
+            node = Not(node)
+        self.depth -= nots
+        return node
+
+    def operand(self) -> Node:
         if self.tok.kind == "lparen":
             open_tok = self.take()
+            self.nest()
             node = self.or_expr()
+            self.depth -= 1
             if self.tok.kind != "rparen":
                 if self.tok.kind == "eof":
                     raise self.error(f"missing ')' to close the '(' at column {open_tok.pos + 1}")
@@ -285,7 +318,10 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             self.take()
-            return Literal(float(tok.text), tok.pos)
+            value = float(tok.text)
+            if not math.isfinite(value):  # 1e999, or a 5000-digit literal: no column holds it
+                raise self.error(f"the number {tok.text[:20]}{'...' if len(tok.text) > 20 else ''} is out of range", tok)
+            return Literal(value, tok.pos)
         if tok.kind == "string":
             self.take()
             quote = tok.text[0]
@@ -300,6 +336,9 @@ class _Parser:
         raise self.error(f"expected a value (number, 'text', true or false), got {self.describe(tok)}")
 
     def predicate(self) -> Node:
+        self.predicates += 1
+        if self.predicates > MAX_PREDICATES:
+            raise self.error(f"more than {MAX_PREDICATES} comparisons in one filter")
         field = self.field()
         tok = self.tok
         if tok.kind == "op":
@@ -320,6 +359,9 @@ class _Parser:
             while self.tok.kind == "comma":
                 self.take()
                 values.append(self.literal())
+                if self.values + len(values) > MAX_VALUES:
+                    raise self.error(f"more than {MAX_VALUES} values in IN lists")
+            self.values += len(values)
             if self.tok.kind != "rparen":
                 raise self.error(f"expected ',' or ')' in the IN list, got {self.describe(self.tok)}")
             self.take()
@@ -354,6 +396,8 @@ class _Parser:
             if self.is_kw("asc", "desc"):
                 desc = self.take().text.lower() == "desc"
             keys.append((field, desc))
+            if len(keys) > MAX_SORT_KEYS:
+                raise self.error(f"more than {MAX_SORT_KEYS} sort keys", self.tokens[self.i - 1])
             if self.tok.kind == "comma":
                 self.take()
                 continue

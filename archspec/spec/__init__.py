@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
+from archspec.spec import safe_yaml
 from archspec.spec.model import SLUG as SLUG_RE
 from archspec.spec.model import Spec
 from archspec.spec.rules import cross_field_problems
@@ -115,9 +116,14 @@ def known_keys() -> frozenset[str]:
 
 
 def _printable(text: str, limit: int = 120) -> str:
-    """User text inside a message: control characters escaped (no forged lines, no terminal codes), length capped."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return out if len(out) <= limit else out[: limit - 3] + "..."
+    return printable(text, limit)
+
+
+def _repr(value: Any) -> str:
+    """repr() for a message; an int too long for repr() (over Python's 4300-digit limit) is described instead."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 14_000:
+        return f"<an integer of about {int(value.bit_length() * 0.30103):,} digits>"
+    return repr(value)
 
 
 def format_validation_error(err: ValidationError, prefix: str = "", data: Any = None,
@@ -129,7 +135,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
         msg = _printable(e["msg"], 300)
         if e["type"] == "string_pattern_mismatch" and path.endswith("name"):
             msg = ("must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), "
-                   f"got {_printable(repr(e['input']))}")
+                   f"got {_printable(_repr(e['input']))}")
         elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; `archspec schema` lists the valid fields)"
         elif e["type"] == "missing":
@@ -137,7 +143,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
         elif e["type"] == "value_error":  # our own validators: the message already names what was given
             msg = msg.removeprefix("Value error, ")
         elif e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg}, got {_printable(repr(e['input']))}"
+            msg = f"{msg}, got {_printable(_repr(e['input']))}"
         lines.append(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}")
     return lines
 
@@ -145,7 +151,9 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
 def set_dotted(data: dict, key: str, value: Any, origin: str) -> None:
     parts = key.split(".")
     if not key or any(not p for p in parts):
-        raise UserError(f"{origin}: invalid key {key!r} (expected dotted.path.to.field)")
+        raise UserError(f"{origin}: invalid key {printable(repr(key), 120)} (expected dotted.path.to.field)")
+    if len(parts) > safe_yaml.MAX_DEPTH:
+        raise UserError(f"{origin}: the key has {len(parts):,} parts, more than {safe_yaml.MAX_DEPTH} levels")
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -164,16 +172,21 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. model.attention.n_kv_heads=1")
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as e:
-            raise UserError(f"--set {key}: cannot parse value {raw!r}: {str(e).splitlines()[0]}") from None
         key = key.strip()
+        shown = printable(key, 120)
+        if len(raw) > safe_yaml.MAX_FILE_BYTES:
+            raise UserError(f"--set {shown}: the value is {len(raw):,} characters, more than {safe_yaml.MAX_FILE_BYTES:,}")
+        try:
+            value = safe_yaml.parse(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise UserError(f"--set {shown}: cannot parse value {printable(repr(raw), 120)}: {problem}") from None
+        safe_yaml.check_structure(value, f"--set {shown}")
         if key.endswith(".kind") and isinstance(value, str):
             section = _get_dotted(data, key.rsplit(".", 1)[0])
             if isinstance(section, dict) and section.get("kind", value) != value:
                 section.clear()  # another kind: its own fields, from its defaults (later --set keys refine it)
-        set_dotted(data, key, value, f"--set {key}")
+        set_dotted(data, key, value, f"--set {shown}")
     return data
 
 
@@ -185,42 +198,22 @@ def _get_dotted(data: Any, key: str) -> Any:
     return data
 
 
-class _StrictSafeLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, but a key given twice in one mapping is an error instead of "last one wins"."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark)
-                seen[key] = True
-            except TypeError:
-                pass  # unhashable keys: SafeLoader reports them itself
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml(path: str | Path, what: str = "spec") -> Any:
+    """A spec or sweep file, parsed with safe_load semantics and the limits of `safe_yaml` (size, nesting, integer
+    digits, alias expansion); every way it can be wrong is a UserError naming the file (and line and column)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such {what} file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a {what} YAML file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read {what} file: {e}") from None
+    text = safe_yaml.read_text(path, what)
     if not text.strip():
         raise UserError(f"{path}: empty {what} file")
     try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 (a SafeLoader subclass: safe_load semantics)
+        data = safe_yaml.parse(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UserError(f"{where}: invalid YAML: {problem}") from None
+    safe_yaml.check_structure(data, str(path))
+    return data
 
 
 def load_spec_dict(data: Any, overrides: Iterable[str] = (), origin: str = "spec") -> Spec:
@@ -229,6 +222,7 @@ def load_spec_dict(data: Any, overrides: Iterable[str] = (), origin: str = "spec
         raise SpecError(f"{origin}: expected a mapping with name/model/train, got {type(data).__name__}")
     # deepcopy, not a JSON round trip: it keeps YAML aliases shared (no "billion laughs" expansion) and survives
     # cycles, which pydantic then reports as a field error.
+    safe_yaml.check_structure(data, origin, SpecError)  # a dict built in Python gets the limits a file gets
     data = apply_overrides(copy.deepcopy(data), overrides)
     try:
         return parse_spec(data)
