@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
+from archspec.signals import Terminated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,10 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         click.echo(f"error: {e.render()}", err=True)
         return 2
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        # click turns KeyboardInterrupt (Ctrl-C, and SIGTERM through archspec.signals) into Abort
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, Terminated):
+            click.echo(f"terminated ({cause})", err=True)
+            return cause.exit_code  # 143 for SIGTERM, as the shell reports a process it killed
         click.echo("aborted", err=True)
         return 130
+    except Terminated as e:  # raised outside click's own handling
+        click.echo(f"terminated ({e})", err=True)
+        return e.exit_code
     except click.ClickException as e:
+        e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines
         e.show()
         return e.exit_code
     except click.exceptions.Exit as e:

@@ -85,11 +85,40 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
              logger_factory: Callable[[], RunLogger] | None = None) -> SweepOutcome:
     """Train every job not already FINISHED in the registry, in order. A FAILED run does not stop the sweep
     (it is recorded and redone next time); Ctrl-C/SIGTERM ends the current run KILLED and stops the sweep."""
-    from archspec.train.loop import train  # torch-heavy: imported when a sweep actually trains
+    with install_signal_handlers():  # one scope for the whole sweep: a SIGTERM while checking is not lost either
+        registry = Registry(registry_url)
+        cache_path = cache_dir(cache)
+        run_ids = check_data(jobs, cache_path)
+        check_fits(jobs, device)
+        return _run_checked(sweep, jobs, registry, registry_url, run_ids, device=device, compile=compile,
+                            progress=progress, cache=cache, on_event=on_event, logger_factory=logger_factory)
 
-    registry = Registry(registry_url)
-    cache_path = cache_dir(cache)
-    run_ids = check_data(jobs, cache_path)
+
+def check_fits(jobs: list[Job], device: str) -> None:
+    """The memory check the loop makes before building a model, made for every variant before anything trains: a
+    later variant that cannot fit refuses the sweep up front instead of after the earlier ones have trained."""
+    from archspec.codegen import check_memory
+    from archspec.train.distributed import resolve_device
+
+    device_type = resolve_device(device).type
+    problems, seen = [], set()
+    for job in jobs:
+        if job.variant.index in seen:
+            continue
+        seen.add(job.variant.index)
+        try:
+            check_memory(job.spec, for_training=True, device=device_type)
+        except UserError as e:
+            problems.append(f"variant {job.variant.index} ({job.variant.label}): {e}")
+    if problems:
+        raise UserError(f"{len(problems)} variant(s) of the sweep cannot fit in memory; nothing was trained", problems)
+
+
+def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url: str | None, run_ids: dict[str, str],
+                 *, device: str, compile: bool | None, progress: bool, cache: str | Path | None,
+                 on_event: Callable[[str], None], logger_factory: Callable[[], RunLogger] | None) -> SweepOutcome:
+    from archspec.train.loop import train
+
     outcome = SweepOutcome()
     for n, job in enumerate(jobs, 1):
         run_id = run_ids[job.key]
@@ -105,9 +134,8 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
             continue
         on_event(f"{where}: training {job.variant.label}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else RegistryLogger(registry_url)
-        with install_signal_handlers():
-            result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
-                           progress=progress, cache=cache)
+        result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
+                       progress=progress, cache=cache)
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
         on_event(f"{where}: {result.status}" + (f": {result.error}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))

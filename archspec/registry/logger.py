@@ -50,53 +50,10 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping
 
 from archspec.registry.store import Registry, RegistryBusyError
+from archspec.signals import SignalHandlers, Terminated, install_signal_handlers
 from archspec.train.logger import FAILED, FINISHED, KILLED, RunInfo, RunLogger
 
 log = logging.getLogger("archspec.registry")
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM once `install_signal_handlers()` is in force.
-
-    A KeyboardInterrupt subclass, so that the loop's `except KeyboardInterrupt` ends the run as KILLED for SIGTERM
-    exactly as for Ctrl-C (SIGINT), and nothing that catches `Exception` swallows it.
-    """
-
-
-class SignalHandlers:
-    """The handlers `install_signal_handlers` replaced; `restore()` (or leaving the `with`) puts them back."""
-
-    def __init__(self) -> None:
-        self.previous: dict[int, object] = {}
-
-    def restore(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        self.previous.clear()
-
-    def __enter__(self) -> "SignalHandlers":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
-
-
-def _raise_terminated(signum: int, _frame) -> None:
-    raise Terminated(f"received {signal.Signals(signum).name}")
-
-
-def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM,)) -> SignalHandlers:
-    """Turn SIGTERM (and any other `signals`) into `Terminated` (a KeyboardInterrupt) in the main thread.
-
-    SIGINT already raises KeyboardInterrupt. Off the main thread Python cannot install handlers; then nothing is
-    installed and the returned object restores nothing.
-    """
-    handlers = SignalHandlers()
-    if threading.current_thread() is not threading.main_thread():
-        return handlers
-    for signum in signals:
-        handlers.previous[signum] = signal.signal(signum, _raise_terminated)
-    return handlers
 
 
 def error_text(exc: BaseException, limit: int = 20_000) -> str:

@@ -11,17 +11,42 @@ import hashlib
 import json
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from archspec.errors import UserError
 
 DEFAULT_CACHE = ".cache/archspec"  # relative to the working directory, like registry/ and runs/
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """`override`, else `$ARCHSPEC_CACHE`, else `.cache/archspec`; created if missing."""
+    """`override`, else `$ARCHSPEC_CACHE`, else `.cache/archspec`; created if missing. A cache that cannot be created
+    or written (read-only, under a file, a full disk) is a UserError naming it, before any work is done."""
+    from_env = override is None and bool(os.environ.get("ARCHSPEC_CACHE"))
     path = Path(override or os.environ.get("ARCHSPEC_CACHE") or DEFAULT_CACHE)
-    path.mkdir(parents=True, exist_ok=True)
+    where = f"$ARCHSPEC_CACHE={path}" if from_env else f"cache directory {path}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{where}: exists and is not a directory") from None
+    except NotADirectoryError:
+        raise UserError(f"{where}: a part of the path is a file, not a directory") from None
+    except OSError as e:
+        raise UserError(f"{where}: cannot create it: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{where}: not writable; set $ARCHSPEC_CACHE to a writable directory")
     return path
+
+
+@contextmanager
+def writing_cache(cache: Path) -> Iterator[None]:
+    """Turn a failed write under the cache (a full disk, permissions changed under us) into a UserError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cache {cache}: cannot write ({e.strerror or e}); free some space or set $ARCHSPEC_CACHE "
+                        "to another directory") from None
 
 
 def digest(*parts: Any) -> str:

@@ -5,23 +5,39 @@ A checkpoint holds the model and optimizer state, the step (the schedule is a pu
 own generator, so numpy's global RNG is never used and not saved. The file is written to a temporary name beside the
 target, flushed to disk and renamed over it: a crash leaves the previous checkpoint intact, never a torn one. Loading
 uses `torch.load(weights_only=True)`, and every way a file can be wrong ends in a UserError naming the file.
+
+Integrity: the file stores a sha256 digest of its content (every tensor's bytes, dtype and shape, every other value),
+computed at save time and checked at load time, so flipped bits that still unpickle are refused instead of resuming
+from corrupted weights or optimizer state. Then every field is checked for type and shape (step, RNG states, data
+position) before any of it is used. Files of the first format (no digest) are still read, without that check.
+A write that fails (a full disk, a read-only directory) raises CheckpointWriteError naming the file and the space
+left on its disk; the previous checkpoint is untouched and no temporary file is left behind.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.train.cache import temp_path_beside
 
-FORMAT = "archspec-checkpoint/1"
+FORMAT = "archspec-checkpoint/2"  # /2: with a content digest
+LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify
 FILENAME = "checkpoint.pt"
+REQUIRED = ("spec_hash", "spec", "step", "model", "optimizer", "rng", "data")
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (disk full, read-only, gone): names the file and the disk's free space."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -39,17 +55,76 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """sha256 over a checkpoint's content, its "format" and "digest" entries aside: every tensor's dtype, shape and
+    bytes, every other value's type and repr, containers with their sizes and keys, in order. One walk, no
+    recursion (a loaded file is not trusted to be shallow)."""
+    h = hashlib.sha256()
+    stack: list[tuple[bool, Any]] = [(False, {k: v for k, v in state.items() if k not in ("format", "digest")})]
+    while stack:
+        is_key, value = stack.pop()
+        if is_key:
+            h.update(f"K{type(value).__name__}:{_safe_repr(value)};".encode("utf-8", "surrogatepass"))
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+        elif isinstance(value, dict):
+            h.update(f"D{len(value)};".encode())
+            for key, item in reversed(list(value.items())):
+                stack += [(False, item), (True, key)]
+        elif isinstance(value, (list, tuple)):
+            h.update(f"L{len(value)};".encode())
+            stack.extend((False, item) for item in reversed(value))
+        else:
+            h.update(f"V{type(value).__name__}:{_safe_repr(value)};".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _safe_repr(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 10_000:  # repr() refuses ints past 4300 digits
+        return f"int:{value.bit_length()}:{hashlib.sha256(value.to_bytes((value.bit_length() + 8) // 8, 'little', signed=True)).hexdigest()}"
+    return repr(value)
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Atomically write `state` (plus the format tag) to `path`."""
-    tmp = temp_path_beside(path)
+    """Atomically write `state` (plus the format tag and its digest) to `path`: a temporary file beside it, flushed
+    to disk, renamed over it. Raises CheckpointWriteError when the disk refuses; the previous file stays."""
+    path = Path(path)
+    payload = {"format": FORMAT, **state, "digest": state_digest(state)}
+    tmp = None
     try:
+        tmp = temp_path_beside(path)
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError ("unexpected pos", ...)
+        raise CheckpointWriteError(_write_error(path, e)) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def _write_error(path: Path, e: BaseException) -> str:
+    if isinstance(e, OSError):
+        reason = e.strerror or str(e) or type(e).__name__
+        if e.errno == errno.ENOSPC:
+            reason = "no space left on the device"
+    else:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    directory = path.parent
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else Path.cwd()).free
+        disk = f"; {free / (1 << 20):,.1f} MiB free on the disk holding {directory}"
+    except OSError:
+        disk = f"; the directory {directory} is not usable"
+    return f"cannot write checkpoint {path}: {reason}{disk}"
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -63,7 +138,8 @@ def resolve(path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint on the CPU. Raises UserError for a missing, truncated, foreign or unsafe file."""
+    """Read a checkpoint on the CPU. Raises UserError for a missing, truncated, foreign, unsafe, corrupted (digest)
+    or malformed (any field of the wrong type or size) file."""
     path = resolve(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -72,12 +148,96 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         if "weights_only" in first_line:  # torch's advice (weights_only=False) would run the file's pickled code
             first_line = "it holds objects beyond tensors and plain data, which a safe load refuses"
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first_line})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, *LEGACY_FORMATS):
         raise UserError(f"{path}: not an archspec checkpoint (expected format {FORMAT!r})")
-    missing = [k for k in ("spec_hash", "spec", "step", "model", "optimizer", "rng", "data") if k not in state]
+    missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise UserError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
+    if state["format"] == FORMAT:
+        stored = state.get("digest")
+        if not isinstance(stored, str):
+            raise UserError(f"{path}: checkpoint has no content digest; the file is damaged")
+        if state_digest(state) != stored:
+            raise UserError(f"{path}: checkpoint is corrupted: its content does not match the digest stored when it "
+                            "was written; resume from another checkpoint or start the run again")
+    problems = structure_problems(state)
+    if problems:
+        raise UserError(f"{path}: malformed checkpoint ({len(problems)} problem{'s' * (len(problems) > 1)})", problems)
     return state
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {printable(_safe_repr(value), 60)}"
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _rng_problems(where: str, entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return [f"{where}: expected a mapping of RNG states, got {_show(entry)}"]
+    problems = []
+    py = entry.get("python")
+    try:
+        version, internal, gauss = py  # type: ignore[misc]
+        random.Random().setstate((version, tuple(internal), gauss))  # a scratch generator: validation only
+    except (TypeError, ValueError, OverflowError):
+        problems.append(f"{where}.python: not a Python RNG state (got {_show(py)})")
+    t = entry.get("torch")
+    expected = torch.get_rng_state()
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.shape != expected.shape:
+        problems.append(f"{where}.torch: expected a uint8 tensor of shape {tuple(expected.shape)}, got {_show(t)}")
+    else:
+        try:
+            torch.Generator().set_state(t)
+        except RuntimeError as e:
+            problems.append(f"{where}.torch: not a torch RNG state ({str(e).splitlines()[0][:100]})")
+    if "cuda" in entry:
+        cuda = entry["cuda"]
+        if not isinstance(cuda, (list, tuple)) or not all(
+                isinstance(c, torch.Tensor) and c.dtype == torch.uint8 and c.dim() == 1 for c in cuda):
+            problems.append(f"{where}.cuda: expected a list of uint8 tensors, got {_show(cuda)}")
+    return problems
+
+
+def structure_problems(state: dict[str, Any]) -> list[str]:
+    """Every field of a loaded checkpoint with the wrong type or size, one line each (empty: usable)."""
+    problems: list[str] = []
+    step = state["step"]
+    if not _is_int(step) or step < 0:
+        problems.append(f"step: expected a non-negative integer, got {_show(step)}")
+    if not isinstance(state["spec_hash"], str):
+        problems.append(f"spec_hash: expected text, got {_show(state['spec_hash'])}")
+    if not isinstance(state["spec"], dict):
+        problems.append(f"spec: expected a mapping, got {_show(state['spec'])}")
+    model = state["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in model.items()):
+        problems.append("model: expected a mapping of parameter names to tensors")
+    opt = state["optimizer"]
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or not isinstance(opt.get("param_groups"), list):
+        problems.append("optimizer: expected an optimizer state_dict (state and param_groups)")
+    rng = state["rng"]
+    if not isinstance(rng, list) or not rng:
+        problems.append(f"rng: expected a non-empty list (one entry per rank), got {_show(rng)}")
+    else:
+        for i, entry in enumerate(rng):
+            problems += _rng_problems(f"rng[{i}]", entry)
+    data = state["data"]
+    if not isinstance(data, dict):
+        problems.append(f"data: expected a mapping (the data position), got {_show(data)}")
+    else:
+        for key in ("epoch", "cursor", "seed", "seq_len", "n_windows"):
+            if key not in data:
+                problems.append(f"data.{key}: missing")
+            elif not _is_int(data[key]) or data[key] < 0:
+                problems.append(f"data.{key}: expected a non-negative integer, got {_show(data[key])}")
+    if "world_size" in state and (not _is_int(state["world_size"]) or state["world_size"] < 1):
+        problems.append(f"world_size: expected a positive integer, got {_show(state['world_size'])}")
+    return problems
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

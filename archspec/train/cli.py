@@ -5,22 +5,21 @@ Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same comm
 
 from __future__ import annotations
 
-import os
-
 import click
 
+from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
 
 
-def make_logger(registry_url: str | None) -> RunLogger:
+def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
     """The registry at `registry_url` (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db), on rank 0.
 
     `archspec train` is an explicit request to train, so a run the registry already holds as FINISHED (same spec,
     data, recipe and seed) is trained again as a new attempt; sweeps (`archspec ablate`) skip those instead."""
-    if os.environ.get("RANK", "0") != "0":
+    if rank != 0:
         return NullLogger()  # under torchrun only rank 0 records anything
     from archspec.registry import RegistryLogger, default_url
 
@@ -44,16 +43,19 @@ def make_logger(registry_url: str | None) -> RunLogger:
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
               registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool) -> None:
     """Train SPEC once with the shared loop and record the run."""
-    from archspec.registry import install_signal_handlers
-    from archspec.train.checkpoint import resolve
-    from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
+    # SIGTERM ends the run KILLED, like Ctrl-C, and exits 143. Installed first: a SIGTERM during the imports and
+    # setup below (seconds, with torch) is not lost; the loop re-checks it before its first step.
+    with install_signal_handlers():
+        from archspec.train.checkpoint import resolve
+        from archspec.train.distributed import world_env
+        from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
 
-    spec = load_spec(spec_path, overrides)
-    if resume and not run_dir:
-        run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
-    with install_signal_handlers():  # SIGTERM ends the run KILLED, like Ctrl-C
-        result = train(spec, steps=steps, device=device, logger=make_logger(registry), resume=resume, run_dir=run_dir,
-                       compile=False if no_compile else None, json_out=json_out, progress=not quiet)
+        _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built
+        spec = load_spec(spec_path, overrides)
+        if resume and not run_dir:
+            run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
+        result = train(spec, steps=steps, device=device, logger=make_logger(registry, rank), resume=resume,
+                       run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet)
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")

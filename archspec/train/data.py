@@ -28,7 +28,7 @@ import torch
 
 from archspec.errors import UserError
 from archspec.spec.train import DataSpec, FilesCorpus, StdlibCorpus
-from archspec.train.cache import atomic_write_text, digest
+from archspec.train.cache import atomic_write_text, digest, writing_cache
 from archspec.train.tokenizer import Tokenizer, build_tokenizer
 
 _FORMAT = 1  # bump when the token files' layout or the split rule changes
@@ -257,9 +257,11 @@ def token_store(corpus: Corpus, tokenizer: Tokenizer, val_fraction: float, cache
             shutil.rmtree(directory, ignore_errors=True)
     staging = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    with writing_cache(cache):
+        staging.mkdir(parents=True)
     try:
-        counts = _write_token_files(corpus, tokenizer, val_fraction, staging)
+        with writing_cache(cache):
+            counts = _write_token_files(corpus, tokenizer, val_fraction, staging)
         meta = {
             "format": _FORMAT, "key": key, "corpus": corpus.description, "corpus_hash": corpus.content_hash,
             "tokenizer": tokenizer.kind, "tokenizer_identity": tokenizer.identity,
@@ -268,7 +270,8 @@ def token_store(corpus: Corpus, tokenizer: Tokenizer, val_fraction: float, cache
             "n_train": counts["train"], "n_val": counts["val"], "n_documents": counts["documents"],
             "split": counts["split"],
         }
-        atomic_write_text(staging / "meta.json", json.dumps(meta, indent=2))
+        with writing_cache(cache):
+            atomic_write_text(staging / "meta.json", json.dumps(meta, indent=2))
         try:
             os.replace(staging, directory)
         except OSError:  # another process finished the same entry first; theirs is identical

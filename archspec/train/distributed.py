@@ -82,10 +82,37 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_world(requested_device: str = "auto") -> World:
-    """The process's place in the job: from torchrun's environment, else a world of one."""
+def world_env() -> tuple[int, int, int]:
+    """(world size, rank, local rank) from torchrun's variables, checked for consistency: a rank without a world size
+    (it would train alone and record nothing, as a non-zero rank), a rank outside the world, or a world without the
+    rendezvous address torch.distributed needs are UserErrors naming the variables."""
+    env = os.environ
     size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if not env.get("WORLD_SIZE") and (rank or local_rank):
+        raise UserError(f"$RANK={rank} / $LOCAL_RANK={local_rank} is set but $WORLD_SIZE is not: launch with "
+                        "`torchrun --nproc-per-node N -m archspec.cli train ...`, or unset RANK and LOCAL_RANK")
+    if size < 1:
+        raise UserError(f"$WORLD_SIZE must be at least 1, got {size}")
+    if not 0 <= rank < size:
+        raise UserError(f"$RANK={rank} is outside the world of $WORLD_SIZE={size} processes (0..{size - 1})")
+    if local_rank < 0:
+        raise UserError(f"$LOCAL_RANK must be 0 or more, got {local_rank}")
+    if size > 1 and not dist.is_initialized():
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+        if missing:
+            raise UserError(f"$WORLD_SIZE={size} but {' and '.join('$' + m for m in missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not set: launch with "
+                            "`torchrun --nproc-per-node N -m archspec.cli train ...`, which sets them")
+        port = _env_int("MASTER_PORT", 0)
+        if not 0 < port < 65536:
+            raise UserError(f"$MASTER_PORT must be a port number (1..65535), got {port}")
+    return size, rank, local_rank
+
+
+def init_world(requested_device: str = "auto") -> World:
+    """The process's place in the job: from torchrun's environment, else a world of one."""
+    size, rank, local_rank = world_env()
     device = resolve_device(requested_device, local_rank)
     if size <= 1:
         return World(device=device)

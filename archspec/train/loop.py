@@ -24,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.markup import escape
 from torch import nn
 
 import archspec
 from archspec import codegen
 from archspec.accounting import account
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
+from archspec.signals import raise_if_terminated
 from archspec.train.checkpoint import (
     FILENAME,
+    CheckpointWriteError,
     check_same_spec,
     load_checkpoint,
     resolve,
@@ -49,6 +52,11 @@ from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import mfu, peak_flops, raise_measured_peak
+
+def _shown(value: Any) -> str:
+    """Text from the spec or the file system on a progress line: control characters escaped, rich markup inert."""
+    return escape(printable(str(value)))
+
 
 HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
 
@@ -333,6 +341,14 @@ class Trainer:
             rngs = [None] * self.world.size
             torch.distributed.all_gather_object(rngs, rng_state())
         if self.world.is_main:
+            # Every metric up to this step reaches the registry before a checkpoint claims the step: a process killed
+            # after the save (kill -9) and resumed from it then misses nothing (the resumed attempt keeps steps <= this).
+            flush = getattr(self.logger, "flush", None)
+            if callable(flush):
+                try:
+                    flush()
+                except Exception as e:  # a busy registry must not stop training; the points stay buffered
+                    self.progress.log(f"[yellow]metrics not yet flushed at step {self.step}: {_shown(e)}[/]")
             save_checkpoint(self.checkpoint_path, {
                 "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -355,6 +371,7 @@ class Trainer:
                 self._announce()
                 last_beat = time.monotonic()
                 while self.step < self.recipe.steps:
+                    raise_if_terminated()  # a SIGTERM whose exception something swallowed during setup or a step
                     stats = self.train_step()
                     losses.append(stats.loss)
                     self._record_step(stats)
@@ -371,6 +388,8 @@ class Trainer:
                 self.save()
         except NonFiniteLoss as e:
             return self._finish(FAILED, str(e), losses, evals)
+        except CheckpointWriteError as e:  # the disk refused: stop here, the previous checkpoint is intact
+            return self._finish(FAILED, f"{e} (after step {self.step})", losses, evals)
         except KeyboardInterrupt:
             self._finish(KILLED, f"interrupted at step {self.step}", losses, evals)
             raise
@@ -384,8 +403,8 @@ class Trainer:
         d = self.data.describe()
         precision = "bf16 autocast" if self.amp_dtype else "fp32"
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
-                          f"{self.device} {precision} × {self.world.size} · dir {self.run_dir}")
-        self.progress.log(f"data: {d['corpus']} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
+                          f"{self.device} {precision} × {self.world.size} · dir {_shown(self.run_dir)}")
+        self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
                           f"{d['val_tokens']:,} val tokens")
         if self.amp_dtype and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
@@ -442,7 +461,8 @@ class Trainer:
             self.logger.log_artifact("checkpoint", str(checkpoint))
         self.logger.end(status, error)
         if error:
-            self.progress.log(f"[red]{status}[/]: {error}" + (f" (last good checkpoint: {checkpoint})" if checkpoint else ""))
+            self.progress.log(f"[red]{status}[/]: {_shown(error)}" +
+                              (f" (last good checkpoint: {_shown(checkpoint)})" if checkpoint else ""))
         else:
             self.progress.log(self._closing_line(metrics))
         return TrainResult(self.run_id, status, error, self.step, metrics, losses, evals, self.run_dir, checkpoint)
@@ -453,7 +473,7 @@ class Trainer:
             parts.append(f"val loss {m['val_loss']:.4f}")
         if "tokens_per_s" in m:
             parts.append(f"{m['tokens_per_s']:,.0f} tok/s · MFU {100 * m['mfu']:.1f}%")
-        parts.append(f"checkpoint {self.checkpoint_path}")
+        parts.append(f"checkpoint {_shown(self.checkpoint_path)}")
         return " · ".join(parts)
 
 

@@ -88,8 +88,16 @@ def raise_measured_peak(device: torch.device, dtype: torch.dtype, cache: Path, a
     except (OSError, ValueError):
         table = {}
     table[key] = max(float(table.get(key, 0.0)), achieved)
-    atomic_write_text(path, json.dumps(table, indent=2, sort_keys=True))
+    _store(path, table)
     return table[key]
+
+
+def _store(path: Path, table: dict) -> None:
+    """Keep the measurement for next time; a cache that cannot be written (full disk) only costs a re-measurement."""
+    try:
+        atomic_write_text(path, json.dumps(table, indent=2, sort_keys=True))
+    except OSError:
+        pass
 
 
 def _cached_measurement(key: str, device: torch.device, dtype: torch.dtype, cache: Path) -> float:
@@ -103,7 +111,7 @@ def _cached_measurement(key: str, device: torch.device, dtype: torch.dtype, cach
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             slow = device.type == "cpu" and dtype != torch.float32  # no native bf16 on most CPUs: ~0.3 GFLOP/s
             table[key] = measure_matmul_flops(device, dtype, n=256 if slow else 2048)
-        atomic_write_text(path, json.dumps(table, indent=2, sort_keys=True))
+        _store(path, table)
     return float(table[key])
 
 

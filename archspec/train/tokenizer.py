@@ -15,7 +15,7 @@ import numpy as np
 from archspec.errors import UserError
 from archspec.spec.train import BPETokenizer as BPETokenizerSpec
 from archspec.spec.train import ByteTokenizer as ByteTokenizerSpec
-from archspec.train.cache import atomic_write_text, digest
+from archspec.train.cache import atomic_write_text, digest, writing_cache
 
 EOS_TEXT = "<|endoftext|>"
 _FORMAT = 1  # bump when the meaning of ids for the same request changes (invalidates every cache entry)
@@ -105,6 +105,7 @@ def build_tokenizer(spec: ByteTokenizerSpec | BPETokenizerSpec, corpus, cache: P
         except Exception:  # a damaged cache entry is rebuilt, not trusted
             path.unlink(missing_ok=True)
     tokenizer = BPETokenizer.train(corpus.documents(), spec.vocab_size, identity)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(path)
+    with writing_cache(cache):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(path)
     return tokenizer

@@ -13,8 +13,9 @@ from archspec.train.loop import train
 
 
 def minimal_state(step: int = 1) -> dict:
-    return {"spec_hash": "h", "spec": {}, "step": step, "model": {"w": torch.ones(2)}, "optimizer": {},
-            "rng": [ckpt.rng_state()], "data": {}}
+    return {"spec_hash": "h", "spec": {}, "step": step, "model": {"w": torch.ones(2)},
+            "optimizer": {"state": {}, "param_groups": []}, "rng": [ckpt.rng_state()],
+            "data": {"epoch": 0, "cursor": 0, "seed": 0, "seq_len": 8, "n_windows": 10}}
 
 
 def test_save_then_load_with_weights_only(tmp_path):
@@ -35,7 +36,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", torn_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ckpt.CheckpointWriteError, match=f"cannot write checkpoint {path}: disk full; .* MiB free"):
         save_checkpoint(path, minimal_state(2))
     monkeypatch.undo()
     assert load_checkpoint(path)["step"] == 1
