@@ -33,7 +33,7 @@ from archspec.accounting import account
 from archspec.errors import UserError, printable
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
-from archspec.signals import raise_if_terminated
+from archspec.signals import Terminated, raise_if_terminated
 from archspec.train.checkpoint import (
     FILENAME,
     CheckpointWriteError,
@@ -390,8 +390,9 @@ class Trainer:
             return self._finish(FAILED, str(e), losses, evals)
         except CheckpointWriteError as e:  # the disk refused: stop here, the previous checkpoint is intact
             return self._finish(FAILED, f"{e} (after step {self.step})", losses, evals)
-        except KeyboardInterrupt:
-            self._finish(KILLED, f"interrupted at step {self.step}", losses, evals)
+        except KeyboardInterrupt as e:
+            how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
+            self._finish(KILLED, f"{how} at step {self.step}", losses, evals)
             raise
         except Exception as e:
             self._finish(FAILED, f"{type(e).__name__} at step {self.step + 1}: {e}", losses, evals)
