@@ -133,6 +133,8 @@ def resolve(path: str | os.PathLike) -> Path:
     if path.is_dir():
         path = path / FILENAME
     if not path.is_file():
+        if path.exists():  # a device (/dev/zero) or a FIFO: reading it would never end, or never start
+            raise UserError(f"{path}: not a regular file (a device, FIFO or socket); expected a checkpoint file")
         raise UserError(f"{path}: no such checkpoint file")
     return path
 

@@ -106,6 +106,16 @@ def test_resume_from_a_malformed_checkpoint_exits_2_naming_the_field(good_checkp
     assert rc == 2 and "Traceback" not in err and "data.cursor: expected a non-negative integer" in err, err
 
 
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_special_file_as_checkpoint_is_refused_without_reading_it(special, tmp_path):
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "checkpoint.pt"
+        os.mkfifo(path)
+    with pytest.raises(UserError, match="not a regular file"):
+        load_checkpoint(path)
+
+
 # ── integrity: a digest stored at save time, checked at load time ───────────────────────────────────────────────
 
 
