@@ -39,10 +39,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from archspec.kinds import family
 from archspec.spec import parse_spec
-from archspec.spec.model import (MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, DenseSparsity, GLUSpec,
-                                 LayerNormSpec, LearnedPositional, MLPSpec, ModelSpec, NoPositional, RMSNormSpec,
-                                 RopePositional, SinusoidalPositional, Spec)
+from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec, Spec
 from archspec.spec.train import BPETokenizer, ByteTokenizer, DataSpec, StdlibCorpus, TrainSpec
 
 __all__ = [
@@ -180,6 +179,9 @@ def _fields(cls: type[BaseModel], overrides: dict[str, Strategy | None] | None =
     return st.fixed_dictionaries({}, optional=optional)
 
 
+fields_of = _fields  # what a kind's default `strategy` uses (archspec.kinds.base.KindUnit.strategy)
+
+
 def _tagged(owner: type[BaseModel], field_name: str, kind: str, body: Strategy) -> Strategy:
     """`body` with its `kind` written, or omitted where the union's default member is meant."""
     omittable = _kind_omittable(owner, field_name) == kind
@@ -218,54 +220,64 @@ def names() -> Strategy:
     return st.from_regex(r"[a-z0-9][a-z0-9_-]{0,15}", fullmatch=True).filter(lambda n: n not in RESERVED_NAMES)
 
 
-# ── norms ────────────────────────────────────────────────────────────────────────────────────────────────────────
-
-NORM_KINDS: dict[str, Callable[[], Strategy | None]] = {
-    "layernorm": lambda: _fields(LayerNormSpec),
-    "rmsnorm": lambda: _fields(RMSNormSpec),
-}
+# ── the model's families: each kind draws itself (its unit's `strategy`), so a registered kind is drawn too ───
 
 
-def norms(kinds=None) -> Strategy:
-    return _family(ModelSpec, "norm", NORM_KINDS, kinds)
+class _KindTable(dict):
+    """kind → strategy factory of one family, read from the kinds registry each time (a kind registered later by a
+    plugin appears here). Factories take the drawing context: d_model, context_length, max_hidden."""
+
+    def __init__(self, family_name: str) -> None:
+        super().__init__()
+        self.family_name = family_name
+
+    def _members(self) -> dict[str, Any]:
+        return family(self.family_name).members
+
+    def __iter__(self):
+        return iter(self._members())
+
+    def __len__(self) -> int:
+        return len(self._members())
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._members()
+
+    def __getitem__(self, kind: str) -> Callable[..., Strategy | None]:
+        return self._members()[kind].strategy
+
+    def keys(self):
+        return self._members().keys()
+
+    def items(self):
+        return [(k, m.strategy) for k, m in self._members().items()]
 
 
-# ── positional encodings ─────────────────────────────────────────────────────────────────────────────────────────
+NORM_KINDS = _KindTable("norm")
+POSITIONAL_KINDS = _KindTable("positional")
+SPARSITY_KINDS = _KindTable("sparsity")
+FFN_KINDS = _KindTable("ffn")
 
-POSITIONAL_KINDS: dict[str, Callable[[int], Strategy | None]] = {
-    "learned": lambda d_model: _fields(LearnedPositional),
-    "sinusoidal": lambda d_model: _fields(SinusoidalPositional) if d_model % 2 == 0 else None,  # sin/cos pairs
-    "rope": lambda d_model: _fields(RopePositional),
-    "none": lambda d_model: _fields(NoPositional),
-}
+
+def _ctx(d_model: int = 64, context_length: int = 32, max_hidden: int = 128) -> dict[str, int]:
+    return {"d_model": d_model, "context_length": context_length, "max_hidden": max_hidden}
+
+
+def norms(kinds=None, d_model: int = 64) -> Strategy:
+    return _family(ModelSpec, "norm", NORM_KINDS, kinds, _ctx(d_model))
 
 
 def positionals(d_model: int = 64, kinds=None) -> Strategy:
-    return _family(AttentionSpec, "positional", POSITIONAL_KINDS, kinds, d_model)
-
-
-# ── attention sparsity ───────────────────────────────────────────────────────────────────────────────────────────
-
-SPARSITY_KINDS: dict[str, Callable[[int], Strategy | None]] = {
-    "dense": lambda context_length: _fields(DenseSparsity),
-}
+    return _family(AttentionSpec, "positional", POSITIONAL_KINDS, kinds, _ctx(d_model))
 
 
 def sparsities(context_length: int = 32, kinds=None) -> Strategy:
-    return _family(AttentionSpec, "sparsity", SPARSITY_KINDS, kinds, context_length)
-
-
-# ── feed-forward ─────────────────────────────────────────────────────────────────────────────────────────────────
-
-FFN_KINDS: dict[str, Callable[[int, int], Strategy | None]] = {
-    "mlp": lambda d_model, max_hidden: _fields(MLPSpec, {"hidden_dim": st.integers(1, max_hidden)}),
-    "glu": lambda d_model, max_hidden: _fields(GLUSpec, {"hidden_dim": st.integers(1, max_hidden)}),
-}
+    return _family(AttentionSpec, "sparsity", SPARSITY_KINDS, kinds, _ctx(context_length=context_length))
 
 
 def ffns(d_model: int = 64, kinds=None, max_hidden: int = 128) -> Strategy:
     """FFN dicts; every activation of each kind comes from the spec's own Literal."""
-    return _family(ModelSpec, "ffn", FFN_KINDS, kinds, d_model, max_hidden)
+    return _family(ModelSpec, "ffn", FFN_KINDS, kinds, _ctx(d_model, max_hidden=max_hidden))
 
 
 # ── attention ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -279,7 +291,7 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     out: dict[str, Any] = {}
     positional = draw(positionals(d_model, positional_kinds))
     pos_kind = positional.get("kind", _kind_omittable(AttentionSpec, "positional"))
-    even = pos_kind == "rope"  # rope rotates pairs of dimensions
+    mult = family("positional").members[pos_kind].head_dim_multiple  # e.g. rope rotates pairs of dimensions
     max_heads = max(1, min(max_heads, MAX_HEADS, 4 * d_model))
 
     # The K/V layout first, then head counts that allow it: n_kv_heads = n_heads (MHA, or omitted), 1 (MQA), or a
@@ -287,13 +299,13 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     kv = draw(st.sampled_from(["gqa", "mqa", "mha", "omit"]))
     fits = (lambda h: any(1 < k < h for k in divisors(h))) if kv == "gqa" else (lambda h: True)
     derivable = [h for h in divisors(d_model) if h <= max_heads and d_model // h <= MAX_HEAD_DIM
-                 and (not even or (d_model // h) % 2 == 0) and fits(h)]
+                 and (d_model // h) % mult == 0 and fits(h)]
     free = [h for h in range(1, max_heads + 1) if fits(h)] or list(range(1, max_heads + 1))
     mode = draw(st.sampled_from(["omit", "written", "free"])) if derivable else "free"
     if mode == "free":
         n_heads = draw(st.sampled_from(free))
         limit = min(max_head_dim, MAX_HEAD_DIM, 8 * d_model // n_heads)  # n_heads·head_dim ≤ 8·d_model
-        head_dim = 2 * draw(st.integers(1, max(1, limit // 2))) if even else draw(st.integers(1, max(1, limit)))
+        head_dim = mult * draw(st.integers(1, max(1, limit // mult)))
         out.update(n_heads=n_heads, head_dim=head_dim)
     else:
         n_heads = draw(st.sampled_from(derivable))
@@ -307,8 +319,9 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
         out["n_kv_heads"] = 1
     elif kv == "mha":
         out["n_kv_heads"] = n_heads  # written out; omitted means the same
-    if draw(st.booleans()):
-        out["bias"] = draw(st.booleans())
+    for bias in ("bias", "qkv_bias", "out_bias"):
+        if draw(st.booleans()):
+            out[bias] = draw(st.booleans())
     if positional or draw(st.booleans()):  # {} is the default member with its defaults: written or not
         out["positional"] = positional
     if draw(st.booleans()):
@@ -334,7 +347,7 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
     out["attention"] = draw(attentions(d_model, context, max_heads=max_heads, max_head_dim=max_head_dim,
                                        positional_kinds=positional_kinds, sparsity_kinds=sparsity_kinds))
     optional = {
-        "norm": norms(norm_kinds),
+        "norm": norms(norm_kinds, d_model),
         "ffn": ffns(d_model, ffn_kinds, max_hidden),
         "tie_embeddings": st.booleans(),
         "dropout": dropout if dropout is not None else st.just(0.0),

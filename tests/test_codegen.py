@@ -46,7 +46,7 @@ def test_module_api_banner_and_hash(tiny):
     logits, loss = model(idx[:, :-1], idx[:, 1:])
     # shifted-label convention: targets are the next tokens, loss is the plain mean cross-entropy
     assert torch.allclose(loss, F.cross_entropy(logits.reshape(-1, 61), idx[:, 1:].reshape(-1)))
-    assert model.auxiliary_losses() == {}
+    assert not hasattr(model, "auxiliary_losses")  # only a kind with auxiliary losses (MoE) adds the method
     with pytest.raises(ValueError, match="exceeds CONTEXT_LENGTH"):
         model(torch.zeros(1, 17, dtype=torch.long))
 

@@ -222,7 +222,7 @@ def test_hostile_numbers_are_refused_at_the_field_or_normalised(path, value, exp
     module = generate(spec, out_dir=tmp_path).module
     m, a = spec.model, spec.model.attention
     constants = {"VOCAB_SIZE": m.vocab_size, "D_MODEL": m.d_model, "N_LAYERS": m.n_layers, "N_HEADS": a.n_heads,
-                 "N_KV_HEADS": a.n_kv_heads, "HEAD_DIM": a.head_dim, "ATTN_BIAS": a.bias, "NORM_EPS": m.norm.eps,
+                 "N_KV_HEADS": a.n_kv_heads, "HEAD_DIM": a.head_dim, "QKV_BIAS": a.qkv_bias, "OUT_BIAS": a.out_bias, "NORM_EPS": m.norm.eps,
                  "FFN_HIDDEN": m.ffn.hidden_dim, "FFN_BIAS": m.ffn.bias, "DROPOUT": m.dropout,
                  "CONTEXT_LENGTH": m.context_length}
     if a.positional.kind == "rope":

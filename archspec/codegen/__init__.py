@@ -1,9 +1,9 @@
 """Spec → standalone PyTorch module source (Jinja2), and the one way to import and instantiate it.
 
-Logic lives here, layout in `templates/`: this module turns a validated spec into a context of *literals* (numbers
-rendered with repr, enum words checked against known sets, strings only as escaped Python literals), and the
-templates place them. Each union member picks its own template file: `templates/<family>/<kind>.py.j2`, so a new
-kind is a new file plus one context entry.
+Logic lives here and in the units, layout in templates: each kind (archspec.kinds) renders its own template with
+its own context of *literals* (numbers through lit_int/lit_float, known words, strings only as escaped Python
+literals) into a `Part` (module code plus the lines it adds at its family's hook points), and
+`templates/model.py.j2` assembles the parts into one file. Nothing here knows a kind by name.
 """
 
 from __future__ import annotations
@@ -23,54 +23,35 @@ import jinja2
 
 from archspec.accounting import account
 from archspec.errors import UserError
+from archspec.kinds import Const, family, lit_float, lit_int
+from archspec.kinds import attention as _attention_unit
 from archspec.spec import Spec, canonical_json, spec_hash
+
+ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
 
 TEMPLATES = Path(__file__).parent / "templates"
 DEFAULT_OUT = Path("generated")
 
+
+def _load_template(name: str):
+    """`unit:<path>` names a unit's own template file (beside its class); anything else is in templates/."""
+    if name.startswith("unit:"):
+        path = Path(name[len("unit:"):])
+    else:
+        path = TEMPLATES / name
+    try:
+        source = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return source, str(path), lambda: True
+
+
 _ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    loader=jinja2.FunctionLoader(_load_template),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
     autoescape=False,  # Python source, not HTML: every value is made a safe literal before it reaches a template
 )
-
-# Every word that may reach the source, per family. A kind outside these sets is a bug, not user input (pydantic
-# already refused it), but the check keeps the "nothing from a spec but known words" promise local and visible.
-_KNOWN = {
-    "norm": {"layernorm", "rmsnorm"},
-    "positional": {"learned", "sinusoidal", "rope", "none"},
-    "sparsity": {"dense"},
-    "ffn": {"mlp", "glu"},
-}
-_ACTIVATIONS = {"relu": "F.relu({})", "gelu": "F.gelu({})", "silu": "F.silu({})", "sigmoid": "torch.sigmoid({})"}
-_GLU_NAMES = {"silu": "SwiGLU", "gelu": "GEGLU", "relu": "ReGLU", "sigmoid": "GLU"}
-_NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-
-def _known(family: str, word: str) -> str:
-    if word not in _KNOWN[family]:
-        raise ValueError(f"codegen: no template for {family} kind {word!r}")
-    return word
-
-
-def _int(x: Any) -> str:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"expected int, got {x!r}")
-    return str(int(x))
-
-
-def _float(x: Any) -> str:
-    x = float(x)
-    if not math.isfinite(x):
-        raise ValueError(f"non-finite value {x!r}")
-    return repr(x)
-
-
-def _bool(x: Any) -> str:
-    if not isinstance(x, bool):
-        raise TypeError(f"expected bool, got {x!r}")
-    return repr(x)
 
 
 def _str_chunks(s: str, width: int = 100) -> list[str]:
@@ -84,93 +65,79 @@ def _comment_safe(s: str) -> str:
 
 
 @dataclass(frozen=True)
-class Const:
-    name: str
-    value: str  # a Python literal
-    why: str = ""
+class Part:
+    """A unit rendered: its module code (`body`) and the lines it adds at its family's hook points."""
 
-    @property
-    def line(self) -> str:
-        return f"{self.name} = {self.value}" + (f"  # {self.why}" if self.why else "")
+    body: str
+    hooks: dict[str, str]
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self.hooks[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
-def _attention_family(n_heads: int, n_kv_heads: int) -> str:
-    if n_kv_heads == n_heads:
-        return "MHA"
-    if n_kv_heads == 1:
-        return "MQA"
-    return "GQA"
+def _render_unit(template_name: str, hook_names: tuple[str, ...], context: dict[str, Any]) -> Part:
+    module = _ENV.get_template(template_name).make_module(context)
+    hooks = {}
+    for hook in hook_names:
+        macro = getattr(module, hook, None)
+        hooks[hook] = str(macro()).strip("\n") if macro is not None else ""
+    return Part(body=str(module), hooks=hooks)
+
+
+def _unit_part(unit: Any, m: Any, extra: dict[str, Any] | None = None) -> Part:
+    fam = family(type(unit).family)
+    if fam.members.get(unit.kind) is not type(unit):
+        raise ValueError(f"codegen: {fam.name} kind {unit.kind!r} is not registered")  # a bug, not user input
+    context = {"unit": unit, **(extra or {}), **unit.template_context(m)}
+    return _render_unit(f"unit:{type(unit).template_path()}", fam.hooks, context)
 
 
 def _context(spec: Spec, source: str) -> dict[str, Any]:
-    m, a, f, n = spec.model, spec.model.attention, spec.model.ffn, spec.model.norm
-    norm_kind = _known("norm", n.kind)
-    pos_kind = _known("positional", a.positional.kind)
-    sparsity_kind = _known("sparsity", a.sparsity.kind)
-    ffn_kind = _known("ffn", f.kind)
-    family = _attention_family(a.n_heads, a.n_kv_heads)
+    m, a = spec.model, spec.model.attention
     acc = account(spec)
 
     consts = [
-        Const("VOCAB_SIZE", _int(m.vocab_size)),
-        Const("CONTEXT_LENGTH", _int(m.context_length), "longest sequence; sizes position tables"),
-        Const("D_MODEL", _int(m.d_model), "width of the residual stream"),
-        Const("N_LAYERS", _int(m.n_layers)),
-        Const("N_HEADS", _int(a.n_heads), "query heads"),
-        Const("N_KV_HEADS", _int(a.n_kv_heads), {
-            "MHA": "= N_HEADS: multi-head attention",
-            "MQA": "1: multi-query attention, one K/V head for all queries",
-            "GQA": f"grouped-query attention, {a.n_heads // a.n_kv_heads} query heads per K/V head",
-        }[family]),
-        Const("HEAD_DIM", _int(a.head_dim)),
-        Const("ATTN_BIAS", _bool(a.bias)),
-        Const("FFN_HIDDEN", _int(f.hidden_dim), f"{f.hidden_dim / m.d_model:.3g} × D_MODEL"),
-        Const("FFN_BIAS", _bool(f.bias)),
-        Const("NORM_EPS", _float(n.eps)),
+        Const("VOCAB_SIZE", lit_int(m.vocab_size)),
+        Const("CONTEXT_LENGTH", lit_int(m.context_length), "longest sequence; sizes position tables"),
+        Const("D_MODEL", lit_int(m.d_model), "width of the residual stream"),
+        Const("N_LAYERS", lit_int(m.n_layers)),
+        *a.constants(m),
     ]
-    if pos_kind == "rope":
-        consts.append(Const("ROPE_THETA", _float(a.positional.theta), "base of the rotary frequencies"))
-    if pos_kind == "sinusoidal":
-        consts.append(Const("SINUSOID_BASE", _float(a.positional.base)))
+    for unit in m.units():
+        consts += unit.constants(m)
     consts += [
-        Const("DROPOUT", _float(m.dropout), "on embeddings, attention weights and residual branches"),
+        Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
     ]
 
-    rope = pos_kind == "rope"
+    parts = {"norm": _unit_part(m.norm, m), "positional": _unit_part(a.positional, m), "ffn": _unit_part(m.ffn, m)}
+    attention_ctx = a.template_context(m)
+    parts["sparsity"] = _unit_part(a.sparsity, m, attention_ctx)
+    parts["attention"] = _render_unit(
+        f"unit:{ATTENTION_TEMPLATE}", (),
+        {"unit": a, **attention_ctx, "positional": parts["positional"], "sparsity": parts["sparsity"]})
+
     tied = "tied" if m.tie_embeddings else "untied"
-    ffn_desc = (_GLU_NAMES[f.activation] if ffn_kind == "glu" else f"{f.activation.upper()} MLP")
     summary = (
         f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {a.n_heads} heads "
-        f"({a.n_kv_heads} KV heads, {family}), {_NORM_NAMES[norm_kind]}, {ffn_desc} FFN (hidden {f.hidden_dim}),\n"
-        f"{pos_kind} positions, {a.sparsity.kind} attention, {tied} embeddings. "
+        f"({a.n_kv_heads} KV heads, {a.layout}), {m.norm.describe(m)}, {m.ffn.describe(m)}, "
+        f"{a.positional.describe(m)}, {a.sparsity.describe(m)}, {tied} embeddings. "
         f"{acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
     )
     cjson = canonical_json(spec)
     return {
         "name": _comment_safe(spec.name),
         "source": _comment_safe(source),
-        "summary": "\n".join(textwrap.wrap(_comment_safe(summary.replace("\n", " ")), 110, break_on_hyphens=False)),
+        "summary": "\n".join(textwrap.wrap(_comment_safe(summary), 110, break_on_hyphens=False)),
         "spec_hash": _comment_safe(spec_hash(spec)),
         "spec_hash_literal": repr(spec_hash(spec)),
         "spec_json_chunks": _str_chunks(cjson),
         "constants": consts,
-        "norm_kind": norm_kind,
-        "norm_bias": bool(getattr(n, "bias", False)),
-        "positional_kind": pos_kind,
-        "positional_mode": {"learned": "add", "sinusoidal": "add", "rope": "rope", "none": "none"}[pos_kind],
-        "sparsity_kind": sparsity_kind,
-        "ffn_kind": ffn_kind,
-        "rope": rope,
-        "rope_params": ", cos: torch.Tensor, sin: torch.Tensor" if rope else "",
-        "rope_args": ", cos, sin" if rope else "",
-        "gqa": a.n_kv_heads != a.n_heads,
-        "attention_family": family,
-        "activation_name": f.activation,
-        "activation_call": lambda arg: _ACTIVATIONS[f.activation].format(arg),
-        "glu_name": _GLU_NAMES.get(f.activation, "GLU"),
+        "parts": parts,
         "tie_embeddings": bool(m.tie_embeddings),
-        "sinusoid_scale": bool(getattr(a.positional, "scale_embeddings", False)),
     }
 
 
@@ -269,11 +236,8 @@ def available_memory_bytes() -> int:
 def memory_estimate_bytes(spec: Spec, for_training: bool = False) -> int:
     """fp32 weights (+ gradients and two AdamW moments when training) and the fixed buffers."""
     acc = account(spec)
-    m = spec.model
-    buffers = m.context_length * (m.d_model if m.attention.positional.kind == "sinusoidal" else 0)
-    buffers += 2 * m.context_length * m.attention.head_dim if m.attention.positional.kind == "rope" else 0
     per_param = 16 if for_training else 4
-    return acc.total * per_param + 4 * buffers
+    return acc.total * per_param + 4 * acc.buffer_elements
 
 
 def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu") -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from archspec.kinds.base import Problem  # (field path, message, offending value)
 from archspec.spec.model import MAX_HEAD_DIM
 
 if TYPE_CHECKING:
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
 RESERVED_NAMES = {"torch", "math", "archspec"}
 BPE_MIN_VOCAB = 260
 
-Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending value)
 
 
 def cross_field_problems(spec: "Spec") -> list[Problem]:
@@ -37,10 +37,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
             out.append((p_att + ("head_dim",),
                         f"n_heads·head_dim ({att.n_heads}·{att.head_dim} = {width}) must be at most 8·d_model "
                         f"({8 * m.d_model})", att.head_dim))
-        if att.positional.kind == "rope" and att.head_dim % 2:
-            out.append((p_att + ("head_dim",), f"must be even for rope (rotates pairs), got {att.head_dim}", att.head_dim))
-    if att.positional.kind == "sinusoidal" and m.d_model % 2:
-        out.append((("model", "d_model"), f"must be even for sinusoidal positions, got {m.d_model}", m.d_model))
+    for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
+        out += unit.problems(m, path)
 
     if att.head_dim is not None and att.head_dim > MAX_HEAD_DIM:
         out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // n_heads "

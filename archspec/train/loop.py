@@ -274,7 +274,7 @@ class Trainer:
         with no_sync(self.ddp_model, sync):
             with self.autocast():
                 _, loss = self.ddp_model(inputs, targets)
-                aux = self.model.auxiliary_losses()
+                aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
             total = loss + sum(aux.values()) if aux else loss
             (total / accum).backward()
         return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}

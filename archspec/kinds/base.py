@@ -1,0 +1,310 @@
+"""The unit contract: the base class of every spec class, one base per family, and the registry of kinds.
+
+Nothing here imports the rest of archspec: the spec classes (`archspec.spec.model`) are built from this registry,
+and a unit needs no more than its family's base class to be complete.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hypothesis.strategies import SearchStrategy
+
+    from archspec.spec.model import ModelSpec
+
+Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending value): see archspec.spec.rules
+
+_NUMBERS = (int, float, int | None, float | None)
+
+
+# ── the base of every spec class ─────────────────────────────────────────────────────────────────────────────────
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors, NaN/inf are refused, assignments are validated too, and booleans are not numbers.
+
+    Numbers stay lax otherwise: PyYAML reads `3e-4` (no dot) as a string, and pydantic turns it into the float the
+    user meant. But `n_layers: yes` must not quietly become one layer, nor `bias: 1` true.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and annotation in _NUMBERS:
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        if annotation in (bool, bool | None) and value is not None and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+
+
+# Every union built here, so the JSON Schema can mark which member an omitted `kind` selects (archspec.spec).
+_UNION_DEFAULTS: dict[type[BaseModel], bool] = {}
+
+
+def kind_union(*members: type[BaseModel], default: str) -> Any:
+    """A union discriminated on `kind`, where an omitted kind means `default` (`norm: {eps: 1e-6}` is an RMSNorm).
+
+    Each member declares `kind: Literal[...]`; the tag is read from that literal, so there is one source of truth.
+    """
+    kinds = [m.model_fields["kind"].default for m in members]
+    assert default in kinds, (default, kinds)
+    for m, k in zip(members, kinds):
+        _UNION_DEFAULTS[m] = _UNION_DEFAULTS.get(m, False) or k == default
+
+    def pick(value: Any) -> str | None:
+        if isinstance(value, dict):
+            kind = value.get("kind", default)
+            return kind if isinstance(kind, str) else None
+        return getattr(value, "kind", None)
+
+    return Annotated[
+        Union[tuple(Annotated[m, Tag(k)] for m, k in zip(members, kinds))],
+        Discriminator(
+            pick,
+            custom_error_type="invalid_kind",
+            custom_error_message=f"kind must be one of {', '.join(repr(k) for k in kinds)}",
+        ),
+    ]
+
+
+def is_default_member(cls: type[BaseModel]) -> bool:
+    """Whether `cls` is the member an omitted `kind` selects in some union (its `kind` may then be left out)."""
+    return _UNION_DEFAULTS.get(cls, False)
+
+
+# ── literals: the only way a spec value reaches generated source ────────────────────────────────────────────────
+
+
+def lit_int(x: Any) -> str:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"expected int, got {x!r}")
+    return str(int(x))
+
+
+def lit_float(x: Any) -> str:
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite value {x!r}")
+    return repr(x)
+
+
+def lit_bool(x: Any) -> str:
+    if not isinstance(x, bool):
+        raise TypeError(f"expected bool, got {x!r}")
+    return repr(x)
+
+
+@dataclass(frozen=True)
+class Const:
+    """A module-level constant of the generated file: `NAME = value  # why`. `value` must be a Python literal made
+    by the lit_* helpers (or a known word)."""
+
+    name: str
+    value: str
+    why: str = ""
+
+    @property
+    def line(self) -> str:
+        return f"{self.name} = {self.value}" + (f"  # {self.why}" if self.why else "")
+
+
+# ── units ────────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class KindUnit(Strict):
+    """One kind of one family. Subclasses declare `kind: Literal["..."] = "..."` and their own fields, and override
+    the hooks of their family's base class. The template is `<kind>.py.j2` beside the module defining the class
+    (set `template` to another file name, relative to that module)."""
+
+    family: ClassVar[str]
+    template: ClassVar[str | None] = None
+
+    # spec
+    def fill_defaults(self, m: "ModelSpec") -> None:
+        """Write defaults that depend on other fields (so writing them explicitly keeps the hash)."""
+
+    def problems(self, m: "ModelSpec", path: tuple[str, ...]) -> list[Problem]:
+        """Rules relating this kind's fields to the rest of the model; `path` is where this unit sits."""
+        return []
+
+    # codegen
+    def constants(self, m: "ModelSpec") -> list[Const]:
+        return []
+
+    def describe(self, m: "ModelSpec") -> str:
+        """A few words for the generated file's docstring."""
+        return str(getattr(self, "kind", type(self).__name__))
+
+    def template_context(self, m: "ModelSpec") -> dict[str, Any]:
+        """Extra names for this unit's template (literals and known words only)."""
+        return {}
+
+    @classmethod
+    def template_path(cls) -> Path:
+        kind = cls.model_fields["kind"].default
+        return Path(inspect.getfile(cls)).with_name(cls.template or f"{kind}.py.j2")
+
+    # accounting
+    def buffer_elements(self, m: "ModelSpec") -> int:
+        """Elements of the non-persistent buffers this unit's module holds (tables derived from constants)."""
+        return 0
+
+    # testing
+    @classmethod
+    def strategy(cls, ctx: dict[str, int]) -> "SearchStrategy | None":
+        """Hypothesis strategy for this kind's fields as a user writes them (without `kind`), or None when no valid
+        value fits `ctx` (d_model, context_length, max_hidden). Default: every field over its declared range."""
+        from archspec.testing import fields_of
+
+        return fields_of(cls, cls.strategy_overrides(ctx))
+
+    @classmethod
+    def strategy_overrides(cls, ctx: dict[str, int]) -> dict[str, Any]:
+        return {}
+
+
+class NormKind(KindUnit):
+    """A normalisation layer. The template defines `class Norm(nn.Module)` taking `dim`, with `reset_parameters`."""
+
+    family: ClassVar[str] = "norm"
+
+    def params(self, d_model: int) -> int:
+        raise NotImplementedError
+
+
+class PositionalKind(KindUnit):
+    """How positions reach the model. The template may define classes/functions, and these hook macros:
+    `model_init` (lines in Model.__init__), `model_reset` (lines in Model.reset_parameters), `embed` (lines in Model.forward after the token embedding: `x`, `T`),
+    `block_params` / `block_args` (what Block.forward and Attention.forward take beyond `x`),
+    `attention_qk` (lines in Attention.forward once `q` and `k` are (B, heads, T, HEAD_DIM))."""
+
+    family: ClassVar[str] = "positional"
+    head_dim_multiple: ClassVar[int] = 1  # e.g. 2 where pairs of dimensions are rotated
+
+    def params(self, m: "ModelSpec") -> int:
+        return 0
+
+
+class SparsityKind(KindUnit):
+    """Which keys each query sees. The template defines the `doc` macro (a line for Attention's docstring) and the
+    `attend` macro: the lines in Attention.forward that
+    turn `q` (B, N_HEADS, T, HEAD_DIM), `k`, `v` (B, N_KV_HEADS, T, HEAD_DIM) into `y` (B, N_HEADS, T, HEAD_DIM)."""
+
+    family: ClassVar[str] = "sparsity"
+
+    def keys(self, seq_len: int) -> float:
+        """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""
+        raise NotImplementedError
+
+
+class FFNKind(KindUnit):
+    """A feed-forward layer. The template defines `class FeedForward(nn.Module)` with no constructor arguments,
+    `reset_parameters()` and `forward(x) -> (B, T, D_MODEL)`; optional hook macro `model_methods` (methods added
+    to Model, e.g. `auxiliary_losses` for a kind with auxiliary losses)."""
+
+    family: ClassVar[str] = "ffn"
+
+    def params(self, d_model: int) -> int:
+        raise NotImplementedError
+
+    def active_params(self, d_model: int) -> int:
+        return self.params(d_model)
+
+    def flops(self, d_model: int) -> int:
+        """Forward matmul FLOPs of one layer for one token (active experts only)."""
+        raise NotImplementedError
+
+
+# ── the registry ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Family:
+    name: str
+    base: type[KindUnit]
+    default: str
+    hooks: tuple[str, ...]
+    members: dict[str, type[KindUnit]] = field(default_factory=dict)
+    slots: list[tuple[type[BaseModel], str]] = field(default_factory=list)
+
+    def union(self) -> Any:
+        return kind_union(*self.members.values(), default=self.default)
+
+    def __iter__(self):
+        return iter(self.members.items())
+
+
+_FAMILIES: dict[str, Family] = {
+    "norm": Family("norm", NormKind, "rmsnorm", ()),
+    "positional": Family("positional", PositionalKind, "rope",
+                         ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
+    "sparsity": Family("sparsity", SparsityKind, "dense", ("doc", "attend")),
+    "ffn": Family("ffn", FFNKind, "glu", ("model_methods",)),
+}
+_REBUILD: list[type[BaseModel]] = []  # models that hold the unions, in the order they must be rebuilt
+_VERSION = [0]
+
+
+def families() -> dict[str, Family]:
+    return dict(_FAMILIES)
+
+
+def family(name: str) -> Family:
+    return _FAMILIES[name]
+
+
+def registry_version() -> int:
+    """Changes whenever a kind is registered: caches derived from the spec's shape key on it."""
+    return _VERSION[0]
+
+
+def register(cls: type[KindUnit]) -> type[KindUnit]:
+    """Add a kind to its family (a decorator). The built-in kinds use it; so may a plugin, at any time: the spec
+    classes are then rebuilt in place so that validation, JSON Schema, filters, `--set` and codegen all see it."""
+    fam = next((f for f in _FAMILIES.values() if issubclass(cls, f.base)), None)
+    if fam is None:
+        raise TypeError(f"{cls.__name__}: a kind must subclass one of "
+                        f"{', '.join(f.base.__name__ for f in _FAMILIES.values())}")
+    kind_field = cls.model_fields.get("kind")
+    kind = getattr(kind_field, "default", None)
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{cls.__name__}: declare `kind: Literal['...'] = '...'`")
+    if kind in fam.members and fam.members[kind] is not cls:
+        raise ValueError(f"{fam.name} kind {kind!r} is already registered by {fam.members[kind].__name__}")
+    if not cls.template_path().is_file():
+        raise FileNotFoundError(f"{cls.__name__}: no template at {cls.template_path()}")
+    fam.members[kind] = cls
+    _VERSION[0] += 1
+    if fam.slots:
+        _rebuild(fam)
+    return cls
+
+
+def bind(family_name: str, owner: type[BaseModel], field_name: str) -> None:
+    """Declare that `owner.field_name` holds `family_name`'s union (called by archspec.spec.model)."""
+    _FAMILIES[family_name].slots.append((owner, field_name))
+
+
+def rebuild_order(*models: type[BaseModel]) -> None:
+    """The models to rebuild, innermost first, when a family gains a kind (called by archspec.spec.model)."""
+    _REBUILD[:] = list(models)
+
+
+def _rebuild(fam: Family) -> None:
+    union = fam.union()
+    for owner, name in fam.slots:
+        old = owner.model_fields[name]
+        owner.model_fields[name] = FieldInfo.from_annotated_attribute(union, old)
+    for model in _REBUILD:
+        model.model_rebuild(force=True)

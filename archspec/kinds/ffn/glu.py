@@ -1,0 +1,50 @@
+"""Gated linear unit FFN (Shazeer, 2020): down(act(gate(x)) * up(x)); silu = SwiGLU (LLaMA), gelu = GEGLU."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
+from archspec.kinds.ffn.activations import GLU_NAMES, Activation, call
+from archspec.kinds.limits import MAX_HIDDEN
+
+
+@register
+class GLUSpec(FFNKind):
+    kind: Literal["glu"] = "glu"  # down(act(gate(x)) * up(x)): silu = SwiGLU, gelu = GEGLU, relu = ReGLU, sigmoid = GLU
+    activation: Activation = "silu"
+    hidden_dim: int | None = Field(
+        None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 32 (LLaMA)"
+    )
+    bias: bool = False
+
+    def fill_defaults(self, m) -> None:
+        if self.hidden_dim is None:
+            # 2/3 of 4·d keeps GLU's three matrices at the parameter count of a 4·d MLP's two (LLaMA); rounded up to
+            # a multiple of 32 for matmul-friendly shapes (d_model 512 → 1376).
+            object.__setattr__(self, "hidden_dim", min(MAX_HIDDEN, -(-(8 * m.d_model) // (3 * 32)) * 32))
+
+    def params(self, d_model: int) -> int:
+        return 3 * d_model * self.hidden_dim + ((2 * self.hidden_dim + d_model) if self.bias else 0)
+
+    def flops(self, d_model: int) -> int:
+        return 2 * 3 * d_model * self.hidden_dim
+
+    def constants(self, m) -> list[Const]:
+        return [Const("FFN_HIDDEN", lit_int(self.hidden_dim), f"{self.hidden_dim / m.d_model:.3g} × D_MODEL"),
+                Const("FFN_BIAS", lit_bool(self.bias))]
+
+    def describe(self, m) -> str:
+        return f"{GLU_NAMES[self.activation]} FFN (hidden {self.hidden_dim})"
+
+    def template_context(self, m):
+        return {"act_gate": call(self.activation, "self.gate_proj(x)"), "activation_name": self.activation,
+                "glu_name": GLU_NAMES[self.activation]}
+
+    @classmethod
+    def strategy_overrides(cls, ctx):
+        from hypothesis import strategies as st
+
+        return {"hidden_dim": st.integers(1, ctx["max_hidden"])}

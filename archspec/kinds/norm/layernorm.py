@@ -1,0 +1,25 @@
+"""LayerNorm (Ba et al., 2016), with or without its bias (GPT-2 has one)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from archspec.kinds.base import Const, NormKind, lit_float, register
+
+
+@register
+class LayerNormSpec(NormKind):
+    kind: Literal["layernorm"] = "layernorm"
+    eps: float = Field(1e-5, gt=0, le=0.1)
+    bias: bool = True  # GPT-2 LayerNorm has a bias; set false for the bias-free variant
+
+    def params(self, d_model: int) -> int:
+        return d_model * (2 if self.bias else 1)
+
+    def constants(self, m) -> list[Const]:
+        return [Const("NORM_EPS", lit_float(self.eps))]
+
+    def describe(self, m) -> str:
+        return "LayerNorm" if self.bias else "LayerNorm (no bias)"

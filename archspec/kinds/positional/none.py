@@ -1,0 +1,15 @@
+"""No positional encoding (NoPE): the causal mask alone carries position (Kazemnejad et al., 2023)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from archspec.kinds.base import PositionalKind, register
+
+
+@register
+class NoPositional(PositionalKind):
+    kind: Literal["none"] = "none"  # NoPE: causal masking alone carries position
+
+    def describe(self, m) -> str:
+        return "no positional encoding (NoPE)"

@@ -1,0 +1,18 @@
+"""Dense causal attention: every query sees itself and every earlier key."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from archspec.kinds.base import SparsityKind, register
+
+
+@register
+class DenseSparsity(SparsityKind):
+    kind: Literal["dense"] = "dense"  # full causal attention
+
+    def keys(self, seq_len: int) -> float:
+        return (seq_len + 1) / 2  # query t sees t + 1 keys; the mean over t = 0..T-1
+
+    def describe(self, m) -> str:
+        return "dense causal attention"
