@@ -80,16 +80,23 @@ class Rotary(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))  # (HEAD_DIM / 2,)
-        angles = torch.outer(torch.arange(CONTEXT_LENGTH, dtype=torch.float32), inv_freq)  # (CONTEXT_LENGTH, HEAD_DIM / 2)
+        cos, sin = self.tables(torch.get_default_device())
+        self.register_buffer("cos", cos, persistent=False)  # (CONTEXT_LENGTH, HEAD_DIM)
+        self.register_buffer("sin", sin, persistent=False)  # (CONTEXT_LENGTH, HEAD_DIM)
+
+    @staticmethod
+    def tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        positions = torch.arange(CONTEXT_LENGTH, dtype=torch.float32, device=device)
+        angles = torch.outer(positions, inv_freq)  # (CONTEXT_LENGTH, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (CONTEXT_LENGTH, HEAD_DIM)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        return angles.cos(), angles.sin()
 
     def _apply(self, fn, recurse=True):
-        # .to(torch.bfloat16) casts every buffer; the tables stay fp32 (a bf16 cos table is off by ~2e-3).
+        # .to(torch.bfloat16) would round the tables (a bf16 cos is off by ~2e-3): rebuild them in fp32 wherever
+        # the module now lives, as HF keeps its rotary tables in fp32.
         super()._apply(fn, recurse)
-        self.cos, self.sin = self.cos.float(), self.sin.float()
+        self.cos, self.sin = self.tables(self.cos.device)
         return self
 
     def forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:

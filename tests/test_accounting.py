@@ -24,6 +24,11 @@ VARIANTS = [
                "norm": {"kind": "layernorm", "bias": False}}},
     {"model": {"attention": {"positional": {"kind": "learned"}},
                "ffn": {"kind": "glu", "activation": "sigmoid", "hidden_dim": 72, "bias": True}}},
+    # the kinds added through the units' extension path: tanh GELU, and q/k/v bias without an output bias (Qwen2)
+    {"model": {"attention": {"qkv_bias": True, "out_bias": False},
+               "ffn": {"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 96}}},
+    {"model": {"attention": {"bias": True, "out_bias": False},
+               "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 80}}},
 ]
 
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from archspec.errors import UserError, printable
+from archspec.kinds import registry_version
+from archspec.kinds.base import is_default_member
 from archspec.spec import safe_yaml
 from archspec.spec.model import SLUG as SLUG_RE
 from archspec.spec.model import Spec
@@ -95,10 +97,15 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
     return ".".join(parts)
 
 
-@functools.cache
 def known_keys() -> frozenset[str]:
     """Every dotted leaf key a spec can have, across all union members (`model.norm.eps`, `train.data.corpus.paths`):
-    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe."""
+    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe.
+    A kind registered later (archspec.kinds.register) is seen: the cache is keyed on the registry's version."""
+    return _known_keys(registry_version())
+
+
+@functools.cache
+def _known_keys(version: int) -> frozenset[str]:
     keys: set[str] = {"train.world_size"}
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -259,7 +266,32 @@ def spec_hash(spec: Spec) -> str:
 
 
 def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec file, accepting exactly what archspec accepts: in each `kind` union only the member
+    an omitted kind selects may leave `kind` out, so `{eps: 1e-6}` matches RMSNorm alone (not every norm)."""
     schema = Spec.model_json_schema()
+    by_title = {getattr(m, "__name__", ""): m for m in _all_models(Spec)}
+    for name, definition in schema.get("$defs", {}).items():
+        model = by_title.get(name)
+        props = definition.get("properties", {})
+        if model is not None and "kind" in props and not is_default_member(model):
+            required = definition.setdefault("required", [])
+            if "kind" not in required:
+                required.insert(0, "kind")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "archspec spec"
     return schema
+
+
+def _all_models(root: type[BaseModel]) -> list[type[BaseModel]]:
+    """Every pydantic model reachable from `root`'s fields (union members included)."""
+    seen: dict[type[BaseModel], None] = {}
+    stack = [root]
+    while stack:
+        model = stack.pop()
+        if model in seen:
+            continue
+        seen[model] = None
+        for field in model.model_fields.values():
+            members = _kind_members(field.annotation)
+            stack.extend(members.values() if members else ([m] if (m := _model_of(field.annotation)) else []))
+    return list(seen)

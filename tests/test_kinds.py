@@ -1,0 +1,225 @@
+"""Kinds are units (issue 8): each norm, positional, attention pattern and FFN lives in one place, and a kind
+registered from outside archspec, through the public API alone, is seen by the spec, the JSON Schema, filters,
+`--set`, the strategies, codegen and accounting."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from hypothesis import given, settings
+
+from archspec import testing as T
+from archspec.accounting import account
+from archspec.codegen import generate
+from archspec.kinds import families
+from archspec.spec import json_schema, load_spec_dict, spec_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = Path(__file__).resolve().parent / "kinds_toy"
+
+
+def _spec(**model):
+    base = {"vocab_size": 61, "context_length": 16, "d_model": 32, "n_layers": 2,
+            "attention": {"n_heads": 4, "n_kv_heads": 2}}
+    for key, value in model.items():
+        base[key] = {**base[key], **value} if isinstance(base.get(key), dict) else value
+    return load_spec_dict({"name": "k", "model": base})
+
+
+# ── one place per kind ───────────────────────────────────────────────────────────────────────────────────────────
+
+_BUILTIN_KINDS = {k for fam in families().values() for k in fam.members}
+_OUTSIDE_UNITS = [p for p in (ROOT / "archspec").rglob("*.py") if "kinds" not in p.relative_to(ROOT / "archspec").parts[:1]
+                  and p.name != "testing.py" and p.relative_to(ROOT / "archspec").parts[0] not in ("train", "ablate", "registry")]
+
+
+@pytest.mark.parametrize("path", _OUTSIDE_UNITS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_model_kind_is_named_outside_its_unit(path):
+    """Nothing outside archspec/kinds dispatches on a model kind: no `kind == "rope"`, no set of known kinds.
+    (spec/model.py re-exports the built-in classes by import, which names modules, not kind strings.)"""
+    source = path.read_text(encoding="utf-8")
+    words = "|".join(sorted(_BUILTIN_KINDS - {"none"}))
+    hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']", source)]
+    assert not hits, f"{path.name} names model kinds {hits}: that knowledge belongs in the kind's unit"
+
+
+def test_every_kind_has_its_template_beside_it():
+    for fam in families().values():
+        assert fam.default in fam.members
+        for kind, cls in fam.members.items():
+            assert cls.template_path().is_file(), (fam.name, kind)
+            assert cls.template_path().parent == Path(sys.modules[cls.__module__].__file__).parent
+
+
+# ── the toy kind, registered from a temporary module through the public API only ────────────────────────────────
+
+_CHILD = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import relu2_ffn  # registers the kind: nothing else is patched
+
+    import jsonschema, torch
+    from hypothesis import find
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    from archspec import testing as T
+    from archspec.accounting import account
+    from archspec.codegen import generate
+    from archspec.spec import json_schema, known_keys, load_spec_dict
+    from archspec.registry.query import compile_filter
+
+    raw = {"name": "toy", "model": {"vocab_size": 53, "context_length": 12, "d_model": 24, "n_layers": 2,
+           "attention": {"n_heads": 4, "n_kv_heads": 2}, "ffn": {"kind": "relu2", "hidden_dim": 40, "gain": 1.5}}}
+    spec = load_spec_dict(raw)
+    gen = generate(spec, out_dir=sys.argv[2])
+    model = gen.Model()
+    acc = account(spec)
+    assert acc.total == sum(p.numel() for p in model.parameters()), (acc.total, "numel")
+    assert acc.by_component["ffn"] == sum(p.numel() for n, p in model.named_parameters() if ".ffn." in n)
+    T.assert_causal(model, 53, 12, position=5)
+    idx = torch.randint(0, 53, (1, 12))
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
+        model(idx)
+    full = account(spec, full_attention=True).flops_forward * 12
+    assert abs(counter.get_total_flops() - full) <= 0.01 * full, (counter.get_total_flops(), full)
+    assert "RELU2_GAIN = 1.5" in gen.source
+
+    jsonschema.validate(raw, json_schema())                              # the schema knows it
+    assert "model.ffn.gain" in known_keys()                              # registry filters may name its fields
+    compile_filter("params.model.ffn.gain > 1", known_keys())
+    base = dict(raw, model={k: v for k, v in raw["model"].items() if k != "ffn"})
+    over = load_spec_dict(base, ["model.ffn.kind=relu2", "model.ffn.gain=3"])   # --set reaches it
+    assert over.model.ffn.kind == "relu2" and over.model.ffn.gain == 3.0
+    assert "relu2" in T.FFN_KINDS                                        # the strategies draw it
+    drawn = find(T.valid_specs(ffn_kinds=["relu2"]), lambda s: s.model.ffn.kind == "relu2" and s.model.ffn.gain != 1)
+    assert account(drawn).total == sum(p.numel() for p in generate(drawn, out_dir=sys.argv[2]).Model().parameters())
+    print("OK")
+''')
+
+
+def test_a_kind_registered_from_a_temporary_module_works_everywhere(tmp_path):
+    plugin = tmp_path / "plugin"
+    shutil.copytree(TOY, plugin)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(plugin), str(tmp_path / "gen")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_registration_refuses_a_kind_without_a_template_or_a_family():
+    from typing import Literal
+
+    from archspec.kinds import FFNKind, Strict, register
+
+    class NoTemplate(FFNKind):
+        kind: Literal["no-template"] = "no-template"
+
+    with pytest.raises(FileNotFoundError, match="no template"):
+        register(NoTemplate)
+
+    class NotAKind(Strict):
+        kind: Literal["x"] = "x"
+
+    with pytest.raises(TypeError, match="must subclass"):
+        register(NotAKind)
+    assert "no-template" not in families()["ffn"].members
+
+
+# ── the two real kinds added through the units ───────────────────────────────────────────────────────────────────
+
+
+def test_gelu_tanh_is_the_tanh_approximation(tmp_path):
+    """GPT-2's gelu_new, written here from its formula, not from torch's `approximate="tanh"`."""
+    spec = _spec(ffn={"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 48, "bias": True})
+    torch.manual_seed(0)
+    ffn = generate(spec, out_dir=tmp_path).module.FeedForward()
+    x = torch.randn(2, 5, 32)
+    h = ffn.up_proj(x)
+    gelu_new = 0.5 * h * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (h + 0.044715 * h.pow(3))))
+    torch.testing.assert_close(ffn(x), ffn.down_proj(gelu_new), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(ffn(x), ffn.down_proj(F.gelu(h)), atol=1e-7)  # not the erf GELU
+
+
+@pytest.mark.parametrize("bias,qkv,out", [(True, None, None), (False, True, False), (True, None, False),
+                                          (False, None, True)])
+def test_separate_qkv_and_output_bias(bias, qkv, out, tmp_path):
+    att = {"bias": bias, **({"qkv_bias": qkv} if qkv is not None else {}), **({"out_bias": out} if out is not None else {})}
+    spec = _spec(attention=att)
+    want_qkv = bias if qkv is None else qkv
+    want_out = bias if out is None else out
+    a = spec.model.attention
+    assert (a.qkv_bias, a.out_bias, a.bias) == (want_qkv, want_out, want_qkv and want_out)
+    model = generate(spec, out_dir=tmp_path).Model()
+    attn = model.blocks[0].attn
+    assert (attn.qkv_proj.bias is not None, attn.o_proj.bias is not None) == (want_qkv, want_out)
+    assert account(spec).total == sum(p.numel() for p in model.parameters())
+
+
+def test_one_bias_flag_and_two_flags_are_one_model():
+    assert spec_hash(_spec(attention={"bias": True})) == spec_hash(_spec(attention={"qkv_bias": True, "out_bias": True}))
+    assert spec_hash(_spec(attention={"bias": True})) != spec_hash(_spec(attention={"qkv_bias": True}))
+
+
+def test_rope_tables_stay_fp32_when_the_model_is_cast_to_bf16(tmp_path):
+    model = generate(_spec(), out_dir=tmp_path).Model()
+    cos32 = model.rope.cos.clone()
+    model = model.to(torch.bfloat16)
+    assert model.rope.cos.dtype == torch.float32 and torch.equal(model.rope.cos, cos32)
+    assert model.tok_emb.weight.dtype == torch.bfloat16
+    logits = model(torch.randint(0, 61, (1, 8)))
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+def test_each_module_initialises_its_own_parameters(tmp_path):
+    """GPT-2 init from the modules themselves: residual projections scaled, biases zero, norm gains one."""
+    spec = _spec(n_layers=8, d_model=64, attention={"bias": True},
+                 ffn={"kind": "mlp", "hidden_dim": 1024, "bias": True}, norm={"kind": "layernorm"})
+    torch.manual_seed(0)
+    model = generate(spec, out_dir=tmp_path).Model()
+    block = model.blocks[3]
+    resid = 0.02 / (2 * 8) ** 0.5
+    assert abs(block.ffn.down_proj.weight.std().item() - resid) < 0.1 * resid
+    assert abs(block.ffn.up_proj.weight.std().item() - 0.02) < 0.1 * 0.02
+    assert abs(block.attn.o_proj.weight.std().item() - resid) < 0.15 * resid
+    assert block.attn.qkv_proj.bias.abs().max() == 0 and block.ffn.up_proj.bias.abs().max() == 0
+    assert torch.equal(block.attn_norm.weight, torch.ones(64)) and torch.equal(block.attn_norm.bias, torch.zeros(64))
+
+
+# ── the JSON Schema accepts exactly what archspec accepts ────────────────────────────────────────────────────────
+
+_VALIDATOR = jsonschema.Draft202012Validator(json_schema())
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_validates_against_the_schema(path):
+    _VALIDATOR.validate(yaml.safe_load(path.read_text()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(T.spec_dicts())
+def test_every_drawn_spec_validates_against_the_schema(raw):
+    errors = [e.message for e in _VALIDATOR.iter_errors(raw)]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("model", [
+    {"norm": {"bias": True}},                     # omitted kind means rmsnorm, which has no bias
+    {"ffn": {"activation": "gelu_fast"}},
+    {"attention": {"qkv_bias": 1}},
+    {"attention": {"positional": {"kind": "alibi"}}},
+])
+def test_the_schema_refuses_what_archspec_refuses(model):
+    raw = {"name": "bad", "model": model}
+    assert list(_VALIDATOR.iter_errors(raw))
+    with pytest.raises(Exception):
+        load_spec_dict(raw)
