@@ -21,7 +21,7 @@ def cli() -> None:
 _SUBCOMMANDS = [
     ("archspec.build_cmd", ["build", "check", "schema"]),
     ("archspec.train.cli", ["train"]),
-    ("archspec.registry.cli", ["runs", "specs"]),
+    ("archspec.registry.cli", ["runs", "specs", "registry"]),
     ("archspec.ablate.cli", ["ablate", "report"]),
 ]
 

@@ -122,6 +122,7 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
     outcome = SweepOutcome()
     for n, job in enumerate(jobs, 1):
         run_id = run_ids[job.key]
+        registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
         status = registry.run_status(run_id)
         where = f"[{n}/{len(jobs)}] v{job.variant.index} seed {job.seed} ({run_id})"
         if status == FINISHED:

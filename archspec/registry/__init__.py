@@ -6,13 +6,14 @@
     reg.runs(where="params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2", sort="metrics.val_loss")
 
 - `models`: the SQLAlchemy schema; `migrations/`: alembic revisions, applied by `migrate.ensure_schema`.
-- `store`: `Registry` (open/migrate, record, query, liveness); `query`: the filter grammar and its compiler.
+- `store`: `Registry`, from `engine` (open, schema check, retries), `writes` and `reads` (reads never write);
+  `query`: the filter grammar and its compiler.
 - `logger`: `RegistryLogger`, the training loop's `RunLogger`; `install_signal_handlers`, `tracked_run`.
 - `cli`: `archspec runs ...` and `archspec specs ...`.
 """
 
 from archspec.registry.logger import RegistryLogger, Terminated, error_text, install_signal_handlers, tracked_run
-from archspec.registry.migrate import SchemaTooNewError
+from archspec.registry.migrate import SchemaTooNewError, SchemaTooOldError
 from archspec.registry.query import FilterError
 from archspec.registry.store import (
     MetricPoint,
@@ -30,5 +31,5 @@ from archspec.registry.store import (
 __all__ = [
     "Registry", "RegistryLogger", "default_url", "RunRow", "SpecRow", "QueryResult", "MetricPoint", "RetryPolicy",
     "install_signal_handlers", "tracked_run", "error_text", "Terminated", "FilterError", "SchemaTooNewError",
-    "RegistryBusyError", "RunActiveError", "RunFinishedError",
+    "SchemaTooOldError", "RegistryBusyError", "RunActiveError", "RunFinishedError",
 ]

@@ -82,6 +82,13 @@ def _fmt(name: str, v: Any) -> str:
     return str(v)
 
 
+def _status(run: RunRow) -> Text:
+    """The status as recorded; a RUNNING run whose writer stopped beating says so (reads never mark it KILLED)."""
+    if run.stale:
+        return Text(f"{run.status} (stale)", style="yellow")
+    return Text(run.status, style=STATUS_STYLE.get(run.status, ""))
+
+
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
@@ -221,7 +228,7 @@ def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
         table.add_column(c, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
-            r.id, r.name, Text(r.status, style=STATUS_STYLE.get(r.status, "")), r.sweep or "-", str(r.seed),
+            r.id, r.name, _status(r), r.sweep or "-", str(r.seed),
             _fmt("started", r.started), _duration(r.duration_s), *(_fmt(c, r.get(c)) for c in cols),
         )
     console = _console()
@@ -230,6 +237,10 @@ def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     if more:
         shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
     console.print(Text(shown, style="dim"))
+    stale = sum(r.stale for r in rows)
+    if stale:
+        console.print(Text(f"{stale} RUNNING run{'s' if stale != 1 else ''} without a recent heartbeat (stale): "
+                           "`archspec runs reap` marks them KILLED", style="yellow"))
 
 
 def _history_table(histories: dict[str, list[MetricPoint]]) -> Table:
@@ -273,7 +284,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     info.add_column(style="bold")
     info.add_column()
     for label, value in [
-        ("run", run.id), ("name", run.name), ("status", Text(run.status, style=STATUS_STYLE.get(run.status, ""))),
+        ("run", run.id), ("name", run.name), ("status", _status(run)),
         ("attempt", str(run.attempt)), ("sweep", run.sweep or "-"), ("seed", str(run.seed)),
         ("spec hash", run.spec_hash), ("data hash", run.data_hash), ("host", run.host or "-"),
         ("code version", run.code_version or "-"), ("created", _fmt("", run.created)),
@@ -366,7 +377,7 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
     def section(title: str) -> None:
         table.add_row(Text(title, style="bold italic"), *[""] * len(runs))
 
-    table.add_row("status", *(Text(r.status, style=STATUS_STYLE.get(r.status, "")) for r in runs))
+    table.add_row("status", *(_status(r) for r in runs))
     table.add_row("seed", *(str(r.seed) for r in runs))
     table.add_row("sweep", *(r.sweep or "-" for r in runs))
     section(f"params ({'all' if show_all else f'{len(differing)} differ'})")
@@ -386,6 +397,20 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
         for k in summary_keys:
             table.add_row(f"  {k}", *(_fmt(k, r.summary.get(k)) for r in runs))
     console.print(table)
+
+
+@runs_cmd.command("reap")
+@_registry_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="call a run dead after this long without a heartbeat (default: the timeout its writer recorded)")
+@click.pass_context
+def runs_reap(ctx, registry_url, timeout_s) -> None:
+    """Mark KILLED every RUNNING run whose writer stopped sending heartbeats (a write; reads only show them stale)."""
+    reg = _open(ctx, registry_url)
+    marked = reg.reap(timeout_s=timeout_s)
+    for run_id in marked:
+        click.echo(run_id)
+    click.echo(f"marked {len(marked)} stale run{'s' if len(marked) != 1 else ''} KILLED in {reg.url}", err=True)
 
 
 @runs_cmd.command("export")
@@ -493,3 +518,49 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     if more:
         shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
     console.print(Text(shown, style="dim"))
+
+
+# ── the database itself ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+@click.group("registry")
+def registry_cmd() -> None:
+    """The registry database itself: its schema revision, and upgrading it."""
+
+
+@registry_cmd.command("upgrade")
+@_registry_option
+def registry_upgrade(registry_url) -> None:
+    """Create the registry, or bring its schema to this archspec's revision (reads never do this themselves)."""
+    from archspec.registry.migrate import head_revision
+
+    with Registry(registry_url or default_url()) as reg:
+        before, after = reg.upgrade()
+    if before == after:
+        click.echo(f"registry {reg.url}: already at revision {after}")
+    elif before is None:
+        click.echo(f"registry {reg.url}: created at revision {after}")
+    else:
+        click.echo(f"registry {reg.url}: upgraded from revision {before} to {after}")
+    assert after == head_revision()
+
+
+@registry_cmd.command("status")
+@_registry_option
+def registry_status(registry_url) -> None:
+    """The registry's schema revision, and whether this archspec reads it as it is."""
+    from archspec.registry.migrate import head_revision, readable_revisions
+
+    with Registry(registry_url or default_url()) as reg:
+        rev = reg.schema_revision
+    if rev is None:
+        click.echo(f"registry {reg.url}: no registry there yet (the first write, or `archspec registry upgrade`, "
+                   "creates it)")
+    elif rev == head_revision():
+        click.echo(f"registry {reg.url}: revision {rev}, current")
+    elif rev in readable_revisions():
+        click.echo(f"registry {reg.url}: revision {rev}, readable as it is; the next write upgrades it to "
+                   f"{head_revision()}")
+    else:
+        click.echo(f"registry {reg.url}: revision {rev}, older than this archspec reads; "
+                   "`archspec registry upgrade` brings it to " + head_revision())

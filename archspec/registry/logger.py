@@ -29,7 +29,8 @@ Writes: metric points are buffered and written in batches (every `flush_every` p
 seconds, whichever first, and at end()), each batch in one transaction that also beats the heartbeat. With
 `background=True` (default) a daemon thread does the timed flushes and heartbeats, so a step that takes minutes
 (torch.compile) does not look like a dead run, and the training thread never waits on the database; a process that
-dies (kill -9) stops beating and is marked KILLED by the next reader once `heartbeat_timeout_s` has passed. Points
+dies (kill -9) stops beating; once `heartbeat_timeout_s` has passed, reads show it stale and the next reap (a run
+start, a sweep, `archspec runs reap`) marks it KILLED. Points
 flushed before that are kept; points still in the buffer are lost, which is what `flush_interval_s` bounds.
 
 A restart (same run id after FAILED/KILLED, or a resume from a checkpoint) is a new attempt: `attempt` goes up, and

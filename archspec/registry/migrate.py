@@ -1,7 +1,11 @@
 """Schema migrations, run programmatically with alembic before any worker writes.
 
-`ensure_schema(engine)` is called once per `Registry` open: a fast read of the stored revision, and only when it is
-behind, an upgrade to head under a database-wide lock (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped
+Reading never migrates: a reader accepts the head revision and any older one whose later migrations leave the
+tables' shape alone (a revision module says so with `SHAPE_CHANGE = False`, e.g. one that only adds indexes), and
+refuses the rest with `SchemaTooOldError`, naming `archspec registry upgrade`.
+
+`ensure_schema(engine)` is called by the first write of a `Registry` (and by `archspec registry upgrade`): a fast
+read of the stored revision, and only when it is behind, an upgrade to head under a database-wide lock (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped
 advisory lock), so that several workers opening a fresh database at once migrate it exactly once. A database whose
 revision this code does not know was written by a newer archspec and is refused, never touched.
 """
@@ -29,6 +33,10 @@ _PG_LOCK_KEY = 0x61726368  # "arch"
 
 class SchemaTooNewError(UserError):
     """The database was migrated by a newer archspec than this one."""
+
+
+class SchemaTooOldError(UserError):
+    """The database's schema is older than this code reads; `archspec registry upgrade` brings it to head."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -62,7 +70,28 @@ def current_revision(conn: Connection) -> str | None:
     return ctx.get_current_revision()
 
 
-def _check_not_newer(rev: str | None, url: str) -> None:
+def readable_revisions() -> set[str]:
+    """Head, and every older revision from which only shape-preserving migrations (`SHAPE_CHANGE = False`) lead."""
+    out: set[str] = set()
+    for script in _script().walk_revisions():  # head first
+        out.add(script.revision)
+        if getattr(script.module, "SHAPE_CHANGE", True):
+            break
+    return out
+
+
+def check_readable(rev: str | None, url: str) -> None:
+    """Refuse a schema this code cannot read as it is: newer than this code, or older with another shape."""
+    check_not_newer(rev, url)
+    if rev is not None and rev not in readable_revisions():
+        raise SchemaTooOldError(
+            f"registry {url}: its schema is at revision {rev}, older than this archspec reads (its newest is "
+            f"{head_revision()}); nothing was changed. Run `archspec registry upgrade --registry {url}` to upgrade "
+            "it (back the database up first: older archspec versions cannot read it afterwards)."
+        )
+
+
+def check_not_newer(rev: str | None, url: str) -> None:
     if rev is not None and rev not in known_revisions():
         raise SchemaTooNewError(
             f"registry {url}: its schema is at revision {rev}, which this archspec does not know "
@@ -77,7 +106,7 @@ def ensure_schema(engine: Engine, url_for_messages: str) -> str:
     with engine.connect() as conn:
         rev = current_revision(conn)
         conn.rollback()
-    _check_not_newer(rev, url_for_messages)
+    check_not_newer(rev, url_for_messages)
     if rev == head:
         return head
     # `archspec_write` makes SQLite open the transaction with BEGIN IMMEDIATE (see store._install_sqlite_hooks):
@@ -87,7 +116,7 @@ def ensure_schema(engine: Engine, url_for_messages: str) -> str:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
             rev = current_revision(conn)
-            _check_not_newer(rev, url_for_messages)
+            check_not_newer(rev, url_for_messages)
             if rev != head:
                 command.upgrade(alembic_config(conn), "head")
     return head

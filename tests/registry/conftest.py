@@ -58,5 +58,6 @@ def registry(registry_url):
     from archspec.registry import Registry
 
     reg = Registry(registry_url)
+    reg.upgrade()  # created, as a first write would (opening alone creates nothing)
     yield reg
     reg.close()

@@ -38,6 +38,14 @@ def make_info(spec=None, seed: int = 0, sweep: str | None = None, data_hash: str
     )
 
 
+def create_registry(url: str) -> None:
+    """Create the registry's schema (what the first write, or `archspec registry upgrade`, does)."""
+    from archspec.registry import Registry
+
+    with Registry(url) as reg:
+        reg.upgrade()
+
+
 INJECTION = "'; DROP TABLE runs; --"
 
 

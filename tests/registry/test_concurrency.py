@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from archspec.registry import Registry
-from archspec.train.logger import FAILED, FINISHED, KILLED
+from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING
 
-from .helpers import make_info, make_spec
+from .helpers import create_registry, make_info, make_spec
 
 # Several interpreter processes per test: marked slow (pyproject: "multi-process"), still run by plain `pytest`.
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def run_id(name: str, seed: int) -> str:
 
 
 def test_four_processes_write_concurrently_and_nothing_is_lost(registry_url):
-    Registry(registry_url).close()  # migrations first, before any worker starts (as the sweep runner does)
+    create_registry(registry_url)  # migrations first, before any worker starts (as the sweep runner does)
     steps = 200
     procs = [spawn(registry_url, f"w{i}", i, steps, "normal", "--flush-every", "6") for i in range(4)]
     reader = Registry(registry_url)
@@ -59,7 +59,7 @@ def test_four_processes_write_concurrently_and_nothing_is_lost(registry_url):
 
 
 def test_kill_9_of_one_writer(registry_url):
-    Registry(registry_url).close()
+    create_registry(registry_url)
     steps = 200
     victim = spawn(registry_url, "victim", 0, 50, "hang", "--heartbeat-timeout", "1.0")
     others = [spawn(registry_url, f"ok{i}", i, steps, "normal") for i in range(2)]
@@ -75,8 +75,12 @@ def test_kill_9_of_one_writer(registry_url):
     reg = Registry(registry_url)
     vid = run_id("victim", 0)
     deadline = time.monotonic() + 15
-    while reg.run_status(vid) != KILLED and time.monotonic() < deadline:  # KILLED once 1 s passed with no beat
+    while time.monotonic() < deadline:  # stale once 1 s passed with no beat; a reap marks it KILLED
+        if reg.run_state(vid) == (RUNNING, True):
+            break
         time.sleep(0.1)
+    assert reg.get_run(vid).status == RUNNING  # reading changed nothing
+    assert reg.reap() == [vid]
     run = reg.get_run(vid)
     assert run.status == KILLED and "no heartbeat" in run.error
     assert reg.count_metrics(vid) == flushed_total  # what was flushed before the kill is all there
@@ -88,7 +92,7 @@ def test_kill_9_of_one_writer(registry_url):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signals_end_the_run_killed_with_every_buffered_point(registry_url, signum):
-    Registry(registry_url).close()
+    create_registry(registry_url)
     p = spawn(registry_url, "sig", 0, 20, "wait")
     assert p.stdout.readline().startswith("flushed")
     time.sleep(0.3)  # more points pile up in the buffer, unflushed
@@ -107,7 +111,7 @@ def test_signals_end_the_run_killed_with_every_buffered_point(registry_url, sign
 
 
 def test_an_exception_ends_the_run_failed_with_the_error(registry_url):
-    Registry(registry_url).close()
+    create_registry(registry_url)
     p = spawn(registry_url, "crash", 0, 10, "raise", "--flush-every", "1000")
     _, err = p.communicate(timeout=60)
     assert p.returncode == 1 and "ValueError: boom" in err

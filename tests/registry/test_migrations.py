@@ -14,19 +14,24 @@ from archspec.registry import Registry, SchemaTooNewError
 from archspec.registry.migrate import VERSION_TABLE, alembic_config, current_revision, head_revision
 from archspec.registry.models import Base
 
-from .helpers import make_info, record_run
+from .helpers import accounting, create_registry, make_info, make_spec, record_run
 
 TABLES = {"specs", "spec_params", "spec_accounting", "runs", "run_params", "run_tags", "metrics", "metric_stats",
           "summary_metrics", "artifacts"}
 
 
-def test_upgrade_from_an_empty_database(registry_url):
+def test_opening_and_reading_create_nothing_the_first_write_creates_the_schema(registry_url, backend, tmp_path):
     reg = Registry(registry_url)
+    assert reg.runs() == [] and reg.specs() == [] and reg.schema_revision is None
+    if backend == "sqlite":
+        assert not (tmp_path / "registry").exists()  # not even the directory
+    else:
+        assert not TABLES & set(inspect(reg.engine).get_table_names())  # reads created nothing
+    record_run(reg, make_info(), {"loss": [(0, 1.0)]})
     names = set(inspect(reg.engine).get_table_names())
     assert TABLES | {VERSION_TABLE} <= names
     with reg.engine.connect() as conn:
         assert current_revision(conn) == head_revision() == reg.schema_revision
-    record_run(reg, make_info(), {"loss": [(0, 1.0)]})
     reg.close()
     # Reopening an up-to-date database changes nothing and keeps the rows.
     with Registry(registry_url) as again:
@@ -47,11 +52,12 @@ def test_downgrade_and_upgrade_again(registry, registry_url):
     assert not TABLES & set(inspect(registry.engine).get_table_names())
     registry.close()
     with Registry(registry_url) as reg:
+        assert reg.upgrade() == (None, head_revision())
         assert TABLES <= set(inspect(reg.engine).get_table_names())
 
 
 def test_a_newer_schema_is_refused_and_left_alone(registry_url):
-    Registry(registry_url).close()
+    create_registry(registry_url)
     engine = create_engine(registry_url)
     with engine.begin() as conn:
         conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '0042_from_the_future'"))
@@ -64,15 +70,15 @@ def test_a_newer_schema_is_refused_and_left_alone(registry_url):
     engine.dispose()
 
 
-def test_concurrent_openers_migrate_once(registry_url):
-    """Several workers opening a fresh database at the same moment: one migrates, the others wait and find head."""
+def test_concurrent_first_writers_migrate_once(registry_url):
+    """Several workers writing to a fresh database at the same moment: one migrates, the others wait and find head."""
     errors: list[BaseException] = []
     barrier = threading.Barrier(4)
 
     def open_it() -> None:
         try:
             barrier.wait()
-            Registry(registry_url).close()
+            create_registry(registry_url)  # what a first write does
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -88,8 +94,9 @@ def test_concurrent_openers_migrate_once(registry_url):
     engine.dispose()
 
 
-def test_upgrade_of_an_older_database_keeps_its_rows(registry_url):
-    """A database left at the first revision (by an older archspec) is brought to head on open, rows intact."""
+def test_an_older_compatible_schema_is_read_as_it_is_and_upgraded_by_a_write(registry_url):
+    """A database left at the first revision (by an older archspec): its shape is today's (0002 adds indexes only),
+    so reads accept it and change nothing; the first write brings it to head, rows intact."""
     reg = Registry(registry_url)
     info = make_info()
     record_run(reg, info, {"loss": [(0, 2.0), (1, 1.0)]})
@@ -99,6 +106,9 @@ def test_upgrade_of_an_older_database_keeps_its_rows(registry_url):
         assert current_revision(conn) == "0001"
     reg.close()
     with Registry(registry_url) as again:
+        assert [r.id for r in again.runs()] == [info.run_id]
+        assert again.schema_revision == "0001"  # the read left it alone
+        again.record_spec(make_spec("other"), None, accounting(make_spec("other")))  # a write
         assert again.schema_revision == head_revision() != "0001"
         indexes = {i["name"] for i in inspect(again.engine).get_indexes("metric_stats")}
         assert "ix_metric_stats_key_last_value" in indexes

@@ -23,11 +23,14 @@ def test_default_url(monkeypatch):
     assert default_url() == "sqlite:////tmp/x.db"
 
 
-def test_default_registry_is_created_relative_to_cwd(tmp_path, monkeypatch):
+def test_default_registry_is_created_relative_to_cwd_by_the_first_write(tmp_path, monkeypatch):
     monkeypatch.delenv("ARCHSPEC_REGISTRY", raising=False)
     monkeypatch.chdir(tmp_path)
     with Registry() as reg:
-        assert reg.runs() == []
+        assert reg.runs() == [] and reg.specs() == [] and reg.run_status("x") is None and reg.count_metrics() == 0
+        assert reg.schema_revision is None
+        assert not (tmp_path / "registry").exists()  # reads never create
+        reg.record_spec(make_spec("tiny"), None, accounting(make_spec("tiny")))
     assert (tmp_path / "registry" / "archspec.db").is_file()
 
 
@@ -155,16 +158,22 @@ def test_scheduled_runs_start_as_attempt_one(registry):
     assert registry.start_run(info, heartbeat_timeout_s=60) == 1
 
 
-def test_stale_running_runs_are_marked_killed_by_the_next_reader(registry, monkeypatch):
+def test_stale_runs_are_shown_by_reads_and_marked_killed_by_a_reap(registry, monkeypatch):
     info = make_info()
     registry.start_run(info, heartbeat_timeout_s=30)
     registry.write_metrics(info.run_id, 1, [(0, "loss", 1.0, 0.0)])
     real_now = registry._now()
     monkeypatch.setattr(registry, "_now", lambda: real_now + timedelta(seconds=29))
-    assert registry.run_status(info.run_id) == RUNNING  # within its own timeout
+    assert registry.run_state(info.run_id) == (RUNNING, False)  # within its own timeout
     monkeypatch.setattr(registry, "_now", lambda: real_now + timedelta(seconds=31))
+    # Reads show the staleness and write nothing.
+    assert registry.run_state(info.run_id) == (RUNNING, True)
     (run,) = registry.runs()
-    assert run.status == KILLED and "no heartbeat since" in run.error
+    assert run.status == RUNNING and run.stale and registry.get_run(info.run_id).stale
+    assert registry.runs(where="status = 'KILLED'") == []
+    assert registry.reap() == [info.run_id]
+    (run,) = registry.runs()
+    assert run.status == KILLED and "no heartbeat since" in run.error and not run.stale
     assert run.ended is not None and registry.count_metrics(info.run_id) == 1  # flushed points stay
     # A writer that was only slow comes back: its next heartbeat revives the run.
     monkeypatch.setattr(registry, "_now", lambda: real_now + timedelta(seconds=32))

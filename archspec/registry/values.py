@@ -1,0 +1,75 @@
+"""Values as the registry stores them: flattened dotted keys, typed columns, accounting figures under filter names."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any, Mapping
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts → dotted keys; lists stay values (`train.data.corpus.paths`)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def typed_value(value: Any) -> tuple[str, float | None, str | None]:
+    """(kind, value_num, value_str): numbers go to value_num so they compare numerically; bool before int."""
+    if isinstance(value, bool):
+        return "bool", None, "true" if value else "false"
+    if isinstance(value, int):
+        return "int", float(value), None
+    if isinstance(value, float):
+        return "float", (None if math.isnan(value) else value), None
+    if isinstance(value, str):
+        return "str", None, value
+    if value is None:
+        return "null", None, None
+    return "json", None, json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+_ACCOUNTING_RENAMES = {"flops_per_token": "flops", "kv_cache_bytes_per_token": "kv_cache_bytes"}
+
+
+def accounting_fields(accounting: Mapping[str, Any]) -> dict[str, int | float]:
+    """`RunInfo.accounting` → its filter fields (params.*, flops.*, kv_cache_bytes) with their exact values."""
+    out: dict[str, int | float] = {}
+    for key, value in flatten(accounting).items():
+        head, dot, rest = key.partition(".")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[_ACCOUNTING_RENAMES.get(head, head) + dot + rest] = value
+    return out
+
+
+def canonical_text(spec_json: Mapping[str, Any]) -> str:
+    # The same form as archspec.spec.canonical_json, from the dict the loop hands over in RunInfo.
+    return json.dumps(spec_json, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def run_params(spec_json: Mapping[str, Any], recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's params: its spec's keys, with `train.*` overlaid by the recipe actually used."""
+    params = flatten(spec_json)
+    params.update(flatten(recipe, "train."))
+    return params
+
+
+def nan_if_none(v: float | None) -> float:
+    return float("nan") if v is None else v
+
+
+def typed_row(value: Any) -> dict[str, Any]:
+    kind, num, text = typed_value(value)
+    return {"kind": kind, "value_num": num, "value_str": text}
+
+
+
+def is_stale(heartbeat: datetime | None, timeout_s: float, now: datetime) -> bool:
+    """A RUNNING run whose writer has not beaten for longer than its own timeout: the process died or was killed."""
+    return heartbeat is None or (now - heartbeat).total_seconds() > timeout_s

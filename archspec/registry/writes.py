@@ -1,0 +1,365 @@
+"""Registry writes: specs, runs, metrics, summaries, artifacts, final statuses, and reaping dead runs.
+
+Every method is one short write transaction (`RegistryEngine._write`); the first one of a `Registry` creates the
+database or brings its schema to head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta
+from typing import Any, Callable, Mapping, Sequence
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from archspec.errors import UserError
+from archspec.registry.engine import RegistryEngine, T, fmt_time
+from archspec.registry.models import (
+    Artifact,
+    Metric,
+    MetricStats,
+    RunParam,
+    RunRecord,
+    RunTag,
+    SpecAccounting,
+    SpecParam,
+    SpecRecord,
+    SummaryMetric,
+)
+from archspec.registry.values import accounting_fields, canonical_text, flatten, is_stale, run_params, typed_row
+from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, RunInfo
+
+
+class RunFinishedError(UserError):
+    """The run already FINISHED; a sweep skips it (see Registry.run_status), a rerun must be asked for."""
+
+
+class RunActiveError(UserError):
+    """Another live process is running this run (its heartbeat is fresh)."""
+
+
+class RegistryWriter(RegistryEngine):
+    """The writing half of `Registry` (public, so that writers other than `RegistryLogger` can use it)."""
+
+    # specs
+
+    def record_spec(self, spec, generated_hash: str | None, accounting: Mapping[str, Any]) -> str:
+        """Record a spec (an `archspec.spec.Spec`) with its accounting; idempotent. Returns the spec hash.
+
+        Recording the same spec again refreshes its generated-source hash and accounting (they follow the code
+        version that built it last), and leaves everything else alone.
+        """
+        from archspec.spec import canonical_dict, canonical_json, spec_hash
+
+        data = canonical_dict(spec)
+        h = spec_hash(spec)
+        self._write(
+            lambda conn: self._upsert_spec(conn, h, data, canonical_json(spec), generated_hash, accounting),
+            "record_spec",
+        )
+        return h
+
+    def _upsert_spec(
+        self,
+        conn: Connection,
+        h: str,
+        data: Mapping[str, Any],
+        canonical: str,
+        generated_hash: str | None,
+        accounting: Mapping[str, Any],
+    ) -> None:
+        acct_json = json.dumps(accounting, sort_keys=True)
+        row = conn.execute(
+            select(SpecRecord.generated_hash, SpecRecord.accounting_json).where(SpecRecord.hash == h)
+        ).first()
+        if row is None:
+            conn.execute(insert(SpecRecord).values(
+                hash=h, name=str(data.get("name", "")), canonical_json=canonical, generated_hash=generated_hash,
+                accounting_json=acct_json, created=self._now(),
+            ))
+            params = [{"spec_hash": h, "key": k, **typed_row(v)} for k, v in flatten(data).items()]
+            if params:
+                conn.execute(insert(SpecParam), params)
+        elif row.generated_hash == (generated_hash or row.generated_hash) and row.accounting_json == acct_json:
+            return
+        else:
+            conn.execute(update(SpecRecord).where(SpecRecord.hash == h).values(
+                generated_hash=generated_hash or row.generated_hash, accounting_json=acct_json))
+            conn.execute(delete(SpecAccounting).where(SpecAccounting.spec_hash == h))
+        acct = [{"spec_hash": h, "key": k, "value": float(v)} for k, v in accounting_fields(accounting).items()]
+        if acct:
+            conn.execute(insert(SpecAccounting), acct)
+
+    # runs: writing (used by RegistryLogger; public so that other writers can use them too)
+
+    def schedule_run(self, info: RunInfo) -> str:
+        """Record a run as SCHEDULED (a sweep's plan) unless it already exists; returns its id."""
+
+        def tx(conn: Connection) -> str:
+            self._upsert_spec(conn, info.spec_hash, info.spec_json, canonical_text(info.spec_json), info.generated_hash,
+                              info.accounting)
+            if conn.execute(select(RunRecord.id).where(RunRecord.id == info.run_id)).first() is None:
+                self._insert_run(conn, info, SCHEDULED, heartbeat_timeout_s=0.0)
+            return info.run_id
+
+        return self._write_once_more_on_conflict(tx, "schedule_run")
+
+    def _write_once_more_on_conflict(self, fn: Callable[[Connection], T], what: str) -> T:
+        # Two processes inserting the same spec or run at once: the loser's transaction fails on the primary key;
+        # run it again and it finds the row.
+        try:
+            return self._write(fn, what)
+        except IntegrityError:
+            return self._write(fn, what)
+
+    def _insert_run(self, conn: Connection, info: RunInfo, status: str, heartbeat_timeout_s: float) -> None:
+        now = self._now()
+        running = status == RUNNING
+        conn.execute(insert(RunRecord).values(
+            id=info.run_id, spec_hash=info.spec_hash, name=info.spec_name, data_hash=info.data_hash,
+            seed=int(info.seed), recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
+            code_version=info.code_version or "", status=status, sweep=info.sweep, host=info.host or "",
+            error=None, created=now, started=now if running else None, ended=None,
+            heartbeat=now if running else None, heartbeat_timeout_s=heartbeat_timeout_s, attempt=1,
+        ))
+        self._write_params_and_tags(conn, info)
+
+    def _write_params_and_tags(self, conn: Connection, info: RunInfo) -> None:
+        params = [{"run_id": info.run_id, "key": k, **typed_row(v)}
+                  for k, v in run_params(info.spec_json, info.recipe).items()]
+        if params:
+            conn.execute(insert(RunParam), params)
+        tags = [{"run_id": info.run_id, "key": k, "value": str(v)} for k, v in (info.tags or {}).items()]
+        if tags:
+            conn.execute(insert(RunTag), tags)
+
+    def start_run(self, info: RunInfo, *, heartbeat_timeout_s: float, rerun_finished: bool = False) -> int:
+        """Mark a run RUNNING (creating it, or restarting a SCHEDULED/FAILED/KILLED one); returns its attempt number.
+
+        A restart is a new attempt (`attempt` + 1) that keeps the earlier attempts' metric history until it writes
+        its own: its first `write_metrics(..., replace_from_step=...)` deletes every point at or after its first
+        step. A restart from scratch (step 0) so replaces the whole history, and a run resumed from a checkpoint at
+        step k keeps steps < k. The summary is cleared (it belongs to an attempt that ended); artifacts stay (their
+        files, checkpoints above all, still exist). A FINISHED run raises `RunFinishedError` unless
+        `rerun_finished`; a RUNNING run whose heartbeat is fresh raises `RunActiveError`.
+        """
+
+        self.reap()  # a write place: dead runs are marked KILLED here, never by a read
+
+        def tx(conn: Connection) -> int:
+            self._upsert_spec(conn, info.spec_hash, info.spec_json, canonical_text(info.spec_json), info.generated_hash,
+                              info.accounting)
+            q = select(RunRecord).where(RunRecord.id == info.run_id)
+            if conn.dialect.name == "postgresql":
+                q = q.with_for_update()
+            row = conn.execute(q).first()
+            if row is None:
+                self._insert_run(conn, info, RUNNING, heartbeat_timeout_s)
+                return 1
+            now = self._now()
+            if row.status == FINISHED and not rerun_finished:
+                raise RunFinishedError(
+                    f"run {row.id} ({row.name}, seed {row.seed}) already FINISHED at {fmt_time(row.ended)}; "
+                    "Registry.run_status() tells a sweep to skip it"
+                )
+            if row.status == RUNNING and not self._is_stale(row, now):
+                age = (now - row.heartbeat).total_seconds() if row.heartbeat else float("nan")
+                raise RunActiveError(
+                    f"run {row.id} ({row.name}) is already RUNNING on {row.host or 'an unknown host'} "
+                    f"(last heartbeat {age:.0f}s ago)"
+                )
+            for table in (SummaryMetric, RunParam, RunTag):
+                conn.execute(delete(table).where(table.run_id == info.run_id))
+            attempt = row.attempt if (row.status == SCHEDULED and row.started is None) else row.attempt + 1
+            conn.execute(update(RunRecord).where(RunRecord.id == info.run_id).values(
+                status=RUNNING, attempt=attempt, started=now, ended=None, heartbeat=now, error=None,
+                heartbeat_timeout_s=heartbeat_timeout_s, host=info.host or "", code_version=info.code_version or "",
+                sweep=info.sweep, recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
+                spec_hash=info.spec_hash, name=info.spec_name,
+            ))
+            self._write_params_and_tags(conn, info)
+            return attempt
+
+        return self._write_once_more_on_conflict(tx, "start_run")
+
+    def _alive(self, conn: Connection, run_id: str, attempt: int, now: datetime) -> bool:
+        """Heartbeat inside a write: True while this attempt still owns the run.
+
+        A run a reader marked KILLED for a missed heartbeat comes back to RUNNING when its writer turns out to be
+        alive after all; a run that a newer attempt took over does not (rowcount 0).
+        """
+        res = conn.execute(
+            update(RunRecord)
+            .where(RunRecord.id == run_id, RunRecord.attempt == attempt, RunRecord.status.in_((RUNNING, KILLED)))
+            .values(heartbeat=now, status=RUNNING, ended=None, error=None)
+        )
+        return res.rowcount == 1
+
+    def beat(self, run_id: str, attempt: int) -> bool:
+        return self._write(lambda conn: self._alive(conn, run_id, attempt, self._now()), "heartbeat")
+
+    def write_metrics(self, run_id: str, attempt: int, points: Sequence[tuple[int, str, float, float]],
+                      replace_from_step: int | None = None) -> bool:
+        """Append metric points (step, key, value, unix time) and update metric_stats, in one transaction that also
+        beats the heartbeat. Returns False (and writes nothing) when a newer attempt owns the run.
+
+        `replace_from_step`: first delete the run's points at or after this step (a restarted attempt's first write,
+        see `start_run`) and recompute metric_stats from what remains."""
+
+        def tx(conn: Connection) -> bool:
+            if not self._alive(conn, run_id, attempt, self._now()):
+                return False
+            if replace_from_step is not None:
+                self._truncate_history(conn, run_id, replace_from_step)
+            if not points:
+                return True
+            conn.execute(insert(Metric), [
+                {"run_id": run_id, "key": k, "step": s, "value": (None if math.isnan(v) else v), "time": t}
+                for s, k, v, t in points
+            ])
+            self._update_stats(conn, run_id, points)
+            return True
+
+        return self._write(tx, "write_metrics")
+
+    def _truncate_history(self, conn: Connection, run_id: str, from_step: int) -> None:
+        res = conn.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step >= from_step))
+        if not res.rowcount:
+            return
+        conn.execute(delete(MetricStats).where(MetricStats.run_id == run_id))
+        agg = conn.execute(
+            select(Metric.key, func.count(), func.min(Metric.value), func.max(Metric.value), func.max(Metric.step))
+            .where(Metric.run_id == run_id).group_by(Metric.key)
+        ).all()
+        rows = []
+        for key, count, lo, hi, last_step in agg:
+            last = conn.execute(
+                select(Metric.value).where(Metric.run_id == run_id, Metric.key == key, Metric.step == last_step)
+                .order_by(Metric.id.desc()).limit(1)
+            ).scalar()
+            rows.append({"run_id": run_id, "key": key, "last_step": last_step, "last_value": last,
+                         "min_value": lo, "max_value": hi, "count": count})
+        if rows:
+            conn.execute(insert(MetricStats), rows)
+
+    def _update_stats(self, conn: Connection, run_id: str, points: Sequence[tuple[int, str, float, float]]) -> None:
+        new: dict[str, dict[str, Any]] = {}
+        for step, key, value, _ in points:  # points arrive in logging order: the last one of a step wins
+            st = new.setdefault(key, {"last_step": step, "last_value": value, "min": None, "max": None, "count": 0})
+            if step >= st["last_step"]:
+                st["last_step"], st["last_value"] = step, value
+            st["count"] += 1
+            if not math.isnan(value):
+                st["min"] = value if st["min"] is None else min(st["min"], value)
+                st["max"] = value if st["max"] is None else max(st["max"], value)
+        old = {
+            r.key: r for r in conn.execute(
+                select(MetricStats).where(MetricStats.run_id == run_id, MetricStats.key.in_(list(new)))
+            )
+        }
+        inserts = []
+        for key, st in new.items():
+            last_value = None if math.isnan(st["last_value"]) else st["last_value"]
+            prev = old.get(key)
+            if prev is None:
+                inserts.append({"run_id": run_id, "key": key, "last_step": st["last_step"], "last_value": last_value,
+                                "min_value": st["min"], "max_value": st["max"], "count": st["count"]})
+                continue
+            values: dict[str, Any] = {"count": prev.count + st["count"]}
+            if st["last_step"] >= prev.last_step:
+                values.update(last_step=st["last_step"], last_value=last_value)
+            lo = [v for v in (prev.min_value, st["min"]) if v is not None]
+            hi = [v for v in (prev.max_value, st["max"]) if v is not None]
+            values.update(min_value=min(lo) if lo else None, max_value=max(hi) if hi else None)
+            conn.execute(
+                update(MetricStats).where(MetricStats.run_id == run_id, MetricStats.key == key).values(**values)
+            )
+        if inserts:
+            conn.execute(insert(MetricStats), inserts)
+
+    def set_summary(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        def tx(conn: Connection) -> None:
+            keys = list(metrics)
+            conn.execute(delete(SummaryMetric).where(SummaryMetric.run_id == run_id, SummaryMetric.key.in_(keys)))
+            if keys:
+                conn.execute(insert(SummaryMetric), [
+                    {"run_id": run_id, "key": k, "value": None if math.isnan(v) else v}
+                    for k, v in ((k, float(v)) for k, v in metrics.items())
+                ])
+
+        self._write(tx, "set_summary")
+
+    def add_artifact(self, run_id: str, kind: str, path: str) -> None:
+        """Record a file once per (run, kind, path): a resumed run re-announces its module and checkpoint."""
+        def tx(conn: Connection) -> None:
+            known = conn.execute(select(Artifact.id).where(
+                Artifact.run_id == run_id, Artifact.kind == kind, Artifact.path == str(path))).first()
+            if known is None:
+                conn.execute(insert(Artifact).values(run_id=run_id, kind=kind, path=str(path), created=self._now()))
+
+        self._write(tx, "log_artifact")
+
+    def finish_run(self, run_id: str, attempt: int, status: str, error: str | None = None) -> bool:
+        """Set the final status of this attempt. False when a newer attempt owns the run."""
+        if status not in (FINISHED, FAILED, KILLED):
+            raise ValueError(f"final status must be FINISHED, FAILED or KILLED, got {status!r}")
+
+        def tx(conn: Connection) -> bool:
+            now = self._now()
+            res = conn.execute(
+                update(RunRecord)
+                .where(RunRecord.id == run_id, RunRecord.attempt == attempt)
+                .values(status=status, ended=now, heartbeat=now, error=error)
+            )
+            return res.rowcount == 1
+
+        return self._write(tx, "end_run")
+
+    # liveness
+
+    def _is_stale(self, row, now: datetime, timeout_s: float | None = None) -> bool:
+        return is_stale(row.heartbeat, row.heartbeat_timeout_s if timeout_s is None else timeout_s, now)
+
+    def reap(self, timeout_s: float | None = None) -> list[str]:
+        """Mark KILLED every RUNNING run whose last heartbeat is older than its writer's timeout (or `timeout_s`).
+
+        A write, done where writes happen: at a run start, by a sweep before each job, and by `archspec runs reap`.
+        Reads never reap; they show such a run as stale (`RunRow.stale`). The update re-checks the heartbeat, so a
+        run that beat in between is left alone. Returns the ids marked.
+        """
+        now = self._now()
+        rows = self._read(
+            lambda conn: conn.execute(
+                select(RunRecord.id, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s, RunRecord.attempt)
+                .where(RunRecord.status == RUNNING)
+            ).all(),
+            "find stale runs",
+            empty=list,
+        )
+        stale = [r for r in rows if self._is_stale(r, now, timeout_s)]
+        if not stale:
+            return []
+
+        def tx(conn: Connection) -> list[str]:
+            marked = []
+            for r in stale:
+                limit = r.heartbeat_timeout_s if timeout_s is None else timeout_s
+                cutoff = now - timedelta(seconds=limit)
+                res = conn.execute(
+                    update(RunRecord)
+                    .where(RunRecord.id == r.id, RunRecord.status == RUNNING, RunRecord.attempt == r.attempt,
+                           (RunRecord.heartbeat.is_(None)) | (RunRecord.heartbeat < cutoff))
+                    .values(status=KILLED, ended=r.heartbeat or now,
+                            error=f"no heartbeat since {fmt_time(r.heartbeat)} (timeout {limit:g}s): "
+                                  "the process died or was killed")
+                )
+                if res.rowcount:
+                    marked.append(r.id)
+            return marked
+
+        return self._write(tx, "mark stale runs KILLED")
+
+    mark_stale_killed = reap  # the earlier name
