@@ -15,8 +15,9 @@ from archspec.console import human, make_console
 from rich.table import Table
 
 from archspec.accounting import Accounting, account
-from archspec.codegen import DEFAULT_OUT, check_memory, generate, render, source_label
+from archspec.codegen import DEFAULT_OUT, generate, render, source_label
 from archspec.errors import UserError
+from archspec.memory import check_memory
 from archspec.spec import SpecError, json_schema, load_spec, spec_hash
 
 set_option = click.option(

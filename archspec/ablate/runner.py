@@ -97,7 +97,7 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
 def check_fits(jobs: list[Job], device: str) -> None:
     """The memory check the loop makes before building a model, made for every variant before anything trains: a
     later variant that cannot fit refuses the sweep up front instead of after the earlier ones have trained."""
-    from archspec.codegen import check_memory
+    from archspec.memory import check_memory
     from archspec.train.distributed import resolve_device
 
     device_type = resolve_device(device).type

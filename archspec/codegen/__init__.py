@@ -25,6 +25,7 @@ from archspec.accounting import account
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
 from archspec.kinds import attention as _attention_unit
+from archspec.memory import available_memory_bytes, check_memory, memory_estimate_bytes  # noqa: F401 (moved there)
 from archspec.spec import Spec, canonical_json, spec_hash
 
 ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
@@ -220,34 +221,3 @@ def generate(spec: Spec, out_dir: str | Path = DEFAULT_OUT, write: bool = True,
     module = import_source(path)
     return Generated(spec=spec, source=text, path=path, source_hash=hashlib.sha256(text.encode()).hexdigest(),
                      module=module)
-
-
-def available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def memory_estimate_bytes(spec: Spec, for_training: bool = False) -> int:
-    """fp32 weights (+ gradients and two AdamW moments when training) and the fixed buffers."""
-    acc = account(spec)
-    per_param = 16 if for_training else 4
-    return acc.total * per_param + 4 * acc.buffer_elements
-
-
-def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu") -> None:
-    if device != "cpu":
-        return  # device memory is checked by the allocator; the estimate below is about host RAM
-    need, have = memory_estimate_bytes(spec, for_training), available_memory_bytes()
-    if need > have:
-        gib = 1 << 30
-        what = "weights, gradients and AdamW state" if for_training else "fp32 weights"
-        raise UserError(
-            f"{spec.name}: needs about {need / gib:.1f} GiB for {what} ({account(spec).total:,} parameters), "
-            f"but this machine has {have / gib:.1f} GiB available; shrink the model or use a larger machine"
-        )

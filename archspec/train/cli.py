@@ -40,9 +40,20 @@ def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (overrides train.compile).")
 @click.option("--json", "json_out", is_flag=True, help="Print the final metrics as one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or run lines on stderr.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the memory plan (per-device bytes, whether it fits, the cheapest fix) and exit; exit 2 when "
+                   "the run would not fit.")
+@click.option("--world-size", type=click.IntRange(min=1), metavar="N",
+              help="With --dry-run: plan for N processes [default: $WORLD_SIZE, else 1].")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
-              registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool) -> None:
+              registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
+              dry_run: bool, world_size: int | None) -> None:
     """Train SPEC once with the shared loop and record the run."""
+    if world_size and not dry_run:
+        raise click.UsageError("--world-size plans a run (--dry-run); a real run takes its world from torchrun")
+    if dry_run:
+        _dry_run(load_spec(spec_path, overrides), device, world_size, json_out)
+        return
     # SIGTERM ends the run KILLED, like Ctrl-C, and exits 143. Installed first: a SIGTERM during the imports and
     # setup below (seconds, with torch) is not lost; the loop re-checks it before its first step.
     with install_signal_handlers():
@@ -59,3 +70,21 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")
+
+
+def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
+    """The memory plan of the run this command would start, without starting it."""
+    import json
+    import os
+
+    import torch
+
+    from archspec.memory import planned, refusal
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+    plan = planned(spec, device, training=True, world_size=world)
+    click.echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
+    if not plan.fits:
+        raise refusal(spec, plan)

@@ -31,6 +31,7 @@ import archspec
 from archspec import codegen
 from archspec.accounting import account
 from archspec.errors import UserError, printable
+from archspec.memory import check_memory
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import Terminated, raise_if_terminated
@@ -182,7 +183,7 @@ class Trainer:
     def _build_model(self) -> tuple[codegen.Generated, nn.Module]:
         """Generate the spec's module into the run directory (the exact source this run trains, beside its
         checkpoint) and build it on the device from the run's seed; every rank starts from the same weights."""
-        codegen.check_memory(self.spec, for_training=True, device=self.device.type)
+        self.memory_plan = check_memory(self.spec, for_training=True, device=self.device.type, world_size=self.world.size)
         generated = codegen.generate(self.spec, out_dir=self.run_dir)
         torch.manual_seed(self.recipe.seed)
         random.seed(self.recipe.seed)
@@ -213,7 +214,7 @@ class Trainer:
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             with self.autocast():
-                _, loss = self.model(dummy, dummy)
+                loss = self.model(dummy, dummy)[1]
             loss.backward()
         self.model.zero_grad(set_to_none=True)
         self._sync()
@@ -273,7 +274,7 @@ class Trainer:
         inputs, targets = self._to_device(self.data.sampler.next_batch())
         with no_sync(self.ddp_model, sync):
             with self.autocast():
-                _, loss = self.ddp_model(inputs, targets)
+                loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
             total = loss + sum(aux.values()) if aux else loss
             (total / accum).backward()
@@ -414,6 +415,9 @@ class Trainer:
             self.progress.log(f"compiled {len(self.model.blocks)} blocks in {self.compile_s:.1f} s")
         if self.step:
             self.progress.log(f"resumed from step {self.step}")
+        plan = self.memory_plan
+        self.progress.log(f"memory plan: {plan.total / 2**30:.2f} GiB per device at the peak of a step"
+                          + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
 
     def _record_step(self, stats: StepStats) -> None:
         if self.first_step_at is None:
@@ -438,6 +442,7 @@ class Trainer:
     def summary(self, losses: list[float]) -> dict[str, float]:
         out: dict[str, float] = {"steps": self.step, "tokens": self.step * self.tokens_per_step,
                                  "compile_s": self.compile_s, "peak_mem_bytes": peak_memory_bytes(self.device),
+                                 "planned_mem_bytes": self.memory_plan.total,
                                  "params": account(self.spec).total}
         if losses:
             out["train_loss"] = losses[-1]

@@ -1,0 +1,414 @@
+"""The memory plan: how many bytes a run needs on each device, from the spec alone, before anything is allocated.
+
+    plan = plan_memory(spec, device="cpu")          # → MemoryPlan: weights, gradients, optimizer, activations, …
+    check_memory(spec, device="cuda", world_size=8)  # raises UserError (exit 2) with the estimate and the cheapest fix
+
+What is counted, per device (one process):
+- weights (fp32 masters), gradients (fp32) and AdamW's two fp32 moments: 4 + 4 + 8 bytes per parameter, divided by
+  the number of shards under FSDP. DDP keeps a full replica plus its gradient buckets (another 4 bytes per parameter).
+  FSDP also holds the unsharded parameters of the block it is computing and of the one it prefetches.
+- the model's fixed buffers (RoPE cos/sin tables, the sinusoid table).
+- activations: the tensors autograd saves for backward at batch_size × seq_len tokens, counted op by op for the
+  generated module (eager; a compiled block saves no more). With activation checkpointing a checkpointed block saves
+  only its input, and one block's activations are recomputed at a time during backward.
+- the peak of a training step, walked through backward: all saved activations plus the loss head's transient
+  (log-softmax output, its gradient and the logits' gradient) at the start of backward; then, block by block, the
+  activations are freed as the gradients appear. The peak is the larger of that walk and the optimizer step
+  (weights + gradients + moments). Fused AdamW allocates no temporaries.
+
+On CPU the estimate is checked against MemAvailable shared by this node's processes; on CUDA against the device's
+free memory (`torch.cuda.mem_get_info`) less a margin for the caching allocator. The formulas were checked against
+measured peak RSS on CPU (`bench/bench_memory.py`, docs/BENCHMARKS.md); the CUDA figures (bf16 autocast, FSDP mixed
+precision) follow the same counting but have not been measured here: no GPU was available when they were written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from archspec.accounting import account
+from archspec.errors import UserError
+from archspec.spec import Spec
+from archspec.spec.model import ModelSpec
+
+GIB = 1 << 30
+CUDA_MARGIN = 0.92  # of the free device memory: the caching allocator rounds and fragments
+# Resident memory beyond the live tensors on CPU: glibc keeps freed chunks (gradients freed at every step,
+# activations freed in backward) in its heaps, and kernels and thread pools allocate outside autograd's view. Fitted on
+# six configurations from 3.6M to 82M parameters (bench/bench_memory.py): a constant, plus fractions of the gradient
+# and of the activation bytes a step frees and allocates again.
+CPU_RUNTIME_BYTES = 32 << 20
+CPU_RETAINED_GRADIENTS = 0.3
+CPU_RETAINED_ACTIVATIONS = 0.1
+
+Checkpointing = Literal["none", "full", "every_k"]
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything besides the model that decides a run's memory. `from_spec` reads it from the recipe."""
+
+    device: str = "cpu"  # cpu | cuda
+    training: bool = True
+    batch_size: int = 1  # sequences per micro-batch, per process
+    seq_len: int = 1
+    grad_accum: int = 1
+    world_size: int = 1
+    parallel: str = "ddp"  # ddp | fsdp (a world of one is plain single-process training either way)
+    checkpointing: Checkpointing = "none"
+    checkpoint_every: int = 1  # every_k: blocks 0, k, 2k, … are checkpointed
+    bf16: bool = False  # bf16 compute: autocast (single process, DDP) or FSDP's bf16 parameters (CUDA)
+
+    @property
+    def shards(self) -> int:
+        return self.world_size if self.parallel == "fsdp" and self.world_size > 1 else 1
+
+    def describe(self) -> str:
+        ac = {"none": "no activation checkpointing", "full": "activation checkpointing on every block",
+              "every_k": f"activation checkpointing on every {self.checkpoint_every}th block"}[self.checkpointing]
+        par = "" if self.world_size == 1 else f" · {self.parallel.upper()} over {self.world_size} processes"
+        what = (f"training, micro-batch {self.batch_size} × {self.seq_len} tokens"
+                + (f" × {self.grad_accum} accumulated" if self.grad_accum > 1 else "") + f" · {ac}"
+                if self.training else "inference, weights only")
+        return f"{self.device} {'bf16' if self.bf16 else 'fp32'} · {what}{par}"
+
+
+def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, world_size: int = 1,
+                    **overrides) -> Setup:
+    """The Setup a run of `spec` would have: the recipe's micro-batch, window, precision, and (when the recipe has
+    them) its parallel strategy and activation checkpointing."""
+    t = spec.train
+    parallel = getattr(t, "parallel", None)
+    ac = getattr(t, "activation_checkpointing", None)
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and device == "cuda")
+    setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
+                  grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
+                  checkpointing=getattr(ac, "kind", "none"), checkpoint_every=getattr(ac, "k", 1), bf16=bf16)
+    return replace(setup, **overrides)
+
+
+# ── activations saved for backward, per token, in bytes ─────────────────────────────────────────────────────────
+# One function per family, counted from the generated templates op by op (what autograd keeps for each op: a linear
+# keeps its input, an activation its input or output, SDPA its q, k, v, output and log-sum-exp, …). `stream` is the
+# element size of the residual stream and norm statistics (fp32 even under autocast), `mm` that of matmul inputs and
+# outputs (bf16 under autocast).
+
+
+def _norm_saved(m: ModelSpec, stream: int, mm: int) -> int:
+    """One pre-norm plus the copy of its output that the following linear keeps."""
+    d = m.d_model
+    if m.norm.kind == "layernorm":  # native op: input, mean and rstd
+        own = (d + 2) * stream
+    elif m.norm.kind == "rmsnorm":  # decomposed: input, rstd, normalised input (for the gain's gradient)
+        own = (2 * d + 1) * stream
+    else:  # a kind this plan does not know (a plugin): count it like the larger of the two
+        own = (2 * d + 2) * stream
+    return own + d * mm  # under autocast the linear keeps its bf16 cast of the output
+
+
+def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, stream: int) -> int:
+    a = m.attention
+    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    if m.dropout > 0 and device == "cpu":
+        # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
+        # dropout and the mask, and an output copy for the projection.
+        return (4 * q + 3 * a.n_heads * seq_len) * mm
+    qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
+    rotated = (q + kv) if a.positional.kind == "rope" else 0
+    # output (the o-projection's input is a view of it) and the fp32 log-sum-exp per head
+    return (qkv + rotated + q) * mm + a.n_heads * 4
+
+
+def _ffn_saved(m: ModelSpec, mm: int) -> int:
+    f = m.ffn
+    # relu and sigmoid keep their output, which the next op keeps anyway; the others keep their input
+    act_keeps_input = getattr(f, "activation", "gelu") not in ("relu", "sigmoid")
+    hidden = getattr(f, "hidden_dim", None) or 4 * m.d_model
+    if f.kind == "mlp":  # up → act → down
+        return (2 if act_keeps_input else 1) * hidden * mm
+    # glu: gate, act(gate), up, product; a kind this plan does not know (a plugin) is counted like it
+    return (4 if act_keeps_input else 3) * hidden * mm
+
+
+def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool) -> int:
+    stream, mm = 4, (2 if bf16 else 4)
+    dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
+    return (2 * _norm_saved(m, stream, mm) + _attention_saved(m, seq_len, mm, device, stream) + _ffn_saved(m, mm)
+            + dropout_masks)
+
+
+def block_backward_transient_per_token(m: ModelSpec, bf16: bool) -> int:
+    """Gradients of a block's intermediates alive at once while its backward runs (the widest: the FFN's)."""
+    mm = 2 if bf16 else 4
+    return 3 * (getattr(m.ffn, "hidden_dim", None) or 4 * m.d_model) * mm + 2 * m.d_model * 4
+
+
+def head_saved_per_token(m: ModelSpec, bf16: bool) -> int:
+    """Token ids, the embedding dropout mask, the final norm, and the fp32 log-softmax of the cross-entropy."""
+    stream, mm = 4, (2 if bf16 else 4)
+    return 8 + (m.d_model * stream if m.dropout > 0 else 0) + _norm_saved(m, stream, mm) + m.vocab_size * 4
+
+
+def head_transient_per_token(m: ModelSpec, bf16: bool) -> int:
+    """At the start of backward: the log-softmax's gradient and the logits' gradient (fp32, and a bf16 copy)."""
+    return m.vocab_size * (8 + (2 if bf16 else 0))
+
+
+def buffer_bytes(spec: Spec) -> int:
+    """Non-persistent buffers the generated module allocates (fp32 position tables), from the kinds' accounting."""
+    return account(spec).buffer_elements * 4
+
+
+# ── the plan ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    spec_name: str
+    setup: Setup
+    params: int
+    weights: int  # bytes per device, from here on
+    buffers: int
+    gradients: int
+    optimizer: int
+    communication: int  # DDP gradient buckets, FSDP unsharded blocks
+    activations: int  # saved for backward, all blocks, at the start of backward
+    transient: int  # the loss head's and one block's backward intermediates, recomputation under checkpointing
+    allocator: int  # CPU: resident memory beyond the live tensors (see CPU_RUNTIME_BYTES)
+    total: int  # the peak of a step (see the module docstring), or weights + buffers for inference
+    available: int | None = None  # what the device has for it; None when unknown (planning for absent hardware)
+    available_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.total <= self.available
+
+    def rows(self) -> list[tuple[str, int]]:
+        rows = [("weights", self.weights), ("buffers", self.buffers)]
+        if self.setup.training:
+            rows += [("gradients", self.gradients), ("AdamW moments", self.optimizer)]
+            if self.communication:
+                rows.append(("DDP buckets" if self.setup.shards == 1 else "FSDP unsharded blocks", self.communication))
+            rows += [("activations (saved)", self.activations), ("transient (backward)", self.transient)]
+            if self.allocator:
+                rows.append(("allocator overhead", self.allocator))
+        return rows
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec_name, "setup": self.setup.describe(), "params": self.params,
+                **{k: v for k, v in self.rows()}, "peak_bytes": self.total, "available_bytes": self.available,
+                "available_source": self.available_source, "fits": self.fits}
+
+    def render(self) -> str:
+        lines = [f"memory plan for {self.spec_name}: {self.setup.describe()}",
+                 f"  {self.params:,} parameters" + (f", sharded {self.setup.shards} ways" if self.setup.shards > 1 else "")]
+        lines += [f"  {name:<24}{gib(n):>12}" for name, n in self.rows()]
+        lines.append(f"  {'peak of a step' if self.setup.training else 'total':<24}{gib(self.total):>12}  per device")
+        if self.available is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"  {'available':<24}{gib(self.available):>12}  ({self.available_source}): {verdict}")
+        else:
+            lines.append(f"  available: unknown ({self.available_source})")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _activation_walk(m: ModelSpec, s: Setup) -> tuple[int, int, list[int]]:
+    """(saved activations at the start of backward, transient, activations freed per block in backward order)."""
+    tokens = s.batch_size * s.seq_len
+    per_block = block_saved_per_token(m, s.seq_len, s.device, s.bf16) * tokens
+    boundary = m.d_model * (2 if s.bf16 and s.shards > 1 else 4) * tokens  # what a checkpointed block keeps
+    checkpointed = [s.checkpointing == "full" or (s.checkpointing == "every_k" and i % s.checkpoint_every == 0)
+                    for i in range(m.n_layers)]
+    kept = [boundary if c else per_block for c in checkpointed]
+    head = head_saved_per_token(m, s.bf16) * tokens
+    transient = (head_transient_per_token(m, s.bf16) + block_backward_transient_per_token(m, s.bf16)) * tokens
+    if any(checkpointed):
+        transient += per_block  # one block recomputed at a time
+    return sum(kept) + head, transient, list(reversed(kept))
+
+
+def plan_memory(spec: Spec, setup: Setup | None = None, **setup_fields) -> MemoryPlan:
+    """The memory plan of `spec` under `setup` (default: the recipe's, on CPU, training). Keyword arguments are
+    `setup_from_spec`'s (device, training, world_size, and any Setup field)."""
+    s = setup or setup_from_spec(spec, **setup_fields)
+    m = spec.model
+    params = account(spec).total
+    buffers = buffer_bytes(spec)
+    if not s.training:
+        weights = params * (2 if s.bf16 and s.device == "cuda" else 4)
+        return MemoryPlan(spec.name, s, params, weights, buffers, 0, 0, 0, 0, 0, 0, weights + buffers)
+
+    shards = s.shards
+    weights = math.ceil(params / shards) * 4
+    gradients = math.ceil(params / shards) * 4
+    optimizer = math.ceil(params / shards) * 8
+    notes: list[str] = []
+    # Per-block parameters, for FSDP's unsharded working copies and the backward walk.
+    block_params = (params - _outside_blocks(spec)) // max(1, m.n_layers)
+    if shards > 1:
+        # the block being computed and the one being prefetched, gathered whole (bf16 under mixed precision), plus
+        # the root's parameters (embedding, head) for the whole step and one block's unsharded gradient
+        elem = 2 if s.bf16 else 4
+        communication = (2 * block_params + _outside_blocks(spec)) * elem + block_params * 4
+    elif s.world_size > 1:
+        communication = params * 4  # DDP's bucket copy of the gradients
+    else:
+        communication = 0
+    if s.bf16 and shards == 1:
+        # autocast keeps the bf16 copy of every weight it cast for the backward of its matmul
+        communication += params * 2
+        notes.append("includes bf16 weight copies that autocast keeps for backward")
+
+    saved, transient, freed = _activation_walk(m, s)
+    # Backward: start with everything saved plus the head's transient and the head's gradients; each block then frees
+    # its activations and adds its gradients.
+    grad_per_block = math.ceil(block_params / shards) * 4
+    live = saved + transient + (gradients - grad_per_block * m.n_layers)
+    backward_peak = live
+    for kept in freed:
+        live += grad_per_block - kept
+        backward_peak = max(backward_peak, live)
+    # Last, the token embedding's dense gradient; when tied to the head it is added to the head's gradient out of
+    # place, so for a moment the table's gradient exists three times.
+    if m.tie_embeddings:
+        backward_peak = max(backward_peak, live + 2 * math.ceil(m.vocab_size * m.d_model / shards) * 4)
+    step_peak = max(backward_peak, gradients)
+    allocator = 0
+    if s.device == "cpu":
+        allocator = CPU_RUNTIME_BYTES + round(CPU_RETAINED_GRADIENTS * gradients
+                                              + CPU_RETAINED_ACTIVATIONS * (saved + transient))
+    total = weights + buffers + optimizer + communication + step_peak + allocator
+    return MemoryPlan(spec.name, s, params, weights, buffers, gradients, optimizer, communication, saved, transient,
+                      allocator, total, notes=notes)
+
+
+def _outside_blocks(spec: Spec) -> int:
+    """Parameters not in the blocks: embeddings, learned positions, final norm, untied head."""
+    acc, layers = account(spec), spec.model.n_layers
+    in_blocks = acc.by_component["attention"] + acc.by_component["ffn"] + acc.by_component["norm"] * 2 * layers // (2 * layers + 1)
+    return acc.total - in_blocks
+
+
+# ── what the device has ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+def available_memory_bytes() -> int:
+    """This machine's available RAM (MemAvailable), or its total when /proc is absent."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_memory(device: str, world_size: int = 1) -> tuple[int | None, str]:
+    """(bytes one process may use, where the figure comes from). On CPU the node's processes share its RAM."""
+    if device == "cpu":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world_size
+        have = available_memory_bytes()
+        share = f", shared by {local} processes" if local > 1 else ""
+        return have // local, f"MemAvailable {gib(have)}{share}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "no CUDA device here"
+    index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
+    free, total = torch.cuda.mem_get_info(index)
+    return int(free * CUDA_MARGIN), f"{CUDA_MARGIN:.0%} of {gib(free)} free on cuda:{index} of {gib(total)}"
+
+
+# ── the check, and the cheapest fix ─────────────────────────────────────────────────────────────────────────────
+
+
+def _with(spec: Spec, setup: Setup, available: int, source: str) -> MemoryPlan:
+    return replace(plan_memory(spec, setup), available=available, available_source=source)
+
+
+def cheapest_fix(spec: Spec, setup: Setup, available: int) -> tuple[str, MemoryPlan] | None:
+    """The least costly change that makes the run fit, tried in order of cost: a smaller micro-batch with more
+    accumulation (the same tokens per step, so the same run), activation checkpointing (one more forward per step),
+    both, then FSDP over the same processes (communication). None when nothing short of a smaller model or more
+    devices fits."""
+    recipe = type(spec.train).model_fields
+    candidates: list[tuple[str, Setup]] = []
+    smaller = [b for b in range(setup.batch_size - 1, 0, -1) if setup.batch_size % b == 0]
+
+    def batch_fix(s: Setup, b: int) -> tuple[str, Setup]:
+        accum = setup.grad_accum * setup.batch_size // b
+        return (f"--set train.batch_size={b} --set train.grad_accum={accum}",
+                replace(s, batch_size=b, grad_accum=accum))
+
+    candidates += [batch_fix(setup, b) for b in smaller]
+    if "activation_checkpointing" in recipe and setup.checkpointing != "full":
+        ac = replace(setup, checkpointing="full")
+        candidates.append(("--set train.activation_checkpointing=full", ac))
+        candidates += [(f"--set train.activation_checkpointing=full {fix}", s)
+                       for fix, s in (batch_fix(ac, b) for b in smaller)]
+    if "parallel" in recipe and setup.world_size > 1 and setup.shards == 1:
+        fsdp = replace(setup, parallel="fsdp")
+        candidates.append(("--set train.parallel.kind=fsdp", fsdp))
+        if "activation_checkpointing" in recipe:
+            candidates.append(("--set train.parallel.kind=fsdp --set train.activation_checkpointing=full",
+                               replace(fsdp, checkpointing="full")))
+    for fix, s in candidates:
+        plan = plan_memory(spec, s)
+        if plan.total <= available:
+            return fix, plan
+    return None
+
+
+def planned(spec: Spec, device: str = "cpu", training: bool = True, *, world_size: int = 1,
+            setup: Setup | None = None) -> MemoryPlan:
+    """The plan of a run of `spec` on this machine, with what the device has available filled in."""
+    s = setup or setup_from_spec(spec, device=device, training=training, world_size=world_size)
+    available, source = device_memory(s.device, s.world_size)
+    return replace(plan_memory(spec, s), available=available, available_source=source)
+
+
+def refusal(spec: Spec, plan: MemoryPlan) -> UserError:
+    """The error for a plan that does not fit: the estimate, the setup, and the cheapest fix."""
+    s, available = plan.setup, plan.available or 0
+    what = ", ".join(f"{name} {gib(n)}" for name, n in plan.rows() if n)
+    problems = [f"estimate: {what}", f"setup: {s.describe()}"]
+    fix = cheapest_fix(spec, s, available) if s.training else None
+    if fix:
+        problems.append(f"cheapest fix: {fix[0]} (estimate {gib(fix[1].total)})")
+    elif s.training:
+        floor = plan.weights + plan.buffers + plan.gradients + plan.optimizer
+        problems.append(f"no micro-batch, checkpointing or sharding setting on {s.world_size} "
+                        f"process{'es' if s.world_size > 1 else ''} fits (weights, gradients and AdamW state alone: "
+                        f"{gib(floor)}): shard over more devices with FSDP, or shrink the model")
+    else:
+        problems.append("shrink the model or use a machine with more memory")
+    return UserError(f"{spec.name}: needs about {gib(plan.total)} per {s.device} device but {gib(available)} is "
+                     f"available ({plan.available_source})", problems)
+
+
+def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu", *, world_size: int = 1,
+                 setup: Setup | None = None) -> MemoryPlan:
+    """Refuse (UserError, exit 2) a run that will not fit, naming the estimate and the cheapest fix; else return
+    the plan. On a CUDA device that is not here the plan cannot be checked and is returned as is.
+
+    for_training: weights only (False: `build`'s forward) or a full training step. device: cpu | cuda.
+    world_size: processes in the job (FSDP shards over them; on CPU they share this node's RAM)."""
+    plan = planned(spec, device, for_training, world_size=world_size, setup=setup)
+    if not plan.fits:
+        raise refusal(spec, plan)
+    return plan
+
+
+def memory_estimate_bytes(spec: Spec, for_training: bool = False, device: str = "cpu") -> int:
+    """Bytes per device of `spec` with its own recipe on one process (kept for callers of the old codegen name)."""
+    return plan_memory(spec, device=device, training=for_training).total
