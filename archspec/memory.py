@@ -102,18 +102,11 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
 
 
 def _norm_saved(m: ModelSpec, stream: int, mm: int) -> int:
-    """One pre-norm plus the copy of its output that the following linear keeps."""
-    d = m.d_model
-    if m.norm.kind == "layernorm":  # native op: input, mean and rstd
-        own = (d + 2) * stream
-    elif m.norm.kind == "rmsnorm":  # decomposed: input, rstd, normalised input (for the gain's gradient)
-        own = (2 * d + 1) * stream
-    else:  # a kind this plan does not know (a plugin): count it like the larger of the two
-        own = (2 * d + 2) * stream
-    return own + d * mm  # under autocast the linear keeps its bf16 cast of the output
+    """One pre-norm plus the copy of its output that the following linear keeps (its bf16 cast under autocast)."""
+    return m.norm.saved_elements(m.d_model) * stream + m.d_model * mm
 
 
-def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, stream: int) -> int:
+def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str) -> int:
     a = m.attention
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
     if m.dropout > 0 and device == "cpu":
@@ -121,26 +114,19 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, stream: i
         # dropout and the mask, and an output copy for the projection.
         return (4 * q + 3 * a.n_heads * seq_len) * mm
     qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
-    rotated = (q + kv) if a.positional.kind == "rope" else 0
-    # output (the o-projection's input is a view of it) and the fp32 log-sum-exp per head
-    return (qkv + rotated + q) * mm + a.n_heads * 4
+    # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
+    # fp32 log-sum-exp per head
+    return (qkv + a.positional.saved_elements(m) + q) * mm + a.n_heads * 4
 
 
 def _ffn_saved(m: ModelSpec, mm: int) -> int:
-    f = m.ffn
-    # relu and sigmoid keep their output, which the next op keeps anyway; the others keep their input
-    act_keeps_input = getattr(f, "activation", "gelu") not in ("relu", "sigmoid")
-    hidden = getattr(f, "hidden_dim", None) or 4 * m.d_model
-    if f.kind == "mlp":  # up → act → down
-        return (2 if act_keeps_input else 1) * hidden * mm
-    # glu: gate, act(gate), up, product; a kind this plan does not know (a plugin) is counted like it
-    return (4 if act_keeps_input else 3) * hidden * mm
+    return m.ffn.saved_elements(m.d_model) * mm
 
 
 def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool) -> int:
     stream, mm = 4, (2 if bf16 else 4)
     dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
-    return (2 * _norm_saved(m, stream, mm) + _attention_saved(m, seq_len, mm, device, stream) + _ffn_saved(m, mm)
+    return (2 * _norm_saved(m, stream, mm) + _attention_saved(m, seq_len, mm, device) + _ffn_saved(m, mm)
             + dropout_masks)
 
 

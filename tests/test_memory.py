@@ -35,6 +35,41 @@ def test_weights_gradients_and_moments_per_parameter_and_by_sharding():
     assert inference.total == 4 * n + memory.buffer_bytes(spec)  # weights and the RoPE tables
 
 
+@pytest.mark.parametrize("overrides", [
+    [], ["model.norm.kind=layernorm"], ["model.attention.positional.kind=sinusoidal"],
+    ["model.attention.positional.kind=learned", "model.tie_embeddings=false"],
+    ["model.ffn.kind=mlp", "model.ffn.activation=relu"], ["model.ffn.kind=mlp", "model.ffn.activation=gelu_tanh"],
+    ["model.ffn.activation=sigmoid"], ["model.dropout=0.1"],
+], ids=lambda o: ",".join(x.split("=")[1] for x in o) or "llama")
+def test_activation_count_equals_what_autograd_saves(overrides):
+    """The op-by-op count of the plan against the tensors autograd actually keeps (by storage, parameters and
+    buffers excluded) in one forward of the generated module, for every built-in kind."""
+    import torch
+
+    from archspec.codegen import generate
+
+    spec = load_spec(ROOT / "specs" / "llama-like-tiny.yaml",
+                     ["model.n_layers=2", "model.context_length=64", "train.seq_len=64", *overrides])
+    model = generate(spec, write=False).Model()
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    B, T = 2, 64
+    idx = torch.randint(0, spec.model.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    m = spec.model
+    per_token = m.n_layers * memory.block_saved_per_token(m, T, "cpu", False) + memory.head_saved_per_token(m, False)
+    position_ids = 8 * T if m.attention.positional.kind == "learned" else 0  # one (T,) index vector, not per token
+    assert sum(saved.values()) - 4 - position_ids == per_token * B * T  # - the scalar loss
+
+
 def test_activations_scale_with_tokens_and_checkpointing_keeps_block_inputs_only():
     spec = load_spec(LLAMA, ["train.batch_size=8", "train.seq_len=256"])
     base = plan_memory(spec, device="cpu")

@@ -182,6 +182,11 @@ class NormKind(KindUnit):
     def params(self, d_model: int) -> int:
         raise NotImplementedError
 
+    def saved_elements(self, d_model: int) -> int:
+        """Elements per token autograd keeps for backward inside one norm (fp32), besides its output, which the
+        following linear keeps (archspec.memory). Default: a generous guess for a kind that does not say."""
+        return 2 * d_model + 2
+
 
 class PositionalKind(KindUnit):
     """How positions reach the model. The template may define classes/functions, and these hook macros:
@@ -193,6 +198,11 @@ class PositionalKind(KindUnit):
     head_dim_multiple: ClassVar[int] = 1  # e.g. 2 where pairs of dimensions are rotated
 
     def params(self, m: "ModelSpec") -> int:
+        return 0
+
+    def saved_elements(self, m: "ModelSpec") -> int:
+        """Elements per token each layer's attention keeps for backward because of this kind (e.g. rotated q and
+        k), in the matmul dtype (archspec.memory)."""
         return 0
 
 
@@ -224,6 +234,11 @@ class FFNKind(KindUnit):
     def flops(self, d_model: int) -> int:
         """Forward matmul FLOPs of one layer for one token (active experts only)."""
         raise NotImplementedError
+
+    def saved_elements(self, d_model: int) -> int:
+        """Elements per token autograd keeps for backward inside one layer, in the matmul dtype, besides its input
+        (archspec.memory). Default: a generous guess, four hidden-width tensors."""
+        return 4 * (getattr(self, "hidden_dim", None) or 4 * d_model)
 
 
 # ── the registry ─────────────────────────────────────────────────────────────────────────────────────────────────

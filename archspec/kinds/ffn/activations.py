@@ -19,6 +19,10 @@ GLU_NAMES = {"silu": "SwiGLU", "gelu": "GEGLU", "gelu_tanh": "GEGLU (tanh GELU)"
 MLP_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
 
 
+# Activations whose backward needs only their output (which the next op keeps anyway); the others keep their input.
+KEEPS_OUTPUT = frozenset({"relu", "sigmoid"})
+
+
 def call(activation: str, arg: str) -> str:
     """The source of `activation(arg)`; only the known words above can reach it."""
     return CALLS[activation].format(arg)

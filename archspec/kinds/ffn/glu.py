@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
-from archspec.kinds.ffn.activations import GLU_NAMES, Activation, call
+from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, Activation, call
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -31,6 +31,9 @@ class GLUSpec(FFNKind):
 
     def flops(self, d_model: int) -> int:
         return 2 * 3 * d_model * self.hidden_dim
+
+    def saved_elements(self, d_model: int) -> int:
+        return (3 if self.activation in KEEPS_OUTPUT else 4) * self.hidden_dim  # gate, act(gate), up, product
 
     def constants(self, m) -> list[Const]:
         return [Const("FFN_HIDDEN", lit_int(self.hidden_dim), f"{self.hidden_dim / m.d_model:.3g} × D_MODEL"),

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
-from archspec.kinds.ffn.activations import MLP_NAMES, MLPActivation, call
+from archspec.kinds.ffn.activations import KEEPS_OUTPUT, MLP_NAMES, MLPActivation, call
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -27,6 +27,9 @@ class MLPSpec(FFNKind):
 
     def flops(self, d_model: int) -> int:
         return 2 * 2 * d_model * self.hidden_dim
+
+    def saved_elements(self, d_model: int) -> int:
+        return (1 if self.activation in KEEPS_OUTPUT else 2) * self.hidden_dim  # up's output, act's output
 
     def constants(self, m) -> list[Const]:
         return [Const("FFN_HIDDEN", lit_int(self.hidden_dim), f"{self.hidden_dim / m.d_model:.3g} × D_MODEL"),

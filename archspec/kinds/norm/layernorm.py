@@ -18,6 +18,9 @@ class LayerNormSpec(NormKind):
     def params(self, d_model: int) -> int:
         return d_model * (2 if self.bias else 1)
 
+    def saved_elements(self, d_model: int) -> int:
+        return d_model + 2  # native op: its input, the mean and rstd
+
     def constants(self, m) -> list[Const]:
         return [Const("NORM_EPS", lit_float(self.eps))]
 

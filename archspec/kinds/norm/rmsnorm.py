@@ -17,6 +17,9 @@ class RMSNormSpec(NormKind):
     def params(self, d_model: int) -> int:
         return d_model
 
+    def saved_elements(self, d_model: int) -> int:
+        return 2 * d_model + 1  # decomposed: its input, rstd, and the normalised input (for the gain's gradient)
+
     def constants(self, m) -> list[Const]:
         return [Const("NORM_EPS", lit_float(self.eps))]
 

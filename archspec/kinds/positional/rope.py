@@ -28,5 +28,9 @@ class RopePositional(PositionalKind):
     def describe(self, m) -> str:
         return "rotary positions"
 
+    def saved_elements(self, m) -> int:
+        a = m.attention
+        return (a.n_heads + a.n_kv_heads) * a.head_dim  # the rotated q and k (new tensors; v stays a view)
+
     def buffer_elements(self, m) -> int:
         return 2 * m.context_length * m.attention.head_dim  # cos and sin tables
