@@ -9,6 +9,7 @@ import click
 
 from archspec.errors import UserError, printable
 from archspec.signals import Terminated
+from archspec.train.logger import RecordingError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             return cause.exit_code  # 143 for SIGTERM, as the shell reports a process it killed
         click.echo("aborted", err=True)
         return 130
+    except RecordingError as e:  # the registry cannot be written (disk full, read-only): not bad input, exit 1
+        click.echo(f"error: {printable(str(e))}", err=True)
+        return 1
     except Terminated as e:  # raised outside click's own handling
         click.echo(f"terminated ({e})", err=True)
         return e.exit_code

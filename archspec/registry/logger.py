@@ -50,9 +50,10 @@ import traceback
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
+from archspec.errors import UserError
 from archspec.registry.store import Registry, RegistryBusyError
 from archspec.signals import SignalHandlers, Terminated, install_signal_handlers
-from archspec.train.logger import FAILED, FINISHED, KILLED, RunInfo, RunLogger
+from archspec.train.logger import FAILED, FINISHED, KILLED, RecordingError, RunInfo, RunLogger
 
 log = logging.getLogger("archspec.registry")
 
@@ -63,6 +64,20 @@ def error_text(exc: BaseException, limit: int = 20_000) -> str:
     tb = "".join(traceback.format_exception(exc))
     text = f"{head}\n\n{tb}"
     return text if len(text) <= limit else text[:2000] + "\n...\n" + text[-(limit - 2000):]
+
+
+def _reason(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)  # a DBAPIError: the driver's own words ("database or disk is full")
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _unwritable(exc: BaseException) -> bool:
+    """A write failure that waiting will not fix (disk full, read-only, I/O error, dropped table), as opposed to a busy
+    database, which the store already retried, or a UserError (a run already RUNNING elsewhere)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return isinstance(exc, (SQLAlchemyError, OSError, RegistryBusyError)) and not isinstance(exc, UserError)
 
 
 class RegistryLogger:
@@ -114,15 +129,22 @@ class RegistryLogger:
         self._replacing = False
         self._pid = 0
         self._warned_at = 0.0
+        self._failure: str | None = None  # why the registry cannot be written; every later call raises RecordingError
 
     # ── RunLogger ────────────────────────────────────────────────────────────────────────────────────────────────
 
     def start(self, info: RunInfo) -> str:
         if self.run_id is not None:
             raise RuntimeError("RegistryLogger.start() called twice; use one logger per run")
-        self.attempt = self.registry.start_run(
-            info, heartbeat_timeout_s=self.heartbeat_timeout_s, rerun_finished=self.rerun_finished
-        )
+        try:
+            self.attempt = self.registry.start_run(
+                info, heartbeat_timeout_s=self.heartbeat_timeout_s, rerun_finished=self.rerun_finished
+            )
+        except Exception as e:
+            if _unwritable(e):
+                raise RecordingError(f"registry {self.registry.url}: cannot record run {info.run_id}: {_reason(e)}") \
+                    from None
+            raise
         # A restart replaces the history from its first logged step on, at its first write (see Registry.start_run).
         self._replacing = self.attempt > 1
         self._pid = os.getpid()
@@ -137,6 +159,7 @@ class RegistryLogger:
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._check_running()
+        self._raise_failure()
         now = time.time()
         points = []
         for key, value in metrics.items():
@@ -159,6 +182,7 @@ class RegistryLogger:
 
     def heartbeat(self) -> None:
         self._check_running()
+        self._raise_failure()
         if self._thread is not None:
             return  # the background thread beats on its own clock
         now = time.monotonic()
@@ -170,12 +194,14 @@ class RegistryLogger:
     def log_artifact(self, kind: str, path: str) -> None:
         self._check_running()
         if not self._superseded:
-            self.registry.add_artifact(self.run_id, kind, str(path))  # type: ignore[arg-type]
+            with self._recording("record an artifact of"):
+                self.registry.add_artifact(self.run_id, kind, str(path))  # type: ignore[arg-type]
 
     def set_summary(self, metrics: Mapping[str, float]) -> None:
         self._check_running()
         if not self._superseded:
-            self.registry.set_summary(self.run_id, {k: float(v) for k, v in metrics.items()})  # type: ignore[arg-type]
+            with self._recording("record the summary of"):
+                self.registry.set_summary(self.run_id, {k: float(v) for k, v in metrics.items()})  # type: ignore[arg-type]
 
     def end(self, status: str, error: str | None = None) -> None:
         """Flush everything and set the final status; a second call does nothing."""
@@ -186,18 +212,33 @@ class RegistryLogger:
         if status not in (FINISHED, FAILED, KILLED):
             raise ValueError(f"end(status): expected FINISHED, FAILED or KILLED, got {status!r}")
         self._stop_thread()
-        # The final flush gets three full retry rounds: losing the tail of a run is worse than a slow exit.
+        # The final flush gets three full retry rounds: losing the tail of a run is worse than a slow exit. When the
+        # registry cannot be written at all, the status is still tried (a row update may fit where points did not);
+        # either failure ends the logger and is reported as a RecordingError, never as the driver's traceback.
+        problem = None
         for round_ in range(3):
             try:
                 self.flush()
                 break
-            except RegistryBusyError:
-                if round_ == 2:
+            except Exception as e:
+                if not _unwritable(e):
                     raise
-        if not self._superseded:
-            self.registry.finish_run(self.run_id, self.attempt, status, error)
+                if not isinstance(e, RegistryBusyError) or round_ == 2:
+                    problem = f"{self.buffered} metric points not written: {_reason(e)}"
+                    break
+        if problem and status == FINISHED:  # a run whose record lost its tail is not a finished record
+            status, error = FAILED, f"the registry refused the final write: {problem}"
+        try:
+            if not self._superseded:
+                self.registry.finish_run(self.run_id, self.attempt, status, error)
+        except Exception as e:
+            if not _unwritable(e):
+                raise
+            problem = f"status {status} not written: {_reason(e)}" + (f"; {problem}" if problem else "")
         self._ended = True
         atexit.unregister(self._at_exit)
+        if problem:
+            raise RecordingError(f"registry {self.registry.url}: run {self.run_id}: {problem}")
 
     # ── extras ───────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -215,9 +256,11 @@ class RegistryLogger:
                 replace_from = min(step for step, *_ in batch)
             try:
                 alive = self.registry.write_metrics(self.run_id, self.attempt, batch, replace_from_step=replace_from)
-            except BaseException:
+            except BaseException as e:
                 with self._buf_lock:  # nothing was written: keep the points for the next try, in order
                     self._buf[:0] = batch
+                if _unwritable(e) and not isinstance(e, RegistryBusyError):
+                    self._failure = self._failure or _reason(e)
                 raise
             self._last_flush = self._last_beat = time.monotonic()
             if replace_from is not None:
@@ -249,11 +292,32 @@ class RegistryLogger:
 
     def _flush_or_keep(self) -> None:
         """Flush from the loop thread; when the database stays busy, keep the points and warn (at most once a
-        minute) instead of failing the training step. end() insists."""
+        minute) instead of failing the training step. end() insists. A registry that cannot be written at all
+        (disk full) is remembered: the next call from the loop raises RecordingError, so the run stops early."""
         try:
             self.flush()
         except RegistryBusyError as e:
             self._warn(f"run {self.run_id}: metrics kept in memory, registry busy: {e}")
+        except Exception as e:
+            if not _unwritable(e):
+                raise
+            self._failure = _reason(e)
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RecordingError(f"registry {self.registry.url}: cannot record run {self.run_id}: {self._failure}")
+
+    @contextmanager
+    def _recording(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            if not _unwritable(e):
+                raise
+            self._failure = self._failure or _reason(e)
+            raise RecordingError(f"registry {self.registry.url}: cannot {what} run {self.run_id}: {_reason(e)}") \
+                from None
 
     def _warn(self, message: str) -> None:
         if time.monotonic() - self._warned_at > 60:
@@ -281,7 +345,9 @@ class RegistryLogger:
                             self._superseded = True
                         self._last_beat = time.monotonic()
             except Exception as e:  # never let the thread die: try again after a pause, not in a hot loop
-                self._warn(f"run {self.run_id}: background registry write failed, will retry: {e}")
+                if _unwritable(e) and not isinstance(e, RegistryBusyError):
+                    self._failure = _reason(e)  # disk full, read-only: the loop's next call stops the run
+                self._warn(f"run {self.run_id}: background registry write failed, will retry: {_reason(e)}")
                 self._wake.wait(min(5.0, self.heartbeat_interval_s))
                 self._wake.clear()
             if self._superseded:

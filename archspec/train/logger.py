@@ -16,6 +16,12 @@ SCHEDULED, RUNNING, FINISHED, FAILED, KILLED = "SCHEDULED", "RUNNING", "FINISHED
 STATUSES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)
 
 
+class RecordingError(RuntimeError):
+    """The place a run is recorded cannot be written (a full disk, a read-only database, a lost server): raised by a
+    RunLogger so that the loop stops with a checkpoint and says so, instead of training on unrecorded or dying at the
+    final write with a traceback. Not bad input, so not a UserError: the CLI exits 1 with this message."""
+
+
 def run_id_for(spec_hash: str, data_hash: str, recipe: Mapping[str, Any], seed: int) -> str:
     """Content-derived run id: the same experiment (spec, data, recipe, seed) is the same run."""
     payload = json.dumps(

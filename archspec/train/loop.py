@@ -48,7 +48,16 @@ from archspec.train.checkpoint import (
 )
 from archspec.train.data import TrainData, build_data
 from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
-from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger, RunInfo, RunLogger, run_id_for
+from archspec.train.logger import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    NullLogger,
+    RecordingError,
+    RunInfo,
+    RunLogger,
+    run_id_for,
+)
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
@@ -160,6 +169,7 @@ class Trainer:
         self.step_seconds: list[float] = []
         self.first_step_at: float | None = None
         self.last_eval: dict[str, float] = {}
+        self.record_failed = False  # the logger could not write (RecordingError): the run stopped for that
 
     # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -364,10 +374,10 @@ class Trainer:
         """Train to `train.steps` (from the resumed step). A non-finite loss ends the run FAILED with the last good
         checkpoint left in place; Ctrl-C ends it KILLED; any other exception ends it FAILED and propagates."""
         self.run_id = self.logger.start(self.run_info()) or self.run_id
-        self.logger.log_artifact("model", str(self.generated.path))
         losses: list[float] = []
         evals: list[tuple[int, float]] = []
         try:
+            self.logger.log_artifact("model", str(self.generated.path))
             with self.progress:
                 self._announce()
                 last_beat = time.monotonic()
@@ -391,6 +401,11 @@ class Trainer:
             return self._finish(FAILED, str(e), losses, evals)
         except CheckpointWriteError as e:  # the disk refused: stop here, the previous checkpoint is intact
             return self._finish(FAILED, f"{e} (after step {self.step})", losses, evals)
+        except RecordingError as e:
+            # The registry cannot be written (disk full): training on would produce a run nobody can see, and the
+            # final write would fail anyway. Stop now, keep the work in a checkpoint, and say both.
+            self.record_failed = True
+            return self._finish(FAILED, f"stopped at step {self.step}: {e}{self._save_on_stop()}", losses, evals)
         except KeyboardInterrupt as e:
             how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
             self._finish(KILLED, f"{how} at step {self.step}", losses, evals)
@@ -459,13 +474,31 @@ class Trainer:
                        time_to_first_step_s=self.first_step_at - self.started)
         return out
 
+    def _save_on_stop(self) -> str:
+        if self.saved_step == self.step:
+            return ""
+        try:
+            self.save()
+            return f"; checkpoint saved at step {self.step}"
+        except CheckpointWriteError as e:
+            return f"; {e}"
+
     def _finish(self, status: str, error: str | None, losses: list[float], evals: list) -> TrainResult:
         metrics = self.summary(losses)
         checkpoint = self.checkpoint_path if self.checkpoint_path.exists() else None
-        self.logger.set_summary(metrics)
-        if checkpoint:
-            self.logger.log_artifact("checkpoint", str(checkpoint))
-        self.logger.end(status, error)
+        try:
+            self.logger.set_summary(metrics)
+            if checkpoint:
+                self.logger.log_artifact("checkpoint", str(checkpoint))
+            self.logger.end(status, error)
+        except RecordingError as e:
+            # The record is incomplete, so the run (trained and recorded) did not succeed, whatever the training did.
+            what = error or f"{status.lower()} after {self.step} steps"
+            status, error = FAILED, what if self.record_failed else f"{what}; the run's record is incomplete: {e}"
+            try:
+                self.logger.end(FAILED, error)
+            except RecordingError:
+                pass
         if error:
             self.progress.log(f"[red]{status}[/]: {_shown(error)}" +
                               (f" (last good checkpoint: {_shown(checkpoint)})" if checkpoint else ""))

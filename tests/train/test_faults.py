@@ -191,6 +191,62 @@ def test_a_failed_final_save_ends_the_run_failed_naming_the_disk(failure, make_s
     assert logger.summary["steps"] == 4 and "val_loss" in logger.summary
 
 
+# ── the registry's disk fills up mid-run ─────────────────────────────────────────────────────────────────────────
+
+
+def _fill_registry_at(registry, step: int):
+    """A forward pre-hook that, at training step `step`, caps the SQLite database at its current size (PRAGMA
+    max_page_count on every new connection): from then on, writes that need a page fail with SQLITE_FULL, "database or
+    disk is full", exactly as on a full disk."""
+    from sqlalchemy import event
+
+    seen = {"n": 0}
+
+    def hook(module, args):
+        if not module.training:
+            return
+        seen["n"] += 1
+        if seen["n"] == step:
+            with registry.engine.connect() as conn:
+                pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+            event.listen(registry.engine, "connect", lambda dbapi, _: dbapi.execute(f"PRAGMA max_page_count = {pages}"))
+            registry.engine.dispose()
+
+    return hook
+
+
+@pytest.mark.parametrize("when", ["mid-run", "final-write"])
+def test_a_full_registry_disk_ends_the_run_failed_with_a_checkpoint(when, make_spec, tmp_path, cache, monkeypatch):
+    """Decision (README): the run stops at the first write the registry refuses, saves a checkpoint, and ends FAILED
+    saying so; it does not train on unrecorded. A refusal only at the final write also ends FAILED, not RUNNING."""
+    from archspec.registry import Registry, RegistryLogger
+
+    url = f"sqlite:///{tmp_path}/registry.db"
+    steps = 40
+    logger = RegistryLogger(url, background=False, flush_every=8 if when == "mid-run" else 10**6,
+                            flush_interval_s=3600)
+    real_build = Trainer._build_model
+
+    def build_with_hook(self):
+        generated, model = real_build(self)
+        model.register_forward_pre_hook(_fill_registry_at(logger.registry, 3 if when == "mid-run" else steps))
+        return generated, model
+
+    monkeypatch.setattr(Trainer, "_build_model", build_with_hook)
+    run_dir = tmp_path / "run"
+    result = train(make_spec(steps=steps, eval_interval=10, warmup_steps=1), run_dir=run_dir, cache=cache,
+                   logger=logger)
+    assert result.status == FAILED and "database or disk is full" in result.error
+    assert load_checkpoint(run_dir)["step"] == result.step  # the work is kept: `--resume` continues from here
+    if when == "mid-run":
+        assert result.step < steps and result.error.startswith(f"stopped at step {result.step}: registry ")
+        assert f"checkpoint saved at step {result.step}" in result.error
+    else:
+        assert result.step == steps and "the run's record is incomplete" in result.error
+    # The status row is updated in place, which a full database still allows: FAILED, never RUNNING or FINISHED.
+    assert Registry(url).run_status(result.run_id) == FAILED
+
+
 # ── SIGTERM ──────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
