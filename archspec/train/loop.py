@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import resource
 import shutil
@@ -253,7 +254,8 @@ class Trainer:
                   "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
                   "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
                   "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
-                  "resumed_from_step": str(self.step)},
+                  "resumed_from_step": str(self.step),
+                  "pid": str(os.getpid())},  # with `host`: lets a later resume on this host see the writer is gone
         )
 
     # ── one step ─────────────────────────────────────────────────────────────────────────────────────────────────
