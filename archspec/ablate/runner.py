@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from rich.markup import escape
+
 from archspec.ablate.report import RunResult, VariantResult
 from archspec.ablate.sweep import Job, Sweep, spec_diff
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.spec import parse_spec, spec_hash
 from archspec.train.cache import cache_dir
@@ -133,12 +135,12 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
             outcome.outcomes.append(JobOutcome(job, run_id, "skipped (running elsewhere)", status))
             on_event(f"{where}: running elsewhere (live heartbeat), skipped")
             continue
-        on_event(f"{where}: training {job.variant.label}" + (f" (was {status})" if status else ""))
+        on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else RegistryLogger(registry_url)
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
                        progress=progress, cache=cache)
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
-        on_event(f"{where}: {result.status}" + (f": {result.error}" if result.error else
+        on_event(f"{where}: {result.status}" + (f": {escape(printable(result.error))}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
     return outcome
 
