@@ -242,8 +242,21 @@ class RegistryEngine:
         if rev is None:
             return False
         migrate.check_readable(rev, self.url)
+        self._check_shape(rev)
         self._readable = True
         return True
+
+    def _check_shape(self, rev: str | None) -> None:
+        """Refuse tables that are not archspec's at a revision this code reads (one dropped or altered by something
+        else): every read would fail on them, and no write must go into them."""
+        with self.engine.connect() as conn:
+            problems = migrate.shape_problems(conn)
+            conn.rollback()
+        if problems:
+            raise migrate.SchemaDamagedError(
+                f"registry {self.url}: its tables are not archspec's schema (revision {rev}); something else changed "
+                f"them: {'; '.join(problems)}. archspec will not write into it; restore it from a backup or point "
+                "--registry / ARCHSPEC_REGISTRY at another database")
 
     def upgrade(self) -> tuple[str | None, str]:
         """Create the registry, or bring its schema to head (once, under a lock). Returns (revision before, after)."""
@@ -263,7 +276,8 @@ class RegistryEngine:
         def prepare() -> None:
             if self._file is not None:
                 self._set_wal()
-            migrate.ensure_schema(self.engine, self.url)
+            rev = migrate.ensure_schema(self.engine, self.url)
+            self._check_shape(rev)
 
         self._guarded(prepare, "migrate")
         self._writable = True

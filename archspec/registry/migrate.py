@@ -35,6 +35,10 @@ class SchemaTooNewError(UserError):
     """The database was migrated by a newer archspec than this one."""
 
 
+class SchemaDamagedError(UserError):
+    """The tables are not the shape of archspec's schema (a table or column dropped by something else)."""
+
+
 class SchemaTooOldError(UserError):
     """The database's schema is older than this code reads; `archspec registry upgrade` brings it to head."""
 
@@ -89,6 +93,27 @@ def check_readable(rev: str | None, url: str) -> None:
             f"{head_revision()}); nothing was changed. Run `archspec registry upgrade --registry {url}` to upgrade "
             "it (back the database up first: older archspec versions cannot read it afterwards)."
         )
+
+
+def shape_problems(conn: Connection) -> list[str]:
+    """What is missing from the database compared with the tables and columns archspec reads and writes (every readable
+    revision has head's shape). Tables of other applications sharing the database are ignored."""
+    from sqlalchemy import inspect
+
+    from archspec.registry.models import Base
+
+    insp = inspect(conn)
+    present = set(insp.get_table_names())
+    problems = []
+    for table in Base.metadata.sorted_tables:
+        if table.name not in present:
+            problems.append(f"table {table.name} is missing")
+            continue
+        columns = {c["name"] for c in insp.get_columns(table.name)}
+        missing = [c.name for c in table.columns if c.name not in columns]
+        if missing:
+            problems.append(f"table {table.name} lacks column{'s' * (len(missing) > 1)} {', '.join(missing)}")
+    return problems
 
 
 def check_not_newer(rev: str | None, url: str) -> None:

@@ -44,6 +44,24 @@ class UTCDateTime(TypeDecorator):
             value = value.replace(tzinfo=timezone.utc)
         return value
 
+    def result_processor(self, dialect, coltype):
+        # A time written by something else that the driver cannot parse ('yesterday') reads as None, with a warning,
+        # instead of failing the whole query (SQLite stores times as text).
+        inner = super().result_processor(dialect, coltype)
+        if inner is None:
+            return None
+
+        def process(value):
+            try:
+                return inner(value)
+            except (ValueError, TypeError):
+                from archspec.registry.values import report_damage
+
+                report_damage("a time column", f"{value!r} is not an ISO date/time")
+                return None
+
+        return process
+
 
 class Base(DeclarativeBase):
     # Named constraints, so that a later migration can drop or alter them by name on every backend.

@@ -7,7 +7,6 @@ this code cannot read is refused with the command that upgrades it (see `Registr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -20,7 +19,7 @@ from archspec.errors import UserError
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
 from archspec.registry.models import Artifact, Metric, MetricStats, RunRecord, RunTag, SpecRecord, SummaryMetric
 from archspec.registry.query import compile_filter, compile_sort, resolve_field
-from archspec.registry.values import accounting_fields, flatten, is_stale, nan_if_none, run_params
+from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
 from archspec.train.logger import RUNNING
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
@@ -47,8 +46,11 @@ class _SpecCache:
     def get(self, spec_hash: str) -> tuple[dict, dict, dict]:
         if spec_hash not in self.parsed:
             canonical, accounting = self.raw.get(spec_hash, ("{}", "{}"))
-            acct = json.loads(accounting)
-            self.parsed[spec_hash] = (json.loads(canonical), acct, accounting_fields(acct))
+            acct = load_json(accounting, f"specs {spec_hash[:12]} accounting_json", {})
+            spec = load_json(canonical, f"specs {spec_hash[:12]} canonical_json", {})
+            if not isinstance(acct, dict):
+                acct = {}
+            self.parsed[spec_hash] = (spec if isinstance(spec, dict) else {}, acct, accounting_fields(acct))
         return self.parsed[spec_hash]
 
 
@@ -140,7 +142,8 @@ class RunRow:
     @cached_property
     def recipe(self) -> dict[str, Any]:
         """The train recipe actually used (parsed on first use: listing 10,000 runs rarely needs it)."""
-        return json.loads(self.recipe_json)
+        recipe = load_json(self.recipe_json, f"runs {self.id} recipe_json", {})
+        return recipe if isinstance(recipe, dict) else {}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -269,17 +272,17 @@ class RegistryReader(RegistryEngine):
         for chunk in chunks(list(by_id)):
             for run_id, key, last_step, last, lo, hi in conn.execute(stats.where(MetricStats.run_id.in_(chunk))).all():
                 row = by_id[run_id]
-                row.metrics[key] = nan_if_none(last)
+                row.metrics[key] = number(last, f"metric_stats {run_id} {key}")
                 row.steps[key] = last_step
                 if lo is not None:
-                    row.best[key] = lo
+                    row.best[key] = number(lo, f"metric_stats {run_id} {key}")
                 if hi is not None:
-                    row.max[key] = hi
+                    row.max[key] = number(hi, f"metric_stats {run_id} {key}")
             for run_id, key, value in conn.execute(
                 select(SummaryMetric.run_id, SummaryMetric.key, SummaryMetric.value)
                 .where(SummaryMetric.run_id.in_(chunk))
             ).all():
-                by_id[run_id].summary[key] = nan_if_none(value)
+                by_id[run_id].summary[key] = number(value, f"summary_metrics {run_id} {key}")
             for run_id, key, value in conn.execute(
                 select(RunTag.run_id, RunTag.key, RunTag.value).where(RunTag.run_id.in_(chunk))
             ).all():
@@ -316,7 +319,7 @@ class RegistryReader(RegistryEngine):
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
         """Every point of one metric of a run, in step order (NaN where the value was NaN)."""
         return self._read(lambda conn: [
-            MetricPoint(r.step, nan_if_none(r.value), r.time)
+            MetricPoint(r.step, number(r.value, f"metrics {run_id} {key} step {r.step}"), r.time)
             for r in conn.execute(
                 select(Metric.step, Metric.value, Metric.time)
                 .where(Metric.run_id == run_id, Metric.key == key)
@@ -333,7 +336,8 @@ class RegistryReader(RegistryEngine):
                 select(Metric.key, Metric.step, Metric.value, Metric.time)
                 .where(Metric.run_id == run_id).order_by(Metric.key, Metric.step, Metric.id)
             ):
-                out.setdefault(r.key, []).append(MetricPoint(r.step, nan_if_none(r.value), r.time))
+                out.setdefault(r.key, []).append(
+                    MetricPoint(r.step, number(r.value, f"metrics {run_id} {r.key} step {r.step}"), r.time))
             return out
 
         return self._read(tx, "metric_histories", empty=dict)

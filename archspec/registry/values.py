@@ -3,9 +3,46 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from datetime import datetime
 from typing import Any, Mapping
+
+log = logging.getLogger("archspec.registry")
+_REPORTED: set[str] = set()
+
+
+def report_damage(where: str, problem: str) -> None:
+    """A row changed by something other than archspec (bad JSON, a non-ISO time, text in a number column): say which
+    and carry on with the rest (the damaged value reads as empty / NaN). Each problem is reported once per process."""
+    from archspec.errors import printable
+
+    message = f"warning: registry row damaged: {printable(where, 120)}: {printable(problem, 200)}; shown without it"
+    if message not in _REPORTED and len(_REPORTED) < 1000:
+        _REPORTED.add(message)
+        log.warning(message)
+
+
+def load_json(text: Any, where: str, default: Any) -> Any:
+    """A JSON column's value; `default` (and a warning naming the row) when it is not valid JSON."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:
+        report_damage(where, f"not valid JSON ({type(e).__name__}: {str(e)[:80]})")
+        return default
+
+
+def number(value: Any, where: str) -> float:
+    """A numeric column's value as a float (NaN for NULL); text stored there by something else reads as NaN."""
+    if value is None:
+        return float("nan")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        report_damage(where, f"{value!r} is not a number")
+        return float("nan")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
