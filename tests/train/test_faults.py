@@ -374,3 +374,18 @@ def test_a_sweep_checks_every_variants_memory_before_training(corpus_dir, cache,
     assert "cannot fit in memory; nothing was trained" in str(info.value)
     assert [p.split(" ")[1] for p in info.value.problems] == ["1"]  # the later variant, by index
     assert started == []  # not even the variants that fit were trained
+
+
+# ── a batch far too large for memory is refused before the run is recorded ─────────────────────────────────────
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_anything_is_recorded(corpus_dir, tmp_path, capsys):
+    from archspec.cli import main
+
+    db = tmp_path / "registry.db"
+    rc = main(["train", str(ROOT / "specs" / "llama-like-tiny.yaml"), "--set", "train.batch_size=65536",
+               "--set", f"train.data.corpus={{kind: files, paths: [{json.dumps(str(corpus_dir))}]}}",
+               "--no-compile", "-q", "--registry", f"sqlite:///{db}", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "needs about" in err and "activations" in err, err
+    assert not db.exists()  # no run was recorded (not even FAILED): nothing was allocated or started
