@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from archspec.cli_options import registry_option, set_option
 from archspec.console import human, make_console
 from rich.table import Table
 
@@ -19,11 +20,8 @@ from archspec.codegen import DEFAULT_OUT, generate, render, source_label
 from archspec.errors import UserError
 from archspec.memory import check_memory
 from archspec.spec import SpecError, json_schema, load_spec, spec_hash
+from archspec.spec.rules import trainability_problems
 
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-    help="Override a dotted spec key, e.g. --set model.attention.n_kv_heads=1 (value parsed as YAML).",
-)
 
 
 def build_json(spec, gen, acc: Accounting) -> dict:
@@ -83,7 +81,7 @@ def _record_spec(registry_url: str | None, spec, gen, acc: Accounting, console: 
               show_default=True, help="Directory for the generated module.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (name, hash, params, FLOPs) on stdout.")
 @click.option("--compile", "do_compile", is_flag=True, help="Also torch.compile each block and report compile time.")
-@click.option("--registry", "registry_url", default=None, help="Registry URL (default $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db).")
+@registry_option
 @click.option("--no-record", is_flag=True, help="Do not record the spec in the registry.")
 def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compile: bool, registry_url, no_record):
     """Validate SPEC, generate its module, run one forward on a tiny batch, print its accounting."""
@@ -91,6 +89,9 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compi
 
     console = make_console(stderr=as_json)
     spec = load_spec(spec_path, overrides)
+    problems = trainability_problems(spec)
+    if problems:  # `train` would refuse it after tokenising: say so now, at the field
+        raise SpecError(f"{spec_path}: the recipe cannot train this model", problems)
     acc = account(spec)
     # With --set the module is not what the file alone says: its banner says so (no "regenerate with" line).
     source = None if overrides else spec_path
@@ -144,8 +145,10 @@ def _spec_files(specs_dir: Path) -> list[Path]:
 
 @click.command()
 @click.option("--fix", is_flag=True, help="Rewrite out-of-sync generated files.")
-@click.option("--specs", "specs_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specs"), show_default=True)
-@click.option("--generated", "gen_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT, show_default=True)
+@click.option("--specs", "specs_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("specs"),
+              show_default=True, help="Directory of the spec files to check (every *.yaml / *.yml in it).")
+@click.option("--generated", "gen_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              show_default=True, help="Directory of the generated modules to compare them with.")
 def check_cmd(fix: bool, specs_dir: Path, gen_dir: Path):
     """Regenerate every spec in specs/ in memory and diff against generated/; exit 1 when out of sync."""
     if not specs_dir.is_dir():
@@ -191,6 +194,12 @@ def check_cmd(fix: bool, specs_dir: Path, gen_dir: Path):
 
 
 @click.command()
-def schema_cmd():
-    """Print the JSON Schema of a spec file (for editor completion and validation)."""
+@click.option("--sweep", is_flag=True, help="The schema of a sweep file (archspec ablate) instead of a spec file.")
+def schema_cmd(sweep: bool):
+    """Print the JSON Schema of a spec file, or of a sweep file with --sweep (for editor completion and validation)."""
+    if sweep:
+        from archspec.ablate.sweep import sweep_json_schema
+
+        click.echo(json.dumps(sweep_json_schema(), indent=2))
+        return
     click.echo(json.dumps(json_schema(), indent=2))

@@ -21,7 +21,7 @@ def cli() -> None:
 # Commands that live beside the code they drive; each module defines a click command or group.
 _SUBCOMMANDS = [
     ("archspec.build_cmd", ["build", "check", "schema"]),
-    ("archspec.train.cli", ["train"]),
+    ("archspec.train.cli", ["train", "peak"]),
     ("archspec.registry.cli", ["runs", "specs", "registry"]),
     ("archspec.ablate.cli", ["ablate", "report"]),
 ]

@@ -1,15 +1,22 @@
-"""Training throughput of the shared loop against a hand-written nanoGPT loop, time to first step, peak memory.
+"""Training throughput of the shared loop against independent peers, time to first step, peak memory.
 
-    .venv/bin/python bench/bench_train.py                   # all three measurements, a table on stdout
-    .venv/bin/python bench/bench_train.py --json            # the same as one JSON object
+    .venv/bin/python bench/bench_train.py                       # both pairs + time to first step, tables on stdout
+    .venv/bin/python bench/bench_train.py --pairs llama --json  # one pair, as one JSON object
+    .venv/bin/python bench/bench_train.py --size full ...       # the presets at full size (a GPU: bench/gpu_check.py)
 
-1. Step throughput: one training step (forward, backward, clip, AdamW) of the generated gpt2-small-like model shrunk
-   to CPU size (6 layers, d_model 384, 6 heads, T 256), driven by `archspec.train.loop.Trainer.train_step`, against
-   bench/reference_nanogpt.py driven by a hand-written nanoGPT loop: same config, same batches, same optimizer
-   settings, both compiled (ours per block, as the loop does; the reference whole, as nanoGPT does). Each side runs in
-   its own process (clean memory figures) after two warm-up steps, and the median step counts; the sides alternate
+1. Step throughput, side by side, like with like: one training step (forward, backward, clip, AdamW) driven by
+   `archspec.train.loop.Trainer.train_step` against a peer model driven by a hand-written loop. Two pairs:
+   - gpt2: the generated gpt2-small-like against bench/reference_nanogpt.py (after karpathy/nanoGPT's model.py);
+   - llama: the generated llama-like against HF transformers' LlamaForCausalLM (eager attention path → SDPA).
+   Same config, same batches (the same sampler), the same optimizer (archspec's `build_optimizer`: fused AdamW,
+   decay on ≥2-D weights) on both sides, both compiled (ours per block, as the loop does; the peer whole, as
+   nanoGPT does), fp32 on CPU and bf16 autocast on CUDA on both sides. `--size cpu` shrinks both presets to 6 layers,
+   d_model 384, T 256; `--size full` runs gpt2-small-like (124M) and an 886M llama-like. Each side runs in its own
+   process (clean memory figures) after two warm-up steps, and the median step counts; the sides alternate
    `--repeats` times and each keeps its best process, since load from other work only ever slows one down.
-   MFU is the accounting's training FLOPs per token × tokens/s ÷ the measured fp32 matmul rate (the CPU "ceiling").
+   MFU is training FLOPs per token × tokens/s ÷ the ceiling: on CPU the fp32 matmul rate measured in this run (the
+   fraction of this machine's measured matmul rate), on a known GPU the datasheet bf16 peak. Two FLOP conventions:
+   ours (exact matmuls, causal attention at (T+1)/2 keys) and 6N + 12·L·H·Q·T (PaLM, nanoGPT).
 2. Time to first step: `archspec train specs/llama-like-tiny.yaml --steps 1` in fresh processes, first with a cold
    inductor cache, then warm: build + compile + first step (the corpus is tokenised beforehand, once per machine).
 3. Peak memory of a step: the process's peak RSS over the measured steps (CPU), or peak allocated bytes (CUDA).
@@ -30,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,16 +46,30 @@ from archspec.accounting import account  # noqa: E402
 from archspec.spec import load_spec  # noqa: E402
 from archspec.train.cache import cache_dir  # noqa: E402
 from archspec.train.data import WindowSampler, prepare_tokens  # noqa: E402
-from archspec.train.throughput import cpu_name, measure_matmul_flops, peak_flops  # noqa: E402
+from archspec.train.throughput import cpu_name, measure_matmul_flops, palm_train_flops_per_token, peak_flops  # noqa: E402
 
 
-def cpu_spec(batch: int, vocab: int):
-    """gpt2-small-like at CPU size: 6 layers, d_model 384, 6 heads of 64, T 256, MLP 4·d."""
-    return load_spec(ROOT / "specs" / "gpt2-small-like.yaml", [
-        "model.n_layers=6", "model.d_model=384", "model.attention.n_heads=6", "model.attention.n_kv_heads=6",
-        "model.context_length=256",
-        "model.ffn.hidden_dim=1536", f"model.vocab_size={vocab}", "train.seq_len=256", f"train.batch_size={batch}",
-        "train.steps=1000", "train.warmup_steps=10", "train.lr=6e-4", "train.compile=true",
+# Overrides that make each pair's spec. cpu: small enough for 2 cores; full: the gpt2-small-like preset (124M) and an
+# 886M-class llama-like (d_model 2048, 16 layers, GQA 16:4 of 128, SwiGLU 6656, vocab 32000 tied: 888M parameters).
+SIZES = {
+    ("gpt2", "cpu"): ["model.n_layers=6", "model.d_model=384", "model.attention.n_heads=6",
+                      "model.attention.n_kv_heads=6", "model.ffn.hidden_dim=1536"],
+    ("gpt2", "full"): [],
+    ("llama", "cpu"): ["model.n_layers=6", "model.d_model=384", "model.attention.n_heads=6",
+                       "model.attention.n_kv_heads=2", "model.ffn.hidden_dim=1024"],
+    ("llama", "full"): ["model.n_layers=16", "model.d_model=2048", "model.attention.n_heads=16",
+                        "model.attention.n_kv_heads=4", "model.attention.head_dim=128", "model.ffn.hidden_dim=6656",
+                        "model.tie_embeddings=true"],
+}
+PRESET = {"gpt2": "gpt2-small-like.yaml", "llama": "llama-like.yaml"}
+PEER = {"gpt2": "nanoGPT reference (bench/reference_nanogpt.py)", "llama": "HF LlamaForCausalLM"}
+
+
+def bench_spec(pair: str, size: str, batch: int, vocab: int, seq_len: int):
+    return load_spec(ROOT / "specs" / PRESET[pair], [
+        *SIZES[(pair, size)], f"model.context_length={seq_len}", f"model.vocab_size={vocab}",
+        f"train.seq_len={seq_len}", f"train.batch_size={batch}", "train.steps=1000", "train.warmup_steps=10",
+        "train.lr=6e-4", "train.compile=true",
     ])
 
 
@@ -86,17 +108,51 @@ def ours_step(spec, device: torch.device):
     return trainer.train_step, trainer.compile_s
 
 
-def reference_step(spec, device: torch.device):
-    """nanoGPT's loop, by hand: micro-batch forward/backward, clip, AdamW step, zero grads."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from reference_nanogpt import GPT, GPTConfig
+def peer_model(pair: str, spec):
+    m = spec.model
+    if pair == "gpt2":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from reference_nanogpt import GPT, GPTConfig
+
+        return GPT(GPTConfig(block_size=m.context_length, vocab_size=m.vocab_size, n_layer=m.n_layers,
+                             n_head=m.attention.n_heads, n_embd=m.d_model, dropout=m.dropout, bias=True))
+    import transformers
+
+    a = m.attention
+    config = transformers.LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.ffn.hidden_dim, num_hidden_layers=m.n_layers,
+        num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim,
+        max_position_embeddings=m.context_length, rms_norm_eps=m.norm.eps, tie_word_embeddings=m.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": a.positional.theta}, attention_bias=False,
+        mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="sdpa")
+    hf = transformers.LlamaForCausalLM(config)
+
+    class Wrapped(torch.nn.Module):  # (idx, targets) → (logits, loss), the loss as ours computes it
+        def __init__(self):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, idx, targets):
+            logits = self.hf(input_ids=idx).logits
+            return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    return Wrapped()
+
+
+def peer_step(pair: str, spec, device: torch.device):
+    """The peer's loop, by hand: forward/backward, clip, AdamW step (archspec's, so the optimizer is the same),
+    zero grads; the model compiled whole."""
+    from archspec.train.optim import build_optimizer
 
     m, t = spec.model, spec.train
     torch.manual_seed(t.seed)
     with torch.device(device):
-        model = GPT(GPTConfig(block_size=m.context_length, vocab_size=m.vocab_size, n_layer=m.n_layers,
-                              n_head=m.attention.n_heads, n_embd=m.d_model, dropout=m.dropout, bias=True))
-    optimizer = model.configure_optimizer(t.weight_decay, t.lr, (t.beta1, t.beta2), device.type)
+        model = peer_model(pair, spec)
+    n_ours = account(spec).total
+    n_peer = sum(p.numel() for p in model.parameters())
+    if n_peer != n_ours:  # like with like: the same model, parameter for parameter
+        raise SystemExit(f"{pair}: peer has {n_peer:,} parameters, ours {n_ours:,}")
+    optimizer = build_optimizer(model, t, device)
     _, _, store = prepare_tokens(t.data, m.vocab_size, cache_dir())
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed)  # the same batches as ours
     compiled = torch.compile(model)
@@ -119,10 +175,10 @@ def reference_step(spec, device: torch.device):
     return step, time.perf_counter() - t0
 
 
-def measure_side(side: str, batch: int, vocab: int, steps: int) -> dict:
+def measure_side(side: str, pair: str, size: str, batch: int, vocab: int, seq_len: int, steps: int) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    spec = cpu_spec(batch, vocab)
-    step, compile_s = (ours_step if side == "ours" else reference_step)(spec, device)
+    spec = bench_spec(pair, size, batch, vocab, seq_len)
+    step, compile_s = ours_step(spec, device) if side == "ours" else peer_step(pair, spec, device)
     step()  # a second warm-up: allocator and caches settle
     reset_peak_memory(device)
     times, cpu_times = [], []
@@ -138,9 +194,10 @@ def measure_side(side: str, batch: int, vocab: int, steps: int) -> dict:
             "step_cpu_s": statistics.median(cpu_times), "peak_mem_bytes": peak_memory(device)}
 
 
-def run_side(side: str, args) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--side", side, "--batch", str(args.batch), "--vocab",
-                          str(args.vocab), "--steps", str(args.steps)], capture_output=True, text=True, check=False)
+def run_side(side: str, pair: str, args) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--side", side, "--pairs", pair, "--size", args.size,
+                          "--batch", str(args.batch), "--vocab", str(vocab_of(pair, args)), "--seq-len",
+                          str(args.seq_len), "--steps", str(args.steps)], capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{side} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -152,7 +209,8 @@ def ceiling_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]
         peak, source = peak_flops(device, dtype, cache_dir())
         if source.startswith("datasheet"):
             return peak, source
-    return measure_matmul_flops(device, dtype), "fp32 2048×2048 matmul, best of 10, measured before and after"
+    return (measure_matmul_flops(device, dtype),
+            "this machine's measured matmul rate: fp32 2048×2048, best of 10, measured before and after, the higher kept")
 
 
 # ── time to first step ──────────────────────────────────────────────────────────────────────────────────────────
@@ -184,60 +242,91 @@ def time_to_first_step() -> dict:
 # ── report ───────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
+def vocab_of(pair: str, args) -> int:
+    return args.vocab or {"gpt2": 50304, "llama": 32000}[pair]
+
+
+def compare_pair(pair: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+    spec = bench_spec(pair, args.size, args.batch, vocab_of(pair, args), args.seq_len)
+    acc = account(spec, seq_len=spec.train.seq_len)
+    a = spec.model.attention
+    palm = palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.head_dim)
+    runs: dict[str, list[dict]] = {"ours": [], "peer": []}
+    for _ in range(args.repeats):  # alternate, so drifting load on a shared machine hits both sides alike
+        for side in runs:
+            runs[side].append(run_side(side, pair, args))
+            r = runs[side][-1]
+            print(f"{pair} {side}: {r['tokens_per_s']:.0f} tok/s, step {r['step_s']:.3f} s, CPU {r['step_cpu_s']:.3f} s",
+                  file=sys.stderr, flush=True)
+    sides = {side: max(rs, key=lambda r: r["tokens_per_s"]) for side, rs in runs.items()}
+    return {"pair": pair, "peer_name": PEER[pair], "params": acc.total,
+            "config": f"{spec.name} {spec.model.n_layers}L d{spec.model.d_model} {a.n_heads}h/{a.n_kv_heads}kv "
+                      f"T{spec.train.seq_len} vocab {spec.model.vocab_size}, batch {args.batch}",
+            "flops_per_token_train": acc.flops_train, "flops_per_token_palm": palm,
+            "ours": sides["ours"], "peer": sides["peer"],
+            "ratio": sides["ours"]["tokens_per_s"] / sides["peer"]["tokens_per_s"],
+            "ratio_cpu_time": sides["peer"]["step_cpu_s"] / sides["ours"]["step_cpu_s"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="gpt2,llama", help="comma-separated: gpt2 (vs nanoGPT), llama (vs HF Llama)")
+    parser.add_argument("--size", choices=["cpu", "full"], default="cpu")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=50304, help="gpt2-small-like's padded GPT-2 vocabulary")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=0, help="default: 50304 for gpt2 (GPT-2's, padded), 32000 for llama")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per side")
     parser.add_argument("--repeats", type=int, default=2, help="processes per side, alternating; the best counts")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--side", choices=["ours", "reference"], help=argparse.SUPPRESS)  # internal: one side
+    parser.add_argument("--side", choices=["ours", "peer"], help=argparse.SUPPRESS)  # internal: one side
     parser.add_argument("--skip-first-step", action="store_true", help="skip the time-to-first-step measurement")
     args = parser.parse_args()
     if args.side:
-        print(json.dumps(measure_side(args.side, args.batch, args.vocab, args.steps)))
+        print(json.dumps(measure_side(args.side, args.pairs, args.size, args.batch, args.vocab, args.seq_len,
+                                      args.steps)))
         return
 
-    spec = cpu_spec(args.batch, args.vocab)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     ceiling, source = ceiling_flops(device, dtype)
-    flops_per_token = account(spec, seq_len=spec.train.seq_len).flops_train
-    runs: dict[str, list[dict]] = {"ours": [], "reference": []}
-    for _ in range(args.repeats):  # alternate, so drifting load on a shared machine hits both sides alike
-        for side in runs:
-            runs[side].append(run_side(side, args))
-            r = runs[side][-1]
-            print(f"{side}: {r['tokens_per_s']:.0f} tok/s, step {r['step_s']:.3f} s, CPU {r['step_cpu_s']:.3f} s",
-                  file=sys.stderr, flush=True)
+    pairs = [compare_pair(p, args, device, dtype) for p in args.pairs.split(",")]
     ceiling = max(ceiling, ceiling_flops(device, dtype)[0])
-    sides = {side: max(rs, key=lambda r: r["tokens_per_s"]) for side, rs in runs.items()}
-    for r in sides.values():
-        r["mfu"] = flops_per_token * r["tokens_per_s"] / ceiling
+    for p in pairs:
+        for side in ("ours", "peer"):
+            r = p[side]
+            r["mfu"] = p["flops_per_token_train"] * r["tokens_per_s"] / ceiling
+            if p["flops_per_token_palm"]:
+                r["mfu_palm"] = p["flops_per_token_palm"] * r["tokens_per_s"] / ceiling
     report = {
         "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
                    + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""),
-        "config": f"gpt2-small-like 6L d384 6h T{spec.train.seq_len} vocab {args.vocab}, batch {args.batch}, fp32",
-        "ceiling_flops": ceiling, "ceiling_source": source, "flops_per_token_train": flops_per_token,
-        "ours": sides["ours"], "reference": sides["reference"],
-        "ratio": sides["ours"]["tokens_per_s"] / sides["reference"]["tokens_per_s"],
-        "ratio_cpu_time": sides["reference"]["step_cpu_s"] / sides["ours"]["step_cpu_s"],
-        "load_average": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
+        "precision": "bf16 autocast" if device.type == "cuda" else "fp32",
+        "ceiling_flops": ceiling, "ceiling_source": source, "pairs": pairs, "load_average": os.getloadavg(),
     }
     if not args.skip_first_step:
         report["first_step"] = time_to_first_step()
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"machine: {report['machine']}\nconfig:  {report['config']}")
-    print(f"ceiling: {ceiling / 1e9:.1f} GFLOP/s ({source})")
-    print(f"{'':10} {'tok/s':>9} {'step s':>8} {'step CPU s':>11} {'MFU':>6} {'compile s':>10} {'peak RSS':>9}")
-    for name in ("ours", "reference"):
-        r = sides[name]
-        print(f"{name:10} {r['tokens_per_s']:9.0f} {r['step_s']:8.3f} {r['step_cpu_s']:11.3f} {100 * r['mfu']:5.1f}% "
-              f"{r['compile_s']:10.1f} {r['peak_mem_bytes'] / 2**30:7.2f} GiB")
-    print(f"ratio ours/reference: {report['ratio']:.3f}× by wall time, {report['ratio_cpu_time']:.3f}× by CPU time "
-          f"(load average {report['load_average'][0]:.2f})")
+    print_report(report)
+
+
+def print_report(report: dict) -> None:
+    print(f"machine: {report['machine']}, {report['precision']}; {report['date']}")
+    print(f"ceiling: {report['ceiling_flops'] / 1e9:.1f} GFLOP/s ({report['ceiling_source']})")
+    print("MFU conventions: ours = exact matmul FLOPs, causal attention at (T+1)/2 keys, train = 3 x forward; "
+          "6N+12LHQT = PaLM/nanoGPT")
+    head = f"{'':44} {'params':>8} {'tok/s':>9} {'step s':>8} {'CPU s':>7} {'MFU':>6} {'6N+12LHQT':>9} {'compile':>8} {'peak mem':>9}"
+    for p in report["pairs"]:
+        print(f"\n{p['config']}\n{head}")
+        for side, label in (("ours", "archspec loop + generated model"), ("peer", p["peer_name"] + ", same loop")):
+            r = p[side]
+            print(f"{label:44} {p['params'] / 1e6:7.1f}M {r['tokens_per_s']:9.0f} {r['step_s']:8.3f} "
+                  f"{r['step_cpu_s']:7.3f} {100 * r['mfu']:5.1f}% {100 * r.get('mfu_palm', float('nan')):8.1f}% "
+                  f"{r['compile_s']:7.1f}s {r['peak_mem_bytes'] / 2**30:6.2f} GiB")
+        print(f"ratio ours/peer: {p['ratio']:.3f}x by wall time, {p['ratio_cpu_time']:.3f}x by CPU time")
+    print(f"load average {report['load_average'][0]:.2f}")
     for name, f in report.get("first_step", {}).items():
         if name != "command":
             print(f"time to first step, llama-like-tiny, {name} compile cache: {f['time_to_first_step_s']:.1f} s in "

@@ -85,3 +85,15 @@ def test_schema_command(capsys):
 def test_build_compile_reports_time(tmp_path, capsys):
     rc, out, err = run(capsys, "build", str(TINY), "--out", str(tmp_path), "--no-record", "--compile")
     assert rc == 0 and "torch.compile per block" in out
+
+
+def test_build_refuses_a_vocab_the_recipe_cannot_train(tmp_path, capsys):
+    """The byte tokenizer needs 257 ids: build says so at the field, before generating, as train would after
+    tokenising; a BPE recipe of its own vocabulary trains a small model and builds."""
+    rc, out, err = run(capsys, "build", str(TINY), "--set", "model.vocab_size=100", "--out", str(tmp_path),
+                       "--no-record")
+    assert rc == 2 and "model.vocab_size: must be at least 257 for train.data.tokenizer (byte" in err
+    assert "got 100" in err and "Traceback" not in err and not list(tmp_path.iterdir())
+    rc, _, err = run(capsys, "build", str(TINY), "--set", "model.vocab_size=257", "--out", str(tmp_path),
+                     "--no-record")
+    assert rc == 0, err

@@ -26,7 +26,7 @@ from archspec.spec import SpecError, canonical_dict, canonical_json, load_spec_d
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BASE = {"name": "t", "model": {"vocab_size": 32, "context_length": 8, "d_model": 16, "n_layers": 1,
+BASE = {"name": "t", "model": {"vocab_size": 257, "context_length": 8, "d_model": 16, "n_layers": 1,
                                "attention": {"n_heads": 2}}}
 
 # MARKER is replaced by a per-test file path: if any of these ran, the file would exist.
@@ -286,7 +286,7 @@ def test_load_spec_dict_raises_only_spec_errors(kind):
 
 # ── spec files on the command line ───────────────────────────────────────────────────────────────────────────────
 
-SPEC_OK = "name: t\nmodel: {vocab_size: 32, context_length: 8, d_model: 16, n_layers: 1, attention: {n_heads: 2}}\n"
+SPEC_OK = "name: t\nmodel: {vocab_size: 257, context_length: 8, d_model: 16, n_layers: 1, attention: {n_heads: 2}}\n"
 
 FILES = {
     "invalid-yaml": (b"name: [unclosed\n", "invalid YAML"),

@@ -22,7 +22,7 @@ from archspec.cli import main
 from archspec.errors import UserError
 from archspec.spec import load_spec, safe_yaml
 
-SPEC_OK = "name: t\nmodel: {vocab_size: 32, context_length: 8, d_model: 16, n_layers: 1, attention: {n_heads: 2}}\n"
+SPEC_OK = "name: t\nmodel: {vocab_size: 257, context_length: 8, d_model: 16, n_layers: 1, attention: {n_heads: 2}}\n"
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +228,7 @@ def test_a_sweep_built_in_python_gets_the_same_limits():
 
 def test_yaml_merge_keys_are_accepted_as_safe_load_does(tmp_path):
     path = tmp_path / "merge.yaml"
-    path.write_text("name: t\nshapes: &small {vocab_size: 32, context_length: 8, d_model: 16, n_layers: 3}\n"
+    path.write_text("name: t\nshapes: &small {vocab_size: 257, context_length: 8, d_model: 16, n_layers: 3}\n"
                     "model:\n  <<: *small\n  n_layers: 1\n  attention: {n_heads: 2}\n")
     text = path.read_text()
     assert safe_yaml.parse(text) == yaml.safe_load(text)
@@ -237,7 +237,7 @@ def test_yaml_merge_keys_are_accepted_as_safe_load_does(tmp_path):
     with pytest.raises(UserError) as info:  # the anchor's holder is still an unknown key
         load_spec(path)
     assert info.value.problems[0].startswith("shapes: unknown field")
-    path.write_text("name: t\nmodel:\n  <<: [{vocab_size: 32, context_length: 8}, {d_model: 16, n_layers: 1}]\n"
+    path.write_text("name: t\nmodel:\n  <<: [{vocab_size: 257, context_length: 8}, {d_model: 16, n_layers: 1}]\n"
                     "  attention: {n_heads: 2}\n")
     assert load_spec(path).model.d_model == 16
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from archspec.cli_options import device_option, registry_option, set_option
 from archspec.console import human, make_console
 from rich.table import Table
 
@@ -18,9 +19,19 @@ from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
 ASSUMED_MFU = 0.2
 
 
-def _registry_option(f):
-    return click.option("--registry", "registry_url", default=None, metavar="URL",
-                        help="Registry URL (default $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db).")(f)
+_registry_option = registry_option
+
+
+def _seeds(ctx, param, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        seeds = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, e.g. 0,1,2; got {value!r}") from None
+    if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
+        raise click.BadParameter(f"expected distinct non-negative integers, e.g. 0,1,2; got {value!r}")
+    return seeds
 
 
 def _out_option(f):
@@ -84,17 +95,23 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @_registry_option
 @click.option("--shard", default="0/1", show_default=True, metavar="I/N",
               help="Run only shard I of N (deterministic split; N machines on one registry split a sweep).")
+@set_option
+@click.option("--seeds", callback=_seeds, metavar="0,1,2", help="Seeds to train each variant with (replaces the file's seeds).")
+@click.option("--steps", type=click.IntRange(min=1), help="Train every variant this many steps (replaces the file's budget).")
 @click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@device_option
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (faster for very short runs).")
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
-def ablate_cmd(sweep_path: Path, registry_url, shard: str, dry_run: bool, device: str, no_compile: bool,
-               out_dir: Path | None, as_json: bool):
-    """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered."""
+def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
+               steps: int | None, dry_run: bool, device: str, no_compile: bool, out_dir: Path | None, as_json: bool):
+    """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
+
+    --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
     console = make_console(stderr=True)
     index, count = parse_shard(shard)
-    sweep = load_sweep(sweep_path)  # every variant validated before anything trains
+    # every variant validated before anything trains
+    sweep = load_sweep(sweep_path, overrides=overrides, seeds=seeds, steps=steps)
     jobs = sweep.shard(index, count)
     if dry_run:
         import torch

@@ -22,7 +22,7 @@ from typing import Any
 import jinja2
 from rich.table import Table
 
-from archspec.console import human
+from archspec.console import human, number
 
 
 @dataclass
@@ -123,7 +123,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "params": human(v.params_total),
             "active": human(v.params_active),
             "train FLOPs/tok": human(v.flops_train_per_token),
-            "tok/s": f"{v.tokens_per_s:,.0f}" if v.tokens_per_s else "-",
+            "tok/s": number(v.tokens_per_s) if v.tokens_per_s else "-",
             "val loss": _mean_std(v) + f" (n={len(finals)})",
             "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",
             "verdict": "baseline" if v.index == baseline_index else (
@@ -133,7 +133,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
         stats = v.extra_stats()
         if stats:
-            row["load stats"] = ", ".join(f"{k.removeprefix('moe.')}={x:.3g}" for k, x in stats.items())
+            row["load stats"] = ", ".join(f"{k.removeprefix('moe.')}={number(x)}" for k, x in stats.items())
         rows.append(row)
     if any("load stats" in r for r in rows):
         for r in rows:

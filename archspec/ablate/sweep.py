@@ -26,14 +26,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
-from archspec.spec import SLUG_RE, Spec, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
+from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import TrainSpec
 
@@ -78,30 +78,52 @@ class SweepFile(BaseModel):
     zip: dict[str, list[Any]] = Field(default_factory=dict)
     baseline: int = Field(0, ge=0)
 
-    @model_validator(mode="after")
-    def _shape(self) -> "SweepFile":
-        for section in ("grid", "zip"):
-            for key, values in getattr(self, section).items():
-                if not values:
-                    raise ValueError(f"{section}.{key}: needs at least one value")
-        lengths = {len(v) for v in self.zip.values()}
-        if len(lengths) > 1:
-            raise ValueError(f"zip: every key needs the same number of values, got {sorted(lengths)}")
-        both = set(self.grid) & set(self.zip)
-        if both:
-            raise ValueError(f"{', '.join(sorted(both))}: in both grid and zip")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: repeated seed in {self.seeds}")
-        counts = [len(v) for v in self.grid.values()] + ([next(iter(lengths))] if lengths else [])
-        if math.prod(min(c, MAX_VARIANTS + 1) for c in counts) > MAX_VARIANTS:  # capped factors: no huge product
-            shape = " × ".join(str(c) for c in counts[:12]) + (" × ..." if len(counts) > 12 else "")
-            raise ValueError(f"grid: {variant_count_text(counts)} variants ({shape}), more than the limit of "
-                             f"{MAX_VARIANTS:,}; split the sweep into several files")
+
+def _shape_problems(data: dict) -> list[str]:
+    """The rules across sweep fields and the size limits, on the raw mapping, so that they are reported with the field
+    errors in one round (a pydantic after-validator runs only once every field is valid). Nothing is expanded here:
+    the variant count comes from the list lengths."""
+    out: list[str] = []
+    sections = {name: data.get(name) for name in ("grid", "zip") if isinstance(data.get(name), dict)}
+    for section, table in sections.items():
+        for key, values in table.items():
+            if isinstance(values, list) and not values:
+                out.append(f"{section}.{key}: needs at least one value")
+    lengths = {len(v) for v in (sections.get("zip") or {}).values() if isinstance(v, list)}
+    if len(lengths) > 1:
+        out.append(f"zip: every key needs the same number of values, got {sorted(lengths)}")
+    both = set(sections.get("grid") or {}) & set(sections.get("zip") or {})
+    if both:
+        out.append(f"{', '.join(sorted(map(str, both)))}: in both grid and zip")
+    seeds = data.get("seeds")
+    if isinstance(seeds, list) and all(isinstance(x, int) for x in seeds) and len(set(seeds)) != len(seeds):
+        out.append(f"seeds: repeated seed in {printable(str(seeds), 200)}")
+    counts = [len(v) for v in (sections.get("grid") or {}).values() if isinstance(v, list)]
+    counts += [max(lengths)] if lengths else []
+    if math.prod(min(c, MAX_VARIANTS + 1) for c in counts) > MAX_VARIANTS:  # capped factors: no huge product
+        shape = " × ".join(str(c) for c in counts[:12]) + (" × ..." if len(counts) > 12 else "")
+        out.append(f"grid: {variant_count_text(counts)} variants ({shape}), more than the limit of "
+                   f"{MAX_VARIANTS:,}; split the sweep into several files")
+    else:
         variants = math.prod(counts)
-        if variants * len(self.seeds) > MAX_JOBS:
-            raise ValueError(f"{variants:,} variants × {len(self.seeds)} seeds = {variants * len(self.seeds):,} runs, "
-                             f"more than the limit of {MAX_JOBS:,}")
-        return self
+        n_seeds = len(seeds) if isinstance(seeds, list) else 1
+        if variants * n_seeds > MAX_JOBS:
+            out.append(f"{variants:,} variants × {n_seeds} seeds = {variants * n_seeds:,} runs, "
+                       f"more than the limit of {MAX_JOBS:,}")
+    return out
+
+
+def _raw_rows(data: dict) -> list[dict[str, Any]] | None:
+    """Variant overrides from the raw grid/zip when they are well-formed (and within the limits) enough to expand,
+    else None: so that variant problems are found in the same round as the sweep file's own."""
+    grid, zip_ = data.get("grid") or {}, data.get("zip") or {}
+    if not isinstance(grid, dict) or not isinstance(zip_, dict) or _shape_problems({"grid": grid, "zip": zip_}):
+        return None
+    if not all(isinstance(v, list) and v for v in [*grid.values(), *zip_.values()]):
+        return None
+    if not all(isinstance(k, str) for k in [*grid, *zip_]):
+        return None
+    return variant_overrides(SweepFile.model_construct(grid=grid, zip=zip_))
 
 
 @dataclass
@@ -189,8 +211,15 @@ def steps_for_budget(spec: Spec, budget: Budget | None, world_size: int = 1) -> 
     return max(1, math.ceil(budget.flops / flops_per_step))
 
 
-def load_sweep(path: str | Path | None = None, data: dict | None = None) -> Sweep:
-    """Read and validate a sweep, and every variant in it; all problems are reported at once (UserError)."""
+def load_sweep(path: str | Path | None = None, data: dict | None = None, *, overrides: Sequence[str] = (),
+               seeds: Sequence[int] | None = None, steps: int | None = None) -> Sweep:
+    """Read and validate a sweep, and every variant in it. Every problem is reported at once, each once: the sweep
+    file's fields, the rules across them, the base spec, and each variant (a problem every variant shares, such as
+    one in the base, is one line, not one per variant). Raises UserError listing them.
+
+    From the command line (`archspec ablate --set/--seeds/--steps`): `overrides` (K=V) apply to the base spec before
+    the grid (a grid key still wins), `seeds` replace the file's seeds, `steps` replaces its budget by that many
+    steps per variant."""
     origin = str(path) if path else "sweep"
     if data is None:
         data = read_yaml(path, what="sweep")
@@ -198,48 +227,82 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None) -> Swee
         check_structure(data, origin)  # a mapping built in Python gets the limits a file gets
     if not isinstance(data, dict):
         raise UserError(f"{origin}: expected a mapping with name/base/seeds/budget/grid, got {type(data).__name__}")
+    data = dict(data)
+    if seeds is not None:
+        data["seeds"] = list(seeds)
+    if steps is not None:
+        data["budget"] = {"steps": steps}
+    problems: list[str] = []
+    file: SweepFile | None = None
     try:
         file = SweepFile.model_validate(data)
     except ValidationError as e:
-        lines = format_validation_error(e, data=data)
-        raise UserError(f"{origin}: invalid sweep file", lines) from None
+        problems += format_validation_error(e, data=data, root=SweepFile)
+    problems += _shape_problems(data)
 
-    if isinstance(file.base, str):
-        base_path = (Path(path).parent if path else Path.cwd()) / file.base
-        base = read_yaml(base_path, what="base spec")
-        if not isinstance(base, dict):
-            raise UserError(f"{base_path}: expected a spec mapping")
-    else:
-        base = file.base
-
-    rows = variant_overrides(file)
-    if file.baseline >= len(rows):
-        raise UserError(f"{origin}: baseline: index {file.baseline} but the sweep has {len(rows)} variants")
-
-    problems: list[str] = []
-    variants: list[Variant] = []
-    for i, overrides in enumerate(rows):
-        data_i = copy.deepcopy(base)
-        data_i["name"] = f"{file.name}-v{i}"
+    raw_base = data.get("base")
+    base: dict[str, Any] | None = None
+    if isinstance(raw_base, str):
+        base_path = (Path(path).parent if path else Path.cwd()) / raw_base
         try:
-            for key, value in overrides.items():
+            loaded = read_yaml(base_path, what="base spec")
+        except UserError as e:
+            problems.append(f"base: {e.render()}")
+        else:
+            if isinstance(loaded, dict):
+                base = loaded
+            else:
+                problems.append(f"base: {printable(str(base_path), 200)}: expected a spec mapping")
+    elif isinstance(raw_base, dict):
+        base = raw_base
+    if base is not None and overrides:
+        try:
+            base = apply_overrides(copy.deepcopy(base), overrides)
+        except UserError as e:
+            problems.append(e.render())
+
+    rows = variant_overrides(file) if file is not None and not problems else _raw_rows(data)
+    baseline = data.get("baseline", 0)
+    if rows is not None and isinstance(baseline, int) and not isinstance(baseline, bool) and baseline >= len(rows):
+        problems.append(f"baseline: index {baseline} but the sweep has {len(rows)} variants")
+
+    variants: list[Variant] = []
+    by_message: dict[str, list[str]] = {}  # problem → the variants that have it, so a shared one is said once
+    name = data.get("name") if isinstance(data.get("name"), str) else "sweep"
+    budget = file.budget if file is not None else None
+    for i, row in enumerate(rows if base is not None and rows is not None else []):
+        data_i = copy.deepcopy(base)
+        data_i["name"] = f"{name}-v{i}"
+        lines: list[str] = []
+        try:
+            for key, value in row.items():
                 set_dotted(data_i, key, copy.deepcopy(value), f"grid/zip key {key}")
             spec = parse_spec(data_i)
-            steps = steps_for_budget(spec, file.budget)
-            if steps != spec.train.steps:
-                data_i.setdefault("train", {})["steps"] = steps
+            steps_i = steps_for_budget(spec, budget)
+            if steps_i != spec.train.steps:
+                data_i.setdefault("train", {})["steps"] = steps_i
                 warm = data_i["train"].get("warmup_steps", spec.train.warmup_steps)
-                data_i["train"]["warmup_steps"] = min(warm, steps)  # short budgets keep a valid schedule
+                data_i["train"]["warmup_steps"] = min(warm, steps_i)  # short budgets keep a valid schedule
                 spec = parse_spec(data_i)
         except UserError as e:
-            problems.append(f"variant {i} ({_label(overrides)}): {e}")
-            continue
+            lines = [e.render()]
         except ValidationError as e:
-            problems += [f"variant {i} ({_label(overrides)}): {line}" for line in format_validation_error(e, data=data_i)]
+            lines = format_validation_error(e, data=data_i)
+        if lines:
+            for line in lines:
+                by_message.setdefault(line, []).append(f"{i} ({_label(row)})")
             continue
-        variants.append(Variant(i, overrides, spec, account(spec, seq_len=spec.train.seq_len)))
-    if problems:
-        raise UserError(f"{origin}: {len(problems)} problem(s) in the sweep; nothing was trained", problems)
+        variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len)))
+    n_rows = len(rows or [])
+    for line, which in by_message.items():
+        if len(which) == n_rows and n_rows > 1:
+            problems.append(f"every variant: {line}")
+        else:
+            problems.append(f"variant{'s' if len(which) > 1 else ''} {', '.join(which)}: {line}")
+    if len(problems) == 1:
+        raise UserError(f"{origin}: {problems[0]} (nothing was trained)")
+    if problems or file is None:
+        raise UserError(f"{origin}: {len(problems)} problems in the sweep; nothing was trained", problems)
 
     sweep_hash = hashlib.sha256(
         json.dumps([canonical_dict(v.spec) for v in variants] + [file.seeds], sort_keys=True).encode()
@@ -275,5 +338,23 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["Budget", "SweepFile", "Variant", "Job", "Sweep", "load_sweep", "parse_shard", "spec_diff",
+def sweep_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a sweep file (`archspec schema --sweep`): pydantic's, plus the rules across fields that a
+    schema can say (exactly one budget, non-empty value lists, distinct seeds, dotted keys)."""
+    schema = SweepFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "archspec sweep file"
+    props = schema["properties"]
+    budget = schema["$defs"]["Budget"]
+    budget["oneOf"] = [{"required": [k], "properties": {k: {"type": "number"}}} for k in ("tokens", "steps", "flops")]
+    budget["minProperties"] = budget["maxProperties"] = 1
+    props["seeds"]["uniqueItems"] = True
+    for section in ("grid", "zip"):
+        props[section]["additionalProperties"]["minItems"] = 1
+        props[section]["propertyNames"] = {"pattern": r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"}
+    props["base"]["description"] = "a spec file path relative to the sweep file, or a spec mapping"
+    return schema
+
+
+__all__ = ["sweep_json_schema", "Budget", "SweepFile", "Variant", "Job", "Sweep", "load_sweep", "parse_shard", "spec_diff",
            "steps_for_budget", "variant_overrides"]

@@ -21,8 +21,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from archspec.cli_options import registry_option
+from archspec.console import dropped_note, fit_columns, make_console, number
 from archspec.errors import UserError
-from archspec.registry.query import FIELDS_HELP, referenced_fields, resolve_field
+from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
 
 FORMATS = ["table", "json", "csv"]
@@ -31,11 +33,7 @@ STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNI
 _WHERE_HELP = "filter, e.g. \"params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2\"; fields: " + FIELDS_HELP
 
 
-def _registry_option(f):
-    return click.option(
-        "--registry", "registry_url", metavar="URL", default=None,
-        help="registry database URL (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db)",
-    )(f)
+_registry_option = registry_option
 
 
 def _open(ctx: click.Context, url: str | None) -> Registry:
@@ -46,37 +44,20 @@ def _open(ctx: click.Context, url: str | None) -> Registry:
 
 
 def _console() -> Console:
-    # Not a terminal (a pipe, a test): a wide fixed width, so that tables are not squeezed to 80 columns.
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+    return make_console()
 
 
 # ── formatting ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-def _human_int(v: float) -> str:
-    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= div:
-            return f"{v / div:.3g}{unit}"
-    return f"{int(v)}" if float(v).is_integer() else f"{v:.4g}"
-
-
 def _fmt(name: str, v: Any) -> str:
-    """A value for a table cell: counts in k/M/G, floats to 4 significant digits, times to the minute."""
+    """A value for a table cell: numbers in the one format of archspec.console.number, times to the minute."""
     if v is None:
         return "-"
-    if isinstance(v, bool):
-        return "true" if v else "false"
     if isinstance(v, datetime):
         return v.strftime("%Y-%m-%d %H:%M")
-    if isinstance(v, (int, float)):
-        if isinstance(v, float) and math.isnan(v):
-            return "nan"
-        if name.startswith(("params.total", "params.active", "params.embedding", "params.by_component", "flops.",
-                            "kv_cache_bytes")) or name == "runs":
-            return _human_int(v)
-        if isinstance(v, int):
-            return str(v)
-        return f"{v:.4g}"
+    if isinstance(v, (bool, int, float)):
+        return number(v)
     if isinstance(v, (list, dict)):
         return json.dumps(v)
     return str(v)
@@ -119,11 +100,19 @@ def _dump_json(data: Any) -> str:
     return json.dumps(_json_clean(data), indent=2, default=_json_default)
 
 
-def _finite_metrics(d: dict[str, Any]) -> dict[str, Any]:
-    """A run dict ready for JSON: only metric values can be NaN/inf (spec and accounting are validated finite)."""
-    for key in ("metrics", "best", "max", "summary"):
-        d[key] = {k: (v if math.isfinite(v) else None) for k, v in d[key].items()}
-    return d
+def _run_record(r: RunRow, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """A run as one flat record whose keys are the filter fields (`params.model.d_model`, `flops.forward`,
+    `metrics.best.val_loss`, `summary.mfu`, ...): what `--where`/`--sort` name is what JSON and CSV exports hold."""
+    out = r.flat(params=True)
+    out["stale"] = r.stale  # RUNNING without a recent heartbeat (computed when read; not a filter field)
+    for c in extra:
+        out.setdefault(c, r.get(c))
+    return out
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN/inf are not JSON: null (metric values are the only floats that can be non-finite)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
 
 
 def _dump_json_rows(rows: Sequence[dict[str, Any]]) -> str:
@@ -197,7 +186,8 @@ def _run_columns(rows: Sequence[RunRow], where: str | None, sort: str | None, ex
 @click.option("--sort", "-s", help="sort fields, e.g. 'metrics.val_loss' or '-created, name' (- or DESC: descending)")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
               help=f"at most N runs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for reading; json/csv: every row, keyed by the filter field names")
 @click.option("--columns", "-c", help="extra fields to show, comma-separated (params.model.n_layers,summary.tok_s)")
 @click.pass_context
 def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
@@ -210,37 +200,43 @@ def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     more = limit is None and cut is not None and len(rows) > cut
     rows = rows[:cut] if more else rows
     if fmt == "json":
-        click.echo(_dump_json_rows([_finite_metrics(r.to_dict()) for r in rows]))
+        click.echo(_dump_json_rows([_finite(_run_record(r, extra)) for r in rows]))
         return
     if fmt == "csv":
         out = io.StringIO()
-        _write_csv([{**r.flat(params=False), **{c: r.get(c) for c in extra}} for r in rows], out)
+        _write_csv([_run_record(r, extra) for r in rows], out)
         click.echo(out.getvalue(), nl=False)
         return
     if not rows:
         click.echo(f"no runs{' match' if where else ''} in {reg.url}")
         return
     cols = _run_columns(rows, where, sort, extra)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for head in ("id", "name", "status", "sweep", "seed", "started", "time"):
-        table.add_column(head, no_wrap=True)
-    for c in cols:
-        table.add_column(c, justify="right", no_wrap=True)
-    for r in rows:
-        table.add_row(
-            r.id, r.name, _status(r), r.sweep or "-", str(r.seed),
-            _fmt("started", r.started), _duration(r.duration_s), *(_fmt(c, r.get(c)) for c in cols),
-        )
+    heads = ["id", "name", "status", "sweep", "seed", "started", "time", *cols]
+    cells = [[r.id, r.name, _status(r), r.sweep or "-", str(r.seed),
+              _fmt("started", r.started), _duration(r.duration_s), *(_fmt(c, r.get(c)) for c in cols)] for r in rows]
     console = _console()
+    table, dropped = fit_columns(console, heads, cells, keep=3, make_table=_plain_table)
     console.print(table)
     shown = f"{len(rows)} run{'s' if len(rows) != 1 else ''}"
     if more:
         shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
-    console.print(Text(shown, style="dim"))
+    console.print(Text(shown + dropped_note(dropped, console), style="dim"))
     stale = sum(r.stale for r in rows)
     if stale:
         console.print(Text(f"{stale} RUNNING run{'s' if stale != 1 else ''} without a recent heartbeat (stale): "
                            "`archspec runs reap` marks them KILLED", style="yellow"))
+
+
+def _plain_table(heads: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    """A borderless table whose cells are never cut or wrapped: the first column (ids) at full width always."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for i, head in enumerate(heads):
+        numeric = "." in head or head in ("runs",)
+        table.add_column(head, no_wrap=True, justify="right" if numeric else "left",
+                         min_width=max((len(str(r[i])) for r in rows), default=0) if i == 0 else None)
+    for r in rows:
+        table.add_row(*r)
+    return table
 
 
 def _history_table(histories: dict[str, list[MetricPoint]]) -> Table:
@@ -260,8 +256,9 @@ def _history_table(histories: dict[str, list[MetricPoint]]) -> Table:
 @runs_cmd.command("show")
 @_registry_option
 @click.argument("run_id")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--history", "history_key", metavar="KEY", help="print every point of this metric")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: for reading; json: one object")
+@click.option("--history", "history_key", metavar="KEY", help="print only every point of this metric (step, value)")
 @click.pass_context
 def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     """One run: its spec, params, summary and metric history (RUN_ID or a unique prefix of it)."""
@@ -272,11 +269,26 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     if history_key is not None and history_key not in histories:
         known = ", ".join(histories) or "none"
         raise UserError(f"run {run.id} has no metric {history_key!r} (it has: {known})")
+    if history_key is not None:  # the history alone: what was asked for, ready to pipe
+        points = histories[history_key]
+        if fmt == "json":
+            click.echo(_dump_json({"run": run.id, "key": history_key,
+                                   "history": [[p.step, p.value, p.time] for p in points]}))
+            return
+        pts = Table(box=None, header_style="bold", pad_edge=False)
+        pts.add_column("step", justify="right")
+        pts.add_column("value", justify="right")
+        for p in points:
+            pts.add_row(str(p.step), _fmt(history_key, p.value))
+        console = _console()
+        console.print(f"{history_key} of run {run.id}", highlight=False)
+        console.print(pts)
+        return
     if fmt == "json":
         data = run.to_dict()
-        data.update(spec=run.spec, params=run.params, artifacts=[{"kind": k, "path": p} for k, p in artifacts],
-                    history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()
-                             if history_key in (None, k)})
+        data.update(accounting=accounting_fields(run.accounting), spec=run.spec, params=run.params,
+                    artifacts=[{"kind": k, "path": p} for k, p in artifacts],
+                    history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()})
         click.echo(_dump_json(data))
         return
     console = _console()
@@ -324,21 +336,14 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
         console.print(Text("\nartifacts", style="bold italic"))
         for kind, path in artifacts:
             console.print(f"  {kind}: {path}")
-    if history_key is not None:
-        pts = Table(title=history_key, box=None, header_style="bold", title_justify="left", pad_edge=False)
-        pts.add_column("step", justify="right")
-        pts.add_column("value", justify="right")
-        for p in histories[history_key]:
-            pts.add_row(str(p.step), _fmt(history_key, p.value))
-        console.print()
-        console.print(pts)
 
 
 @runs_cmd.command("compare")
 @_registry_option
 @click.argument("run_ids", nargs=-1, required=True)
 @click.option("--all", "show_all", is_flag=True, help="also list the params that are the same in every run")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: for reading; json: one object")
 @click.pass_context
 def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
     """Runs side by side: the params that differ (the spec diff), accounting, and metrics."""
@@ -365,6 +370,7 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
             "accounting": {k: [a.get(k) for a in accts] for k in acct_keys},
             "metrics": {k: [r.metrics.get(k) for r in runs] for k in metric_keys},
             "best": {k: [r.best.get(k) for r in runs] for k in metric_keys},
+            "best_is": {k: "highest" if higher_is_better(k) else "lowest" for k in metric_keys},
             "summary": {k: [r.summary.get(k) for r in runs] for k in summary_keys},
         }))
         return
@@ -389,9 +395,10 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
     for k in acct_keys:
         table.add_row(f"  {k}", *(_fmt(k, a.get(k)) for a in accts))
     if metric_keys:
-        section("metrics (latest / best)")
+        section("metrics (latest / best: lowest, or highest for throughput, MFU, accuracy)")
         for k in metric_keys:
-            table.add_row(f"  {k}", *(f"{_fmt(k, r.metrics.get(k))} / {_fmt(k, r.best.get(k))}" for r in runs))
+            label = f"  {k} (best {'highest' if higher_is_better(k) else 'lowest'})"
+            table.add_row(label, *(f"{_fmt(k, r.metrics.get(k))} / {_fmt(k, r.best.get(k))}" for r in runs))
     if summary_keys:
         section("summary")
         for k in summary_keys:
@@ -417,8 +424,9 @@ def runs_reap(ctx, registry_url, timeout_s) -> None:
 @_registry_option
 @click.option("--where", "-w", help=_WHERE_HELP)
 @click.option("--sort", "-s", help="sort fields (see runs list)")
-@click.option("--limit", "-n", type=click.IntRange(min=0), default=None)
-@click.option("--format", "fmt", type=click.Choice(["json", "jsonl", "csv"]), default="json", show_default=True)
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="at most N runs (default: all)")
+@click.option("--format", "fmt", type=click.Choice(["json", "jsonl", "csv"]), default="json", show_default=True,
+              help="one record per run keyed by the filter field names (params.*, flops.*, metrics.*, summary.*)")
 @click.option("--metrics/--no-metrics", "with_metrics", default=False,
               help="include every metric point (json/jsonl: a history per run; csv: one row per point)")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="file to write (default: stdout)")
@@ -429,8 +437,7 @@ def runs_export(ctx, registry_url, where, sort, limit, fmt, with_metrics, output
     rows = reg.runs(where=where, sort=sort, limit=limit or None)
 
     def record(r: RunRow) -> dict[str, Any]:
-        data = _finite_metrics(r.to_dict())
-        data["params"] = r.params
+        data = _finite(_run_record(r))
         if with_metrics:
             data["history"] = {k: [[p.step, p.value if math.isfinite(p.value) else None, p.time] for p in pts]
                                for k, pts in reg.metric_histories(r.id).items()}
@@ -449,7 +456,7 @@ def runs_export(ctx, registry_url, where, sort, limit, fmt, with_metrics, output
             for k, pts in reg.metric_histories(r.id).items():
                 w.writerows([r.id, k, p.step, p.value, p.time] for p in pts)
     else:
-        _write_csv([r.flat() for r in rows], out)
+        _write_csv([_run_record(r) for r in rows], out)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:
@@ -478,7 +485,8 @@ def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
 @click.option("--sort", "-s", help="sort fields, e.g. 'params.active' or '-created'")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
               help=f"at most N specs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for reading; json/csv: every row, keyed by the filter field names")
 @click.option("--columns", "-c", help="extra fields to show, comma-separated (e.g. params.model.d_model)")
 @click.pass_context
 def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
@@ -490,7 +498,7 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     more = limit is None and cut is not None and len(rows) > cut
     rows = rows[:cut] if more else rows
     if fmt == "json":
-        click.echo(_dump_json_rows([s.to_dict() for s in rows]))
+        click.echo(_dump_json_rows([s.flat() for s in rows]))
         return
     if fmt == "csv":
         out = io.StringIO()
@@ -504,20 +512,16 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     for name in [*referenced_fields(where, sort), *extra]:
         if name not in cols and name not in ("hash", "spec_hash", "name", "created"):
             cols.append(name)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for head in ("hash", "name"):
-        table.add_column(head, no_wrap=True)
-    for c in [*cols, "runs"]:
-        table.add_column(c, justify="right", no_wrap=True)
-    table.add_column("created", no_wrap=True)
-    for s in rows:
-        table.add_row(s.hash[:12], s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs), _fmt("", s.created))
+    heads = ["hash", "name", *cols, "runs", "created"]
+    cells = [[s.hash[:12], s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs), _fmt("", s.created)]
+             for s in rows]
     console = _console()
+    table, dropped = fit_columns(console, heads, cells, keep=2, make_table=_plain_table)
     console.print(table)
     shown = f"{len(rows)} spec{'s' if len(rows) != 1 else ''}"
     if more:
         shown = f"first {shown}; more match (--limit N or --limit 0 for all)"
-    console.print(Text(shown, style="dim"))
+    console.print(Text(shown + dropped_note(dropped, console), style="dim"))
 
 
 # ── the database itself ──────────────────────────────────────────────────────────────────────────────────────────

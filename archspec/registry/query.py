@@ -24,7 +24,8 @@ Grammar (keywords are case-insensitive; NOT binds tighter than AND, AND tighter 
 
 Fields (see FIELDS_HELP): spec params `params.model.*`, `params.train.*`, `params.name`; accounting `params.total`,
 `params.active`, `params.embedding`, `params.by_component.<name>`, `flops.forward`, `flops.train`, `kv_cache_bytes`;
-metrics `metrics.<key>` (latest value), `metrics.best.<key>` / `metrics.min.<key>` (lowest), `metrics.max.<key>`;
+metrics `metrics.<key>` (latest value), `metrics.best.<key>` (lowest; highest for throughput, MFU and accuracy: see
+`higher_is_better`), `metrics.min.<key>`, `metrics.max.<key>`;
 `summary.<key>`; `tags.<key>`; run attributes (status, name, created, ...).
 
 Semantics worth knowing:
@@ -446,7 +447,22 @@ ACCOUNTING_FIELDS = {
     "kv_cache_bytes_per_token": "kv_cache_bytes",
 }
 SPEC_KEY_ROOTS = ("model", "train", "name")  # params.<spec key>: spec keys always start with one of these
-METRIC_AGGREGATES = {"best": "min", "min": "min", "max": "max", "last": "last"}
+METRIC_AGGREGATES = {"min": "min", "max": "max", "last": "last"}  # and "best": min or max by the metric's direction
+
+# Metrics where more is better; every other metric (losses, perplexity, times, memory, grad norms) is best lowest.
+HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "mfu_palm", "accuracy", "acc")
+HIGHER_IS_BETTER_SUFFIXES = ("_per_s", "_accuracy", "_acc", "_mfu")
+
+
+def higher_is_better(key: str) -> bool:
+    """The direction of `metrics.best.<key>` and of `runs compare`'s "best": higher for throughput (…_per_s),
+    MFU and accuracy, lower for everything else."""
+    return key in HIGHER_IS_BETTER or key.endswith(HIGHER_IS_BETTER_SUFFIXES)
+
+
+def best_aggregate(key: str) -> str:
+    return "max" if higher_is_better(key) else "min"
+
 
 # Typed run attributes: text, number, time or status (text, normalised to upper case and checked).
 RUN_ATTRS: dict[str, tuple[Any, str]] = {
@@ -477,7 +493,7 @@ SPEC_ATTRS: dict[str, tuple[Any, str]] = {
 FIELDS_HELP = (
     "params.model.* | params.train.* | params.name (spec keys), params.total | params.active | params.embedding | "
     "params.by_component.<name> | flops.forward | flops.train | kv_cache_bytes (accounting), metrics.<key> (latest) | "
-    "metrics.best.<key> (lowest) | metrics.max.<key>, summary.<key>, tags.<key>, and run attributes: "
+    "metrics.best.<key> (lowest; highest for *_per_s, mfu, accuracy) | metrics.min.<key> | metrics.max.<key>, summary.<key>, tags.<key>, and run attributes: "
     + ", ".join(RUN_ATTRS)
 )
 
@@ -522,6 +538,8 @@ def resolve_field(name: str, target: str) -> FieldRef:
             raise ValueError(f"field {name!r} is not available for specs (specs have params and accounting only)")
         if head == "metrics":
             agg, _, key = rest.partition(".")
+            if agg == "best" and key:
+                return FieldRef("metric", key, best_aggregate(key))
             if agg in METRIC_AGGREGATES and key:
                 return FieldRef("metric", key, METRIC_AGGREGATES[agg])
             return FieldRef("metric", rest, "last")
@@ -735,6 +753,37 @@ def compile_sort(text: str | None, target: str = "runs") -> list[UnaryExpression
 
 
 
+def _fields_of(node: Node | None) -> list[Field]:
+    if node is None:
+        return []
+    if isinstance(node, (And, Or)):
+        return [f for item in node.items for f in _fields_of(item)]
+    if isinstance(node, Not):
+        return _fields_of(node.item)
+    return [node.field]
+
+
+def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str], summary_keys: set[str]) -> None:
+    """Refuse `metrics.<key>` / `summary.<key>` that no run in the registry has (a typo would match nothing, or sort
+    by nothing), with the closest known key. A registry without any runs has nothing to check against."""
+    if not metric_keys and not summary_keys:
+        return
+    checks = [("filter", where, f) for f in _fields_of(parse_filter(where))]
+    checks += [("sort", sort, f) for f, _ in parse_sort(sort)]
+    for what, text, field in checks:
+        ref = resolve_field(field.name, "runs")
+        if ref.kind not in ("metric", "summary"):
+            continue
+        known = metric_keys if ref.kind == "metric" else summary_keys
+        if ref.key in known:
+            continue
+        head = field.name[: len(field.name) - len(ref.key)]  # "metrics.", "metrics.best.", "summary."
+        close = difflib.get_close_matches(ref.key, sorted(known), n=1)
+        hint = f"did you mean {head}{close[0]}?" if close else f"known: {', '.join(sorted(known)) or 'none'}"
+        kind = "metric" if ref.kind == "metric" else "summary key"
+        raise FilterError(what, text or "", field.pos, f"no run has the {kind} {ref.key!r}; {hint}")
+
+
 def referenced_fields(where: str | None = None, sort: str | None = None) -> list[str]:
     """Field names a filter and a sort mention, in order of appearance, without repeats (for display columns)."""
     names: list[str] = []
@@ -759,5 +808,5 @@ def referenced_fields(where: str | None = None, sort: str | None = None) -> list
 
 __all__ = [
     "FilterError", "Token", "tokenize", "parse_filter", "parse_sort", "compile_filter", "compile_sort",
-    "resolve_field", "FieldRef", "FIELDS_HELP", "referenced_fields",
+    "resolve_field", "FieldRef", "FIELDS_HELP", "referenced_fields", "higher_is_better", "check_known_keys",
 ]

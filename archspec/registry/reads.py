@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from archspec.errors import UserError
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
 from archspec.registry.models import Artifact, Metric, MetricStats, RunRecord, RunTag, SpecRecord, SummaryMetric
-from archspec.registry.query import compile_filter, compile_sort, resolve_field
+from archspec.registry.query import check_known_keys, compile_filter, compile_sort, higher_is_better, resolve_field
 from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
 from archspec.train.logger import RUNNING
 
@@ -124,7 +124,8 @@ class RunRow:
     heartbeat_timeout_s: float = 0.0  # the writer's own: a RUNNING run with an older heartbeat is stale
     read_at: datetime | None = field(default=None, repr=False)  # the reader's clock when the row was read
     metrics: dict[str, float] = field(default_factory=dict)  # latest value per key
-    best: dict[str, float] = field(default_factory=dict)  # lowest value per key
+    best: dict[str, float] = field(default_factory=dict)  # best value per key: lowest, or highest (higher_is_better)
+    min: dict[str, float] = field(default_factory=dict)
     max: dict[str, float] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)  # last step per key
     summary: dict[str, float] = field(default_factory=dict)
@@ -170,7 +171,7 @@ class RunRow:
         if ref.kind == "param":
             return self.params.get(ref.key)
         if ref.kind == "metric":
-            return {"last": self.metrics, "min": self.best, "max": self.max}[ref.aggregate].get(ref.key)
+            return {"last": self.metrics, "min": self.min, "max": self.max}[ref.aggregate].get(ref.key)
         if ref.kind == "summary":
             return self.summary.get(ref.key)
         return self.tags.get(ref.key)
@@ -198,6 +199,8 @@ class RunRow:
         out.update(self._cache.get(self.spec_hash)[2])
         out.update({f"metrics.{k}": v for k, v in self.metrics.items()})
         out.update({f"metrics.best.{k}": v for k, v in self.best.items()})
+        out.update({f"metrics.min.{k}": v for k, v in self.min.items()})
+        out.update({f"metrics.max.{k}": v for k, v in self.max.items()})
         out.update({f"summary.{k}": v for k, v in self.summary.items()})
         out.update({f"tags.{k}": v for k, v in self.tags.items()})
         if params:
@@ -242,10 +245,21 @@ class RegistryReader(RegistryEngine):
         order = compile_sort(sort, "runs")
         if limit is not None and limit < 0:
             raise UserError(f"--limit must be >= 0, got {limit}")
+        if where or sort:  # a misspelt metric would otherwise match nothing (or sort by nothing), silently
+            check_known_keys(where, sort, *self.known_keys())
         q = select(RunRecord).where(cond).order_by(*order, RunRecord.created.desc(), RunRecord.id)
         if limit:
             q = q.limit(limit)
         return self._read(lambda conn: self._load_runs(conn, q), "runs", empty=QueryResult)
+
+    def known_keys(self) -> tuple[set[str], set[str]]:
+        """(metric keys, summary keys) that some run in the registry has."""
+        def tx(conn: Connection) -> tuple[set[str], set[str]]:
+            metrics = set(conn.execute(select(MetricStats.key).distinct()).scalars())
+            summary = set(conn.execute(select(SummaryMetric.key).distinct()).scalars())
+            return metrics, summary
+
+        return self._read(tx, "known keys", empty=lambda: (set(), set()))
 
     def _load_runs(self, conn: Connection, q) -> QueryResult[RunRow]:
         cache = _SpecCache()
@@ -275,9 +289,12 @@ class RegistryReader(RegistryEngine):
                 row.metrics[key] = number(last, f"metric_stats {run_id} {key}")
                 row.steps[key] = last_step
                 if lo is not None:
-                    row.best[key] = number(lo, f"metric_stats {run_id} {key}")
+                    row.min[key] = number(lo, f"metric_stats {run_id} {key}")
                 if hi is not None:
                     row.max[key] = number(hi, f"metric_stats {run_id} {key}")
+                best = row.max.get(key) if higher_is_better(key) else row.min.get(key)
+                if best is not None:
+                    row.best[key] = best
             for run_id, key, value in conn.execute(
                 select(SummaryMetric.run_id, SummaryMetric.key, SummaryMetric.value)
                 .where(SummaryMetric.run_id.in_(chunk))

@@ -63,5 +63,23 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     return out
 
 
+BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + EOS (archspec.train.tokenizer.ByteTokenizer)
+
+
+def trainability_problems(spec: "Spec") -> list[str]:
+    """Problems that keep `archspec train` from running this spec with its own recipe, as `path: message` lines.
+
+    Not part of validation: a model with vocab_size 100 is a valid architecture (for a tokenizer of its own), but
+    `archspec build` of a spec whose recipe cannot train it says so before anything is generated."""
+    m, tok = spec.model, spec.train.data.tokenizer
+    if tok.kind == "byte" and m.vocab_size < BYTE_TOKENIZER_VOCAB:
+        return [f"model.vocab_size: must be at least {BYTE_TOKENIZER_VOCAB} for train.data.tokenizer (byte: 256 bytes "
+                f"+ EOS), got {m.vocab_size}; raise it (e.g. 320) or train a BPE tokenizer of your own vocabulary"]
+    if tok.kind == "bpe" and tok.vocab_size is None and m.vocab_size < BPE_MIN_VOCAB:
+        return [f"model.vocab_size: must be at least {BPE_MIN_VOCAB} for train.data.tokenizer (bpe, whose vocab_size "
+                f"defaults to model.vocab_size), got {m.vocab_size}"]
+    return []
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, min(n, 64) + 1) if n % d == 0]

@@ -5,13 +5,14 @@ Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same comm
 
 from __future__ import annotations
 
+import shlex
+
 import click
 
+from archspec.cli_options import device_option, registry_option, set_option
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
-
-DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
 
 
 def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
@@ -26,15 +27,26 @@ def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
     return RegistryLogger(registry_url or default_url(), rerun_finished=True)
 
 
+def resume_command(spec_path: str, overrides, steps: int | None, device: str, registry_url: str | None,
+                   checkpoint) -> str:
+    """The command that continues an interrupted `archspec train` from its checkpoint (same spec, same recipe)."""
+    args = ["archspec", "train", spec_path, *(a for o in overrides for a in ("--set", o))]
+    if steps is not None:
+        args += ["--steps", str(steps)]
+    if device != "auto":
+        args += ["--device", device]
+    if registry_url:
+        args += ["--registry", registry_url]
+    return shlex.join([*args, "--resume", str(checkpoint)])
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("spec_path", metavar="SPEC")
-@click.option("--set", "overrides", multiple=True, metavar="K=V", help="Override a dotted spec key, e.g. train.lr=1e-3.")
+@set_option
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.steps, so the schedule too).")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-              help="auto: CUDA when present, else CPU.")
+@device_option
 @click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
-@click.option("--registry", metavar="URL",
-              help="Registry database URL [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@registry_option
 @click.option("--run-dir", metavar="DIR",
               help="Where the generated module and checkpoint go [default: runs/<name>-<run id>].")
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (overrides train.compile).")
@@ -46,7 +58,7 @@ def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
 @click.option("--world-size", type=click.IntRange(min=1), metavar="N",
               help="With --dry-run: plan for N processes [default: $WORLD_SIZE, else 1].")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
-              registry: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
+              registry_url: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
               dry_run: bool, world_size: int | None) -> None:
     """Train SPEC once with the shared loop and record the run."""
     if world_size and not dry_run:
@@ -56,17 +68,16 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
         return
     # SIGTERM ends the run KILLED, like Ctrl-C, and exits 143. Installed first: a SIGTERM during the imports and
     # setup below (seconds, with torch) is not lost; the loop re-checks it before its first step.
-    with install_signal_handlers():
-        from archspec.train.checkpoint import resolve
-        from archspec.train.distributed import world_env
-        from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
-
-        _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built
-        spec = load_spec(spec_path, overrides)
-        if resume and not run_dir:
-            run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
-        result = train(spec, steps=steps, device=device, logger=make_logger(registry, rank), resume=resume,
-                       run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet)
+    try:
+        with install_signal_handlers():
+            result = _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out,
+                            quiet)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
+        checkpoint = getattr(e, "checkpoint", None)
+        if checkpoint is not None:
+            click.echo("resume with: " + resume_command(spec_path, overrides, steps, device, registry_url, checkpoint),
+                       err=True)
+        raise
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")
@@ -88,3 +99,42 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     click.echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
     if not plan.fits:
         raise refusal(spec, plan)
+
+
+def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet):
+    from archspec.train.checkpoint import resolve
+    from archspec.train.distributed import world_env
+    from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
+
+    _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built
+    spec = load_spec(spec_path, overrides)
+    if resume and not run_dir:
+        run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
+    return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank), resume=resume,
+                 run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--measure", is_flag=True,
+              help="Measure the matmul rate again now and store it (run it when the machine is otherwise idle).")
+@device_option
+@click.option("--cache", "cache", metavar="DIR", help="Cache directory [default: $ARCHSPEC_CACHE, else .cache/archspec].")
+def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
+    """Show (or --measure) the FLOP/s ceiling that MFU is a fraction of.
+
+    On CPU it is this machine's measured fp32 matmul rate, measured once and never rewritten by a run; on a known
+    GPU, the datasheet bf16 peak."""
+    import torch
+
+    from archspec.train.cache import cache_dir
+    from archspec.train.distributed import resolve_device
+    from archspec.train.loop import autocast_dtype
+    from archspec.train.throughput import measure_ceiling, peak_flops
+
+    dev = resolve_device(device)
+    dtype = autocast_dtype("auto", dev) or torch.float32
+    if measure:
+        entry = measure_ceiling(dev, dtype, cache_dir(cache))
+        click.echo(f"measured {entry['flops'] / 1e9:.1f} GFLOP/s ({entry['how']}, load average {entry['load_average']:.2f})")
+    flops, source = peak_flops(dev, dtype, cache_dir(cache))
+    click.echo(f"MFU ceiling: {flops / 1e9:.1f} GFLOP/s, {source}")

@@ -62,7 +62,7 @@ from archspec.train.logger import (
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
-from archspec.train.throughput import mfu, peak_flops, raise_measured_peak
+from archspec.train.throughput import OUR_CONVENTION, mfu, mfu_flag, palm_train_flops_per_token, peak_flops
 
 def _shown(value: Any) -> str:
     """Text from the spec or the file system on a progress line: control characters escaped, rich markup inert."""
@@ -131,9 +131,29 @@ def code_version() -> str:
     return f"{version}+g{rev}" if rev else version
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this run's peak-memory window: a sweep trains many runs in one process, and each reports its own peak.
+    CUDA: the allocator's peak stats. Linux: writing 5 to /proc/self/clear_refs resets VmHWM (peak RSS) to the
+    current RSS. Elsewhere the process-lifetime peak is all there is (`peak_memory_bytes` then over-reports)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def peak_memory_bytes(device: torch.device) -> int:
+    """Peak since `reset_peak_memory`: CUDA allocated bytes, or the process's peak RSS (VmHWM) on Linux."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB: the process's peak RSS
 
 
@@ -145,6 +165,7 @@ class Trainer:
         self.spec, self.recipe = spec, spec.train
         self.world = world or init_world(device)
         self.device = self.world.device
+        reset_peak_memory(self.device)
         self.amp_dtype = autocast_dtype(self.recipe.precision, self.device)
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
@@ -165,7 +186,10 @@ class Trainer:
             self._resume(self.resume_path)
 
         self.tokens_per_step = self.recipe.batch_size * self.recipe.seq_len * self.recipe.grad_accum * self.world.size
-        self.flops_per_token = account(spec, seq_len=self.recipe.seq_len).flops_train
+        acc = account(spec, seq_len=self.recipe.seq_len)
+        self.flops_per_token = acc.flops_train
+        a = spec.model.attention
+        self.palm_flops_per_token = palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.head_dim)
         self.peak_flops, self.peak_source = peak_flops(self.device, self.amp_dtype or torch.float32, self.cache)
         self.step_seconds: list[float] = []
         self.first_step_at: float | None = None
@@ -410,7 +434,8 @@ class Trainer:
             return self._finish(FAILED, f"stopped at step {self.step}: {e}{self._save_on_stop()}", losses, evals)
         except KeyboardInterrupt as e:
             how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
-            self._finish(KILLED, f"{how} at step {self.step}", losses, evals)
+            result = self._finish(KILLED, f"{how} at step {self.step}", losses, evals)
+            e.checkpoint = result.checkpoint  # type: ignore[attr-defined]  # for the CLI's resume command
             raise
         except Exception as e:
             self._finish(FAILED, f"{type(e).__name__} at step {self.step + 1}: {e}", losses, evals)
@@ -467,13 +492,13 @@ class Trainer:
         if self.step_seconds:
             steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
             tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)
-            achieved = self.flops_per_token * tokens_per_s / self.world.size
-            if achieved > self.peak_flops and self.peak_source.startswith("measured"):
-                self.peak_flops = raise_measured_peak(self.device, self.amp_dtype or torch.float32, self.cache,
-                                                      achieved)
             out.update(tokens_per_s=tokens_per_s, train_s=sum(self.step_seconds),
                        mfu=mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
-                       time_to_first_step_s=self.first_step_at - self.started)
+                       peak_flops=self.peak_flops, time_to_first_step_s=self.first_step_at - self.started)
+            if self.palm_flops_per_token is not None:  # the convention most published MFU figures use, beside ours
+                out["mfu_palm"] = mfu(self.palm_flops_per_token, tokens_per_s, self.peak_flops, self.world.size)
+            # An MFU above 1 is kept as measured and flagged (the ceiling is never raised to hide it).
+            out["mfu_above_ceiling"] = float(max(out["mfu"], out.get("mfu_palm", 0.0)) > 1.0)
         return out
 
     def _save_on_stop(self) -> str:
@@ -513,9 +538,20 @@ class Trainer:
         if "val_loss" in m:
             parts.append(f"val loss {m['val_loss']:.4f}")
         if "tokens_per_s" in m:
-            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · MFU {100 * m['mfu']:.1f}%")
+            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · {self.mfu_text(m)}")
         parts.append(f"checkpoint {_shown(self.checkpoint_path)}")
-        return " · ".join(parts)
+        line = " · ".join(parts)
+        flag = mfu_flag(max(m.get("mfu", 0.0), m.get("mfu_palm", 0.0)))
+        return line + (f"\n[yellow]warning:[/] {flag}" if flag else "")
+
+    def mfu_text(self, m: dict[str, float]) -> str:
+        """MFU with its ceiling and FLOP convention beside it, and the 6N+12LHQT figure for dense models."""
+        ceiling = ("of this machine's measured matmul rate" if self.peak_source.startswith("this machine")
+                   else f"of the {self.peak_source}")
+        text = f"MFU {100 * m['mfu']:.1f}% {ceiling} ({OUR_CONVENTION}"
+        if "mfu_palm" in m:
+            text += f"; 6N+12LHQT: {100 * m['mfu_palm']:.1f}%"
+        return text + ")"
 
 
 def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger: RunLogger | None = None,

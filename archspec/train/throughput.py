@@ -1,13 +1,16 @@
 """Peak FLOP/s of a device, for model FLOPs utilisation (MFU = model FLOPs per second ÷ peak).
 
 CUDA: the vendor's dense bf16 tensor-core peak from a table of known parts. CPU (and an unknown GPU): the best rate of
-a large matmul in the dtype the loop trains in, measured once per (processor, threads, torch version) and cached, so
-CPU MFU reads as a share of what this machine's matmul can actually do.
+a large matmul in the dtype the loop trains in, measured once per (processor, threads, torch version) and cached. So
+CPU "MFU" is the fraction of this machine's measured matmul rate, not of a datasheet peak; runs never rewrite it.
+
+Every MFU comes with its FLOP convention (OUR_CONVENTION) and, for dense models, the 6N + 12·L·H·Q·T figure beside it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -67,29 +70,56 @@ def _measurement_key(device: torch.device, dtype: torch.dtype) -> str:
     return f"cpu|{cpu_name()}|{torch.get_num_threads()} threads|{dtype}|torch {torch.__version__}"
 
 
+CEILING_FILE = "peak_flops.json"
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[float, str]:
-    """(peak FLOP/s of one device, where the figure comes from)."""
+    """(peak FLOP/s of one device, what the figure is).
+
+    CUDA with a known part: its datasheet bf16 peak. Otherwise (CPU, an unknown GPU): the ceiling measured once per
+    (processor, threads, dtype, torch version) and cached in `cache/peak_flops.json`. A run only ever reads it: no run
+    rewrites it, whatever it achieves (an MFU above 1 is flagged instead, see `mfu_flag`). `archspec peak --measure`
+    measures it again, to be run in a quiet moment."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = _table_peak(name)
         if peak is not None and dtype == torch.bfloat16:
             return peak, f"datasheet bf16 peak of {name}"
     key = _measurement_key(device, dtype)
-    return _cached_measurement(key, device, dtype, cache), f"measured matmul rate ({key})"
+    entry = read_ceiling(device, dtype, cache) or measure_ceiling(device, dtype, cache)
+    return entry["flops"], f"this machine's measured matmul rate ({key}, {entry['measured_at']})"
 
 
-def raise_measured_peak(device: torch.device, dtype: torch.dtype, cache: Path, achieved: float) -> float:
-    """A run that achieved more than the cached "peak" proves the measurement was taken on a busy machine: the peak
-    is at least what was achieved, so the cache keeps the higher figure (and MFU stays a fraction)."""
-    key = _measurement_key(device, dtype)
-    path = cache / "peak_flops.json"
+def _read_table(cache: Path) -> dict:
     try:
-        table = json.loads(path.read_text())
+        table = json.loads((cache / CEILING_FILE).read_text())
     except (OSError, ValueError):
-        table = {}
-    table[key] = max(float(table.get(key, 0.0)), achieved)
-    _store(path, table)
-    return table[key]
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def read_ceiling(device: torch.device, dtype: torch.dtype, cache: Path) -> dict | None:
+    """The cached measurement, or None. Entries from before the record held a date (bare numbers) may have been
+    raised by runs (an older release did that), so they are not trusted: None, and the caller measures afresh."""
+    entry = _read_table(cache).get(_measurement_key(device, dtype))
+    if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0:
+        return entry
+    return None
+
+
+def measure_ceiling(device: torch.device, dtype: torch.dtype, cache: Path, repeats: int = 10) -> dict:
+    """Measure the matmul rate now and store it (the only writer of the cache file)."""
+    # Seeded apart from the run's RNG: measuring must not change the training random stream.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        slow = device.type == "cpu" and dtype != torch.float32  # no native bf16 on most CPUs: ~0.3 GFLOP/s
+        n = 256 if slow else 2048
+        flops = measure_matmul_flops(device, dtype, n=n, repeats=repeats)
+    entry = {"flops": flops, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "how": f"best of {repeats} {n}x{n} matmuls", "load_average": os.getloadavg()[0]}
+    table = _read_table(cache)
+    table[_measurement_key(device, dtype)] = entry
+    _store(cache / CEILING_FILE, table)
+    return entry
 
 
 def _store(path: Path, table: dict) -> None:
@@ -100,19 +130,29 @@ def _store(path: Path, table: dict) -> None:
         pass
 
 
-def _cached_measurement(key: str, device: torch.device, dtype: torch.dtype, cache: Path) -> float:
-    path = cache / "peak_flops.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    if key not in table:
-        # Seeded apart from the run's RNG: measuring must not change the training random stream.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            slow = device.type == "cpu" and dtype != torch.float32  # no native bf16 on most CPUs: ~0.3 GFLOP/s
-            table[key] = measure_matmul_flops(device, dtype, n=256 if slow else 2048)
-        _store(path, table)
-    return float(table[key])
+# ── the FLOP conventions an MFU can be quoted in ─────────────────────────────────────────────────────────────────
+
+OUR_CONVENTION = "exact matmul FLOPs, causal attention at (T+1)/2 keys, train = 3 × forward"
+PALM_CONVENTION = "6N + 12·L·H·Q·T (PaLM, nanoGPT): N params less position tables, attention at all T keys"
+
+
+def palm_train_flops_per_token(acc, n_layers: int, n_heads: int, head_dim: int) -> int | None:
+    """Training FLOPs per token by the 6N + 12·L·H·Q·T convention (PaLM appendix B; nanoGPT's estimate_mfu), the one
+    most published MFU figures use. Ours counts the causal mask's (T+1)/2 keys and no non-matmul parameters (norms,
+    an untied input embedding), so it is a few percent lower. None for models with routed experts (N is ambiguous)."""
+    if acc.active != acc.total:
+        return None
+    n = acc.total - acc.by_component.get("position", 0)
+    return 6 * n + 12 * n_layers * n_heads * head_dim * acc.seq_len
+
+
+def mfu_flag(value: float) -> str | None:
+    """Why an MFU cannot be taken at face value, or None. Above 1 means the ceiling was measured on a busy machine
+    (or the FLOP count is off): flagged, never hidden by raising the ceiling."""
+    if value > 1.0:
+        return (f"MFU {value:.2f} > 1: the ceiling is below what this run achieved; measure it again in a quiet moment "
+                "with `archspec peak --measure`")
+    return None
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float, devices: int) -> float:

@@ -90,8 +90,27 @@ def test_base_path_relative_to_sweep_file(tmp_path):
     f.write_text(yaml.safe_dump({"name": "s", "base": "../base.yaml", "grid": {"model.n_layers": [1, 2]}}))
     assert len(load_sweep(f).variants) == 2
     f.write_text(yaml.safe_dump({"name": "s", "base": "../missing.yaml"}))
-    with pytest.raises(UserError, match="missing.yaml: no such base spec file"):
+    with pytest.raises(UserError) as exc:
         load_sweep(f)
+    assert "missing.yaml: no such base spec file" in exc.value.render()
+
+
+def test_every_sweep_problem_at_once_each_once(tmp_path):
+    """Four mistakes of different layers (a field, a rule across fields, the baseline, the base spec shared by every
+    variant) in one round; the base's problem once, not once per variant."""
+    bad_base = {**BASE, "model": {**BASE["model"], "d_model": 30}}  # 30 is not divisible by the 4 heads
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": "s", "base": bad_base, "seeds": [1, 1], "budget": {"tokens": 0},
+                                 "grid": {"model.n_layers": [1, 2, 3]}, "baseline": 5}))
+    with pytest.raises(UserError) as exc:
+        load_sweep(f)
+    problems = exc.value.problems
+    assert any(p.startswith("budget.tokens:") for p in problems), problems
+    assert "seeds: repeated seed in [1, 1]" in problems
+    assert "baseline: index 5 but the sweep has 3 variants" in problems
+    shared = [p for p in problems if "model.attention.n_heads" in p]
+    assert len(shared) == 1 and shared[0].startswith("every variant: "), problems
+    assert len(problems) == len(set(problems)) == 4
 
 
 @settings(max_examples=40, deadline=None)
@@ -111,3 +130,44 @@ def test_shards_partition_the_jobs_exactly(n_layers, seeds, shards):
 def test_bad_shard_argument(text):
     with pytest.raises(UserError, match="--shard"):
         parse_shard(text)
+
+
+def test_command_line_overrides_seeds_and_steps(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": "s", "base": BASE, "seeds": [0], "budget": {"tokens": 10_000},
+                                 "grid": {"model.n_layers": [1, 2]}}))
+    s = load_sweep(f, overrides=["train.lr=0.01", "model.n_layers=3"], seeds=[4, 5], steps=3)
+    assert [j.seed for j in s.jobs] == [4, 5, 4, 5]
+    assert all(v.spec.train.steps == 3 and v.spec.train.lr == 0.01 for v in s.variants)
+    assert [v.spec.model.n_layers for v in s.variants] == [1, 2]  # the grid wins over --set
+    with pytest.raises(UserError) as exc:
+        load_sweep(f, overrides=["model.d_model=30"])
+    assert str(exc.value).startswith(f"{f}: every variant: model.attention.n_heads")
+
+
+def test_sweep_schema_accepts_the_presets_and_refuses_wrong_sweeps(capsys):
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    from archspec.cli import main
+
+    assert main(["schema", "--sweep"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    presets = sorted((Path(__file__).resolve().parents[2] / "specs" / "ablations").glob("*.yaml"))
+    assert len(presets) >= 4
+    for path in presets:
+        data = yaml.safe_load(path.read_text())
+        assert not list(validator.iter_errors(data)), path
+        load_sweep(path)  # and archspec agrees
+    good = {"name": "s", "base": BASE, "seeds": [0, 1], "budget": {"steps": 5}, "grid": {"model.n_layers": [1, 2]}}
+    assert validator.is_valid(good)
+    for wrong in ({**good, "budget": {"steps": 5, "tokens": 100}}, {**good, "budget": {}}, {**good, "grdi": {}},
+                  {**good, "grid": {"model.n_layers": []}}, {**good, "seeds": [1, 1]}, {**good, "name": "Bad Name"},
+                  {k: v for k, v in good.items() if k != "base"}, {**good, "grid": {"model..x": [1]}}):
+        assert not validator.is_valid(wrong), wrong
+        with pytest.raises(UserError):  # archspec refuses each of them too
+            load_sweep(data=wrong)

@@ -45,12 +45,31 @@ def test_runs_list_json_and_csv(data, capsys):
     code, out, _ = run_cli(capsys, "runs", "list", "--registry", url, "--format", "json", "--sort", "-metrics.val_loss")
     rows = json.loads(out)
     assert code == 0 and [r["id"] for r in rows] == [ids[k] for k in ("llama1", "llama0", "gpt0", "wide0")]
-    assert rows[0]["accounting"]["params"]["total"] > 0 and rows[0]["metrics"]["val_loss"] == 3.5
+    assert rows[0]["params.total"] > 0 and rows[0]["metrics.val_loss"] == 3.5 and rows[0]["metrics.best.val_loss"] == 3.1
+    assert rows[0]["flops.forward"] > 0 and rows[0]["params.model.d_model"] == 64
     code, out, _ = run_cli(capsys, "runs", "list", "--registry", url, "--format", "csv",
                            "--where", "status = 'FINISHED'", "--columns", "params.model.d_model")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and {r["id"] for r in rows} == {ids["llama0"], ids["gpt0"]}
     assert {r["params.model.d_model"] for r in rows} == {"64", "512"} and all(r["params.total"] for r in rows)
+    assert all(r["params.model.norm.kind"] for r in rows)  # params.* columns without --columns
+
+
+def test_export_columns_are_filter_fields(data, capsys):
+    """Every field of a JSON/CSV export is a name `--where` accepts, and filtering on it finds that run."""
+    url, ids = data
+    for fmt in ("json", "csv"):
+        code, out, _ = run_cli(capsys, "runs", "export", "--registry", url, "--format", fmt)
+        rows = json.loads(out) if fmt == "json" else list(csv.DictReader(io.StringIO(out)))
+        assert code == 0 and len(rows) == 4
+        keys = {k for r in rows for k in r}
+        assert {"params.total", "flops.forward", "kv_cache_bytes", "metrics.val_loss", "summary.tok_s"} <= keys
+        for key in sorted(keys - {"stale"}):  # stale: computed when read (heartbeat age), the one non-filter field
+            code, out, err = run_cli(capsys, "runs", "list", "--registry", url, "--format", "json",
+                                     "--where", f"{key} is not null")
+            assert code == 0, f"{key}: {err}"
+            with_key = {r["id"] for r in rows if r.get(key) not in (None, "")}
+            assert {r["id"] for r in json.loads(out)} >= with_key, key
 
 
 def test_runs_list_group_option_and_environment(data, capsys, monkeypatch):
@@ -103,11 +122,21 @@ def test_click_usage_errors_exit_2(data, capsys):
 
 def test_runs_show(data, capsys):
     url, ids = data
-    code, out, err = run_cli(capsys, "runs", "show", ids["llama1"][:8], "--registry", url, "--history", "val_loss")
+    code, out, err = run_cli(capsys, "runs", "show", ids["llama1"][:8], "--registry", url)
     assert code == 0, err
     for fragment in (ids["llama1"], "FAILED", "boom", "accounting", "params.total", "norm:", "kind: rmsnorm",
                      "metrics", "val_loss", "3.5", "3.1"):
         assert fragment in out
+    # --history KEY prints that history and nothing else: step and value per line, after a one-line heading.
+    code, out, err = run_cli(capsys, "runs", "show", ids["llama1"][:8], "--registry", url, "--history", "val_loss")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0] == f"val_loss of run {ids['llama1']}" and "boom" not in out and "accounting" not in out
+    assert [line.split() for line in lines[2:]] == [["0", "4"], ["50", "3.1"], ["100", "3.5"]]
+    code, out, _ = run_cli(capsys, "runs", "show", ids["llama1"], "--registry", url, "--history", "val_loss",
+                           "--format", "json")
+    assert json.loads(out) == {"run": ids["llama1"], "key": "val_loss",
+                               "history": [[0, 4.0, 0.0], [50, 3.1, 0.0], [100, 3.5, 0.0]]}
     code, out, _ = run_cli(capsys, "runs", "show", ids["llama0"], "--registry", url, "--format", "json")
     data_ = json.loads(out)
     assert code == 0 and data_["history"]["val_loss"][1][:2] == [100, 3.0] and data_["summary"] == {"tok_s": 1000.0}
@@ -212,8 +241,33 @@ def test_json_output_is_strict_json_with_nan_as_null(registry, registry_url, cap
         return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
 
     code, out, _ = run_cli(capsys, "runs", "list", "--registry", registry_url, "--format", "json")
-    assert code == 0 and strict(out)[0]["metrics"]["loss"] is None and strict(out)[0]["best"]["loss"] == 1.0
+    assert code == 0 and strict(out)[0]["metrics.loss"] is None and strict(out)[0]["metrics.best.loss"] == 1.0
     code, out, _ = run_cli(capsys, "runs", "export", "--registry", registry_url, "--metrics")
     assert code == 0 and strict(out)[0]["history"]["loss"][1][1] is None
     code, out, _ = run_cli(capsys, "runs", "show", info.run_id, "--registry", registry_url, "--format", "json")
     assert code == 0 and strict(out)["history"]["loss"][1][1] is None
+
+
+@pytest.mark.parametrize("columns", [60, 100, 400])
+def test_tables_fit_the_width_and_never_cut_run_ids(data, capsys, monkeypatch, columns):
+    url, ids = data
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = run_cli(capsys, "runs", "list", "--registry", url, "--columns",
+                             "params.model.d_model,params.model.n_layers,flops.forward,kv_cache_bytes,summary.tok_s")
+    assert code == 0, err
+    lines = out.rstrip("\n").splitlines()
+    assert all(len(line) <= columns for line in lines)
+    for run_id in ids.values():
+        assert run_id in out  # whole, never "073f36e7…"
+    assert "…" not in out
+    if columns < 200:
+        assert "left out to fit" in " ".join(out.split())
+    else:
+        assert "left out" not in out and "summary.tok_s" in out
+
+
+def test_numbers_have_one_format():
+    from archspec.console import number
+
+    assert [number(v) for v in (51100.0, 10000, 795800.0, 3.2071, 0.04123, 3e-05, 12, 2.0, float("nan"))] == [
+        "51.10k", "10.00k", "795.80k", "3.207", "0.04123", "3.000e-05", "12", "2", "nan"]

@@ -179,6 +179,33 @@ def test_accounting_fields_and_scientific_literals(data):
         data, "llama0", "llama1")
 
 
+def test_unknown_metric_and_summary_keys_are_errors_with_suggestions(data):
+    reg, _ = data
+    with pytest.raises(FilterError) as info:
+        reg.runs(where="metrics.val_los < 3")
+    assert "no run has the metric 'val_los'; did you mean metrics.val_loss?" in str(info.value)
+    assert info.value.column == 1
+    with pytest.raises(FilterError, match="did you mean metrics.best.val_loss"):
+        reg.runs(where="status = 'FINISHED' and metrics.best.val_lss < 3")
+    with pytest.raises(FilterError, match=r"invalid sort .*did you mean summary.tok_s"):
+        reg.runs(sort="-summary.toks")
+    assert ids(reg.runs(where="metrics.train_loss is null")) == names(data, "llama1", "gpt0", "wide0")  # known key
+
+
+def test_best_is_highest_for_throughput_and_mfu_lowest_for_losses(registry):
+    from .helpers import make_info, record_run
+
+    a = record_run(registry, make_info(seed=0), {"val_loss": [(0, 4.0), (1, 3.0), (2, 3.5)],
+                                                 "tokens_per_s": [(0, 100.0), (1, 300.0), (2, 200.0)],
+                                                 "mfu": [(0, 0.1), (1, 0.4), (2, 0.2)]})
+    (row,) = registry.runs()
+    assert row.best == {"val_loss": 3.0, "tokens_per_s": 300.0, "mfu": 0.4}
+    assert row.min["tokens_per_s"] == 100.0 and row.max["val_loss"] == 4.0
+    assert [r.id for r in registry.runs(where="metrics.best.tokens_per_s >= 300 and metrics.best.mfu > 0.3")] == [a]
+    assert registry.runs(where="metrics.best.val_loss > 3.2") == []
+    assert [r.id for r in registry.runs(where="metrics.min.tokens_per_s = 100")] == [a]
+
+
 def test_metrics_latest_best_and_summary(data):
     reg, _ = data
     assert ids(reg.runs(where="metrics.val_loss < 3.2")) == names(data, "llama0", "gpt0")  # latest
@@ -267,7 +294,9 @@ def test_injection_attempts_are_plain_values(data, attack):
     assert ids(reg.runs(where=f"tags.note = {quoted}")) == expected
     assert ids(reg.runs(where=f"name like {quoted} or name in ({quoted}, 'zzz')")) == set()
     back = attack.replace("`", "``")
-    assert reg.runs(where=f"metrics.`{back}` < 1 or tags.`{back}` = 'v'") == []
+    assert reg.runs(where=f"tags.`{back}` = 'v'") == []
+    with pytest.raises(FilterError, match="no run has the metric"):  # metric keys are checked against the registry
+        reg.runs(where=f"metrics.`{back}` < 1 or tags.`{back}` = 'v'")
     with pytest.raises(FilterError, match="unknown spec key"):  # spec keys are known: refused before any SQL
         reg.runs(where=f"params.model.`{back}` = 1")
     assert _table_counts(reg) == before
@@ -364,13 +393,19 @@ def test_fuzz_token_soup_parses_or_fails_cleanly(fuzz_registry, pieces, sort):
 def test_fuzz_wellformed_filters_with_hostile_values_all_run(fuzz_registry, text, sort):
     reg, before = fuzz_registry
     rows = reg.runs(where=text, sort=sort)  # never refused, never a database error
-    assert len(rows) <= 4
+    assert len(rows) <= 5
     assert _table_counts(reg) == before
 
 
 @pytest.fixture
 def fuzz_registry(registry):
+    from .helpers import make_info, record_run, make_spec
+
     populate(registry)
+    # Metric and summary keys are checked against the registry before any SQL: a run that has the hostile keys
+    # lets filters on them reach the database, where they must stay bound parameters.
+    record_run(registry, make_info(make_spec("hostile"), seed=7), {"a'b; DROP TABLE runs": [(0, 1.0)]},
+               summary={"x'); --": 1.0})
     return registry, _table_counts(registry)
 
 

@@ -60,18 +60,42 @@ def test_optimizer_uses_the_recipe(make_spec, tmp_path):
     assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["weight_decay"] == 0.05
 
 
-def test_a_run_faster_than_the_measured_peak_raises_it(tmp_path):
-    """A peak measured on a busy machine is too low; a run that beats it proves so, and MFU stays a fraction."""
+def test_the_measured_ceiling_is_read_never_rewritten(tmp_path):
+    """The CPU ceiling is measured once (dated) and then only read; a bare number from an older release (which let
+    runs raise it) is not trusted and is measured afresh."""
     import json
 
     import torch
 
-    from archspec.train.throughput import _measurement_key, peak_flops, raise_measured_peak
+    from archspec.train.throughput import _measurement_key, measure_ceiling, peak_flops, read_ceiling
 
     cpu = torch.device("cpu")
     key = _measurement_key(cpu, torch.float32)
-    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1e9}))
-    assert peak_flops(cpu, torch.float32, tmp_path)[0] == 1e9
-    assert raise_measured_peak(cpu, torch.float32, tmp_path, 3e9) == 3e9
-    assert raise_measured_peak(cpu, torch.float32, tmp_path, 2e9) == 3e9  # never lowered
-    assert peak_flops(cpu, torch.float32, tmp_path)[0] == 3e9
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1e30}))  # old format, absurdly raised
+    assert read_ceiling(cpu, torch.float32, tmp_path) is None
+    flops, source = peak_flops(cpu, torch.float32, tmp_path)
+    assert 1e8 < flops < 1e14 and source.startswith("this machine's measured matmul rate")
+    entry = json.loads((tmp_path / "peak_flops.json").read_text())[key]
+    assert entry["flops"] == flops and entry["measured_at"]
+    before = (tmp_path / "peak_flops.json").read_bytes()
+    assert peak_flops(cpu, torch.float32, tmp_path)[0] == flops  # read, not measured again
+    assert (tmp_path / "peak_flops.json").read_bytes() == before
+    assert measure_ceiling(cpu, torch.float32, tmp_path, repeats=2)["flops"] > 0  # only an explicit measure writes
+
+
+def test_peak_command_shows_the_ceiling_without_writing(tmp_path, capsys):
+    import json
+
+    import torch
+
+    from archspec.cli import main
+    from archspec.train.throughput import _measurement_key
+
+    key = _measurement_key(torch.device("cpu"), torch.float32)
+    (tmp_path / "peak_flops.json").write_text(json.dumps(
+        {key: {"flops": 123.4e9, "measured_at": "2026-11-30 12:00 UTC", "how": "test", "load_average": 0.1}}))
+    before = (tmp_path / "peak_flops.json").read_bytes()
+    assert main(["peak", "--device", "cpu", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "123.4 GFLOP/s" in out and "measured matmul rate" in out and "2026-11-30 12:00 UTC" in out
+    assert (tmp_path / "peak_flops.json").read_bytes() == before

@@ -1,0 +1,24 @@
+"""Options shared by several commands, defined once so that each is spelled, parsed and documented the same way
+everywhere (`--set K=V` on build, train and ablate; `--registry URL`; `--device`)."""
+
+from __future__ import annotations
+
+import click
+
+DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="K=V",
+    help="Override a dotted spec key, e.g. --set model.attention.n_kv_heads=1 or --set train.lr=1e-3 (the value is "
+         "parsed as YAML: a number, a word, or a flow map such as {kind: mlp, hidden_dim: 64}); repeatable.",
+)
+
+registry_option = click.option(
+    "--registry", "registry_url", metavar="URL", default=None,
+    help="Registry database URL [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].",
+)
+
+device_option = click.option(
+    "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+    help="auto: CUDA when present, else CPU.",
+)
