@@ -89,6 +89,8 @@ class RegistryLogger:
     flush_every: buffered metric points that trigger a write. flush_interval_s: the longest a point waits.
     background: heartbeats and timed flushes from a daemon thread (True), or only from the loop's calls (False).
     rerun_finished: start() on a FINISHED run restarts it instead of raising RunFinishedError.
+    take_over: start() on a RUNNING run with a fresh heartbeat restarts it (its writer is known to be dead: `kill -9`
+    on another machine; on this host the registry checks the writer's pid by itself).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class RegistryLogger:
         flush_interval_s: float = 5.0,
         background: bool = True,
         rerun_finished: bool = False,
+        take_over: bool = False,
         max_buffer: int = 100_000,
         registry: Registry | None = None,
     ):
@@ -113,6 +116,7 @@ class RegistryLogger:
         self.flush_interval_s = float(flush_interval_s)
         self.background = background
         self.rerun_finished = rerun_finished
+        self.take_over = take_over
         self.max_buffer = max(max_buffer, flush_every)
 
         self.run_id: str | None = None
@@ -138,7 +142,8 @@ class RegistryLogger:
             raise RuntimeError("RegistryLogger.start() called twice; use one logger per run")
         try:
             self.attempt = self.registry.start_run(
-                info, heartbeat_timeout_s=self.heartbeat_timeout_s, rerun_finished=self.rerun_finished
+                info, heartbeat_timeout_s=self.heartbeat_timeout_s, rerun_finished=self.rerun_finished,
+                take_over=self.take_over,
             )
         except Exception as e:
             if _unwritable(e):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,6 +37,27 @@ from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, 
 
 class RunFinishedError(UserError):
     """The run already FINISHED; a sweep skips it (see Registry.run_status), a rerun must be asked for."""
+
+
+def _writer_gone(conn: Connection, row) -> bool:
+    """The run's writer ran on this host and its process no longer exists. Another host's process cannot be checked
+    (that is what `--take-over` is for); a pid reused by an unrelated process reads as alive (the safe side)."""
+    if not row.host or row.host != socket.gethostname():
+        return False
+    pid_text = conn.execute(select(RunTag.value).where(RunTag.run_id == row.id, RunTag.key == "pid")).scalar()
+    try:
+        pid = int(pid_text or "")
+    except ValueError:
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
 
 
 class RunActiveError(UserError):
@@ -136,7 +159,8 @@ class RegistryWriter(RegistryEngine):
         if tags:
             conn.execute(insert(RunTag), tags)
 
-    def start_run(self, info: RunInfo, *, heartbeat_timeout_s: float, rerun_finished: bool = False) -> int:
+    def start_run(self, info: RunInfo, *, heartbeat_timeout_s: float, rerun_finished: bool = False,
+                  take_over: bool = False) -> int:
         """Mark a run RUNNING (creating it, or restarting a SCHEDULED/FAILED/KILLED one); returns its attempt number.
 
         A restart is a new attempt (`attempt` + 1) that keeps the earlier attempts' metric history until it writes
@@ -144,7 +168,10 @@ class RegistryWriter(RegistryEngine):
         step. A restart from scratch (step 0) so replaces the whole history, and a run resumed from a checkpoint at
         step k keeps steps < k. The summary is cleared (it belongs to an attempt that ended); artifacts stay (their
         files, checkpoints above all, still exist). A FINISHED run raises `RunFinishedError` unless
-        `rerun_finished`; a RUNNING run whose heartbeat is fresh raises `RunActiveError`.
+        `rerun_finished`; a RUNNING run whose heartbeat is fresh raises `RunActiveError`, unless its writer is known
+        to be gone: it ran on this host and its process no longer exists (checked by pid), or the caller says so
+        (`take_over`, e.g. after `kill -9` on another machine). The old writer, if it lives after all, finds its
+        attempt superseded at its next write and stops recording.
         """
 
         self.reap()  # a write place: dead runs are marked KILLED here, never by a read
@@ -165,11 +192,13 @@ class RegistryWriter(RegistryEngine):
                     f"run {row.id} ({row.name}, seed {row.seed}) already FINISHED at {fmt_time(row.ended)}; "
                     "Registry.run_status() tells a sweep to skip it"
                 )
-            if row.status == RUNNING and not self._is_stale(row, now):
+            if row.status == RUNNING and not self._is_stale(row, now) and not take_over \
+                    and not _writer_gone(conn, row):
                 age = (now - row.heartbeat).total_seconds() if row.heartbeat else float("nan")
                 raise RunActiveError(
                     f"run {row.id} ({row.name}) is already RUNNING on {row.host or 'an unknown host'} "
-                    f"(last heartbeat {age:.0f}s ago)"
+                    f"(last heartbeat {age:.0f}s ago); if that process is dead (killed on another machine), "
+                    "`archspec train ... --take-over` starts it anyway"
                 )
             for table in (SummaryMetric, RunParam, RunTag):
                 conn.execute(delete(table).where(table.run_id == info.run_id))

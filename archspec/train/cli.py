@@ -15,7 +15,7 @@ from archspec.spec import load_spec
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 
-def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
+def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False) -> RunLogger:
     """The registry at `registry_url` (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db), on rank 0.
 
     `archspec train` is an explicit request to train, so a run the registry already holds as FINISHED (same spec,
@@ -24,7 +24,7 @@ def make_logger(registry_url: str | None, rank: int = 0) -> RunLogger:
         return NullLogger()  # under torchrun only rank 0 records anything
     from archspec.registry import RegistryLogger, default_url
 
-    return RegistryLogger(registry_url or default_url(), rerun_finished=True)
+    return RegistryLogger(registry_url or default_url(), rerun_finished=True, take_over=take_over)
 
 
 def resume_command(spec_path: str, overrides, steps: int | None, device: str, registry_url: str | None,
@@ -57,9 +57,12 @@ def resume_command(spec_path: str, overrides, steps: int | None, device: str, re
                    "the run would not fit.")
 @click.option("--world-size", type=click.IntRange(min=1), metavar="N",
               help="With --dry-run: plan for N processes [default: $WORLD_SIZE, else 1].")
+@click.option("--take-over", is_flag=True,
+              help="The run is recorded RUNNING but its process is dead (kill -9 on another machine): start anyway. "
+                   "On this host a dead writer is recognised by its pid without this flag.")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
               registry_url: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
-              dry_run: bool, world_size: int | None) -> None:
+              dry_run: bool, world_size: int | None, take_over: bool) -> None:
     """Train SPEC once with the shared loop and record the run."""
     if world_size and not dry_run:
         raise click.UsageError("--world-size plans a run (--dry-run); a real run takes its world from torchrun")
@@ -71,7 +74,7 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     try:
         with install_signal_handlers():
             result = _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out,
-                            quiet)
+                            quiet, take_over)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
         checkpoint = getattr(e, "checkpoint", None)
         if checkpoint is not None:
@@ -101,7 +104,8 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
         raise refusal(spec, plan)
 
 
-def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet):
+def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet,
+           take_over=False):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
     from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
@@ -110,7 +114,7 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
     spec = load_spec(spec_path, overrides)
     if resume and not run_dir:
         run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
-    return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank), resume=resume,
+    return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank, take_over), resume=resume,
                  run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet)
 
 
