@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from archspec.errors import printable
+
 PIPED_WIDTH = 160  # output to a pipe or a file, when $COLUMNS does not say: wide enough for a typical table
 
 
@@ -24,9 +26,21 @@ def terminal_width(stream=None) -> int | None:
     return None if stream.isatty() else PIPED_WIDTH
 
 
-def make_console(stderr: bool = False) -> Console:
+class DataConsole(Console):
+    """A console for showing stored or user-supplied data (run names, tags, paths, errors): every string is shown as
+    it is, never as rich markup, and with control characters escaped (newlines kept), so a value holding
+    `\x1b[2J` or `\r` cannot rewrite the terminal. `Text` objects built by the caller are its own business."""
+
+    def render_str(self, text: str, **kwargs):
+        kwargs["markup"] = False
+        safe = "\n".join(printable(line) for line in text.split("\n"))
+        return super().render_str(safe, **kwargs)
+
+
+def make_console(stderr: bool = False, data: bool = False) -> Console:
+    """`data`: a DataConsole, for output that shows stored or user-supplied text."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=terminal_width(stream), soft_wrap=False)
+    return (DataConsole if data else Console)(stderr=stderr, width=terminal_width(stream), soft_wrap=False)
 
 
 def human(n: float) -> str:

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from archspec.cli_options import registry_option
 from archspec.console import dropped_note, fit_columns, make_console, number
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
 
@@ -44,7 +44,7 @@ def _open(ctx: click.Context, url: str | None) -> Registry:
 
 
 def _console() -> Console:
-    return make_console()
+    return make_console(data=True)  # stored values are shown as data: no markup, control characters escaped
 
 
 # ── formatting ───────────────────────────────────────────────────────────────────────────────────────────────────
@@ -307,7 +307,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     console.print(info)
     if run.error:
         console.print(Text("\nerror:", style="bold red"))
-        console.print(Text(run.error))
+        console.print(Text("\n".join(printable(line) for line in run.error.split("\n"))))
     acct = Table(title="accounting", box=None, header_style="bold", title_justify="left", pad_edge=False)
     acct.add_column("field")
     acct.add_column("value", justify="right")

@@ -99,3 +99,22 @@ def test_a_schema_that_is_not_ours_is_refused_for_reads_and_writes(sql, needle, 
         Registry(url).start_run(make_info(seed=7), heartbeat_timeout_s=60)
     with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:  # and nothing was written
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def test_stored_text_with_control_characters_or_markup_is_shown_inert(tmp_path, capsys):
+    """Tags, sweep names, errors and artifact paths come from files and users: shown, they cannot forge lines, clear
+    the screen or style the output (rich markup)."""
+    url = f"sqlite:///{tmp_path}/registry.db"
+    hostile = "x\x1b[2J\rOK: forged [bold red]markup[/]\x07"
+    info = make_info(tags={"corpus": hostile}, sweep="s\x1b[31m")
+    with Registry(url) as reg:
+        record_run(reg, info, metrics={"val_loss": [(1, 3.0)]})
+        reg.add_artifact(info.run_id, "checkpoint", "/runs/a\rOK\x1b[2K.pt")
+        reg.finish_run(info.run_id, 1, "FAILED", f"ValueError: {hostile}\n\nTraceback ...")
+    for argv in (["runs", "show", info.run_id], ["runs", "list", "--where", "tags.corpus LIKE 'x%'"],
+                 ["runs", "compare", info.run_id, info.run_id]):
+        rc, out, err = _cli(capsys, *argv, "--registry", url)
+        assert rc == 0, err
+        assert all(c.isprintable() or c == "\n" for c in out), repr(out)
+    rc, out, _ = _cli(capsys, "runs", "show", info.run_id, "--registry", url)
+    assert "[bold red]markup[/]" in out and "\\x1b[2J\\rOK" in out  # shown literally, escaped
