@@ -215,21 +215,19 @@ def _fill_registry_at(registry, step: int):
     return hook
 
 
-@pytest.mark.parametrize("when", ["mid-run", "final-write"])
-def test_a_full_registry_disk_ends_the_run_failed_with_a_checkpoint(when, make_spec, tmp_path, cache, monkeypatch):
+def test_a_full_registry_disk_mid_run_stops_the_run_failed_with_a_checkpoint(make_spec, tmp_path, cache, monkeypatch):
     """Decision (README): the run stops at the first write the registry refuses, saves a checkpoint, and ends FAILED
-    saying so; it does not train on unrecorded. A refusal only at the final write also ends FAILED, not RUNNING."""
+    saying so; it does not train on unrecorded. A real SQLITE_FULL (the database capped at its size at step 3)."""
     from archspec.registry import Registry, RegistryLogger
 
     url = f"sqlite:///{tmp_path}/registry.db"
-    steps = 40
-    logger = RegistryLogger(url, background=False, flush_every=8 if when == "mid-run" else 10**6,
-                            flush_interval_s=3600)
+    steps = 40  # the free space left in the last pages takes a dozen steps to fill
+    logger = RegistryLogger(url, background=False, flush_every=8, flush_interval_s=3600)
     real_build = Trainer._build_model
 
     def build_with_hook(self):
         generated, model = real_build(self)
-        model.register_forward_pre_hook(_fill_registry_at(logger.registry, 3 if when == "mid-run" else steps))
+        model.register_forward_pre_hook(_fill_registry_at(logger.registry, 3))
         return generated, model
 
     monkeypatch.setattr(Trainer, "_build_model", build_with_hook)
@@ -237,14 +235,33 @@ def test_a_full_registry_disk_ends_the_run_failed_with_a_checkpoint(when, make_s
     result = train(make_spec(steps=steps, eval_interval=10, warmup_steps=1), run_dir=run_dir, cache=cache,
                    logger=logger)
     assert result.status == FAILED and "database or disk is full" in result.error
+    assert result.step < steps and result.error.startswith(f"stopped at step {result.step}: registry ")
+    assert f"checkpoint saved at step {result.step}" in result.error
     assert load_checkpoint(run_dir)["step"] == result.step  # the work is kept: `--resume` continues from here
-    if when == "mid-run":
-        assert result.step < steps and result.error.startswith(f"stopped at step {result.step}: registry ")
-        assert f"checkpoint saved at step {result.step}" in result.error
-    else:
-        assert result.step == steps and "the run's record is incomplete" in result.error
     # The status row is updated in place, which a full database still allows: FAILED, never RUNNING or FINISHED.
     assert Registry(url).run_status(result.run_id) == FAILED
+
+
+def test_a_registry_that_refuses_only_the_final_write_never_records_finished(make_spec, tmp_path, cache, monkeypatch):
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from archspec.registry import Registry, RegistryLogger
+
+    url = f"sqlite:///{tmp_path}/registry.db"
+    logger = RegistryLogger(url, background=False, flush_every=10**6, flush_interval_s=3600)
+
+    def full(*args, **kwargs):
+        raise OperationalError("INSERT INTO metrics ...", {}, sqlite3.OperationalError("database or disk is full"))
+
+    monkeypatch.setattr(logger.registry, "write_metrics", full)  # every point waits for the final flush, which fails
+    result = train(make_spec(steps=4, eval_interval=2, warmup_steps=1), run_dir=tmp_path / "run", cache=cache,
+                   logger=logger)
+    assert result.status == FAILED and result.step == 4
+    assert "the run's record is incomplete" in result.error and "database or disk is full" in result.error
+    run = Registry(url).get_run(result.run_id)
+    assert run.status == FAILED and "the registry refused the final write" in run.error
 
 
 # ── SIGTERM ──────────────────────────────────────────────────────────────────────────────────────────────────────
