@@ -13,7 +13,9 @@ over the model. Conventions (DESIGN.md):
   sequence length T, query t sees t+1 keys, so the mean over a sequence is (T + 1) / 2. `full_attention=True`
   counts all T keys (what a math-path kernel actually multiplies, since it computes the masked half too).
   Train = 3 × forward (backward ≈ 2 × forward).
-- KV cache bytes per token = 2 (K and V) · n_layers · n_kv_heads · head_dim · bytes per element.
+- KV cache bytes per token = Σ over layers of 2 (K and V) · n_kv_heads · head_dim · bytes per element.
+- Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
+  `by_block` gives each distinct block configuration with its layers.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Accounting:
     seq_len: int
     flops_by_component: dict[str, int] = field(default_factory=dict)  # forward, per token
     buffer_elements: int = 0  # non-persistent buffers (position tables), not parameters
+    by_block: list[dict[str, Any]] = field(default_factory=list)  # per distinct block configuration (per layer group)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,8 @@ class Accounting:
                 "active": self.active,
                 "embedding": self.embedding,
                 "by_component": dict(self.by_component),
+                # per layer group (distinct block configuration), figures per layer; only when layers differ
+                **({"by_layer_group": [dict(b) for b in self.by_block]} if len(self.by_block) > 1 else {}),
             },
             "flops_per_token": {"forward": self.flops_forward, "train": self.flops_train},
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
@@ -53,30 +58,49 @@ class Accounting:
 
 
 def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
-    """Parameters by component (summed over layers) and the active total."""
-    d, L = m.d_model, m.n_layers
+    """Parameters by component (summed over layers, each layer with its own components) and the active total."""
+    d = m.d_model
+    blocks = m.blocks()
     parts = {
         "embedding": m.vocab_size * d,
         "position": m.attention.positional.params(m),
-        "attention": L * m.attention.params(d),
-        "ffn": L * m.ffn.params(d),
-        "norm": (2 * L + 1) * m.norm.params(d),
+        "attention": sum(b.attention.params(d) for b in blocks),
+        "ffn": sum(b.ffn.params(d) for b in blocks),
+        "norm": sum(2 * b.norm.params(d) for b in blocks) + m.norm.params(d),  # two per block, plus the final norm
         "lm_head": 0 if m.tie_embeddings else m.vocab_size * d,
     }
     parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}
-    active = sum(parts.values()) - L * (m.ffn.params(d) - m.ffn.active_params(d))
+    active = sum(parts.values()) - sum(b.ffn.params(d) - b.ffn.active_params(d) for b in blocks)
     return parts, active
 
 
 def flops_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> dict[str, int]:
-    d, L = m.d_model, m.n_layers
+    d, blocks = m.d_model, m.blocks()
     return {
-        "attention_proj": L * m.attention.projection_flops(d),
-        # exact as a rational (the pattern's mean key count), rounded once at the end
-        "attention_scores": round(L * m.attention.score_flops(seq_len, full_attention)),
-        "ffn": L * m.ffn.flops(d),
+        "attention_proj": sum(b.attention.projection_flops(d) for b in blocks),
+        # exact as a rational (each pattern's mean key count), rounded once at the end
+        "attention_scores": round(sum(b.attention.score_flops(seq_len, full_attention) for b in blocks)),
+        "ffn": sum(b.ffn.flops(d) for b in blocks),
         "lm_head": 2 * d * m.vocab_size,
     }
+
+
+def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> list[dict[str, Any]]:
+    """Per distinct block configuration: its layers and what one such layer costs (params, active params, forward
+    FLOPs per token at `seq_len`, KV-cache elements per token)."""
+    d, out = m.d_model, []
+    for block, layers in m.block_groups():
+        a = block.attention
+        out.append({
+            "layers": layers,
+            "norm": block.norm.describe(m), "attention": f"{a.layout} {a.n_heads}/{a.n_kv_heads} heads, "
+            + a.sparsity.describe(m), "ffn": block.ffn.describe(m),
+            "params": a.params(d) + block.ffn.params(d) + 2 * block.norm.params(d),
+            "active": a.params(d) + block.ffn.active_params(d) + 2 * block.norm.params(d),
+            "flops_forward": round(a.projection_flops(d) + a.score_flops(seq_len, full_attention) + block.ffn.flops(d)),
+            "kv_elements_per_token": a.kv_cache_elements_per_token(),
+        })
+    return out
 
 
 def attention_keys(m: ModelSpec, seq_len: int, full_attention: bool = False) -> float:
@@ -85,7 +109,7 @@ def attention_keys(m: ModelSpec, seq_len: int, full_attention: bool = False) -> 
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, dtype: str = "bf16") -> int:
-    return m.n_layers * m.attention.kv_cache_elements_per_token() * BYTES_PER_ELEMENT[dtype]
+    return sum(b.attention.kv_cache_elements_per_token() for b in m.blocks()) * BYTES_PER_ELEMENT[dtype]
 
 
 def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attention: bool = False,
@@ -111,4 +135,5 @@ def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attentio
         seq_len=seq_len,
         flops_by_component=flops,
         buffer_elements=sum(u.buffer_elements(m) for u in m.units()),
+        by_block=block_breakdown(m, seq_len, full_attention),
     )

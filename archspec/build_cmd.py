@@ -65,6 +65,21 @@ def accounting_table(spec, acc: Accounting) -> Table:
     return table
 
 
+def block_table(spec, acc: Accounting) -> Table | None:
+    """Per layer group (each distinct block configuration): its layers, components and what one layer costs."""
+    if len(acc.by_block) < 2:
+        return None
+    table = Table(title="per layer group (one block class each; figures per layer)", title_justify="left")
+    for col in ("block", "layers", "norm / attention / ffn", "params", "active", "fwd FLOPs/token", "KV elems/token"):
+        table.add_column(col, justify="right" if col not in ("block", "layers", "norm / attention / ffn") else "left")
+    for j, b in enumerate(acc.by_block):
+        layers = b["layers"]
+        shown = ", ".join(map(str, layers[:12])) + (", …" if len(layers) > 12 else "")
+        table.add_row(f"Block{j}", f"{shown} ({len(layers)})", f"{b['norm']} / {b['attention']} / {b['ffn']}",
+                      f"{b['params']:,}", f"{b['active']:,}", human(b["flops_forward"]), f"{b['kv_elements_per_token']:,}")
+    return table
+
+
 def _record_spec(registry_url: str | None, spec, gen, acc: Accounting, console: Console) -> None:
     """Record the spec and its accounting so that `archspec specs list` can answer before any training."""
     try:
@@ -134,6 +149,8 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path, as_json: bool, do_compi
         click.echo(json.dumps(out))
         return
     console.print(accounting_table(spec, acc))
+    if (per_group := block_table(spec, acc)) is not None:
+        console.print(per_group)
     console.print(f"generated [bold]{gen.path}[/] (sha256 {gen.source_hash[:12]}); forward on (1, {T}) → logits {tuple(logits.shape)}")
     if compile_s is not None:
         console.print(f"torch.compile per block ({spec.model.n_layers} blocks, one graph) + first forward: {compile_s:.1f} s")

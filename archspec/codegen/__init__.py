@@ -8,12 +8,16 @@ literals) into a `Part` (module code plus the lines it adds at its family's hook
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
+import json
 import math
 import os
+import re
 import sys
 import textwrap
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -96,37 +100,160 @@ def _unit_part(unit: Any, m: Any, extra: dict[str, Any] | None = None) -> Part:
     return _render_unit(f"unit:{type(unit).template_path()}", fam.hooks, context)
 
 
+# ── several configurations of one family (per-layer variation) ──────────────────────────────────────────────────
+# Units' templates are written for one configuration (`class FeedForward`, `FFN_HIDDEN`). When layers differ, each
+# configuration is rendered on its own and its top-level names, and those of its constants whose values differ
+# between configurations, get a suffix (FeedForwardMoe, FFN_HIDDEN_GLU2): no template needs to know.
+
+
+def _camel(word: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", word) if p)
+
+
+def _suffixes(words: list[str]) -> list[str]:
+    """Class-name suffixes for configurations labelled `words` (their kinds): `Glu`, `Moe`; `Glu1`, `Glu2` for
+    repeats. A single configuration gets none."""
+    if len(words) == 1:
+        return [""]
+    counts = Counter(words)
+    seen: Counter = Counter()
+    out = []
+    for w in words:
+        seen[w] += 1
+        out.append(_camel(w) + (str(seen[w]) if counts[w] > 1 else ""))
+    return out
+
+
+def _top_level_names(body: str) -> list[str]:
+    names = []
+    for node in ast.parse(body).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def _rename(text: str, mapping: dict[str, str]) -> str:
+    if not mapping:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b")
+    return pattern.sub(lambda mt: mapping[mt.group(1)], text)
+
+
+@dataclass
+class Config:
+    """One configuration of a family: its rendered part, constants, and the name of the class it defines."""
+
+    part: Part
+    constants: list[Const]
+    cls: str
+
+
+def _configs(units: list[Any], labels: list[str], render_one, constants_of, base_cls: str) -> list[Config]:
+    """Render each configuration; rename per configuration when there are several."""
+    parts = [render_one(u) for u in units]
+    consts = [constants_of(u) for u in units]
+    if len(units) == 1:
+        return [Config(parts[0], consts[0], base_cls)]
+    values: dict[str, set[str]] = {}
+    for cs in consts:
+        for c in cs:
+            values.setdefault(c.name, set()).add(c.value)
+    suffixes = _suffixes(labels)
+    out = []
+    for part, cs, sfx in zip(parts, consts, suffixes):
+        upper = "_" + sfx.upper()
+        mapping = {name: name + sfx for name in _top_level_names(part.body)}
+        mapping.update({c.name: c.name + upper for c in cs if len(values[c.name]) > 1})
+        renamed = Part(_rename(part.body, mapping), {k: _rename(v, mapping) for k, v in part.hooks.items()})
+        out.append(Config(renamed, [Const(mapping.get(c.name, c.name), c.value, c.why) for c in cs], base_cls + sfx))
+    return out
+
+
+def _merge_constants(configs: list[Config]) -> list[Const]:
+    seen: dict[str, Const] = {}
+    for cfg in configs:
+        for c in cfg.constants:
+            seen.setdefault(c.name, c)
+    return list(seen.values())
+
+
+def _distinct(units: list[Any]) -> list[Any]:
+    out: dict[str, Any] = {}
+    for u in units:
+        out.setdefault(json.dumps(u.model_dump(mode="json"), sort_keys=True), u)
+    return list(out.values())
+
+
 def _context(spec: Spec, source: str) -> dict[str, Any]:
     m, a = spec.model, spec.model.attention
     acc = account(spec)
+    groups = m.block_groups()  # [(BlockSpec, layers)] in order of first use
+
+    positional = _unit_part(a.positional, m)
+    norms = _distinct([m.norm] + [b.norm for b, _ in groups])  # the model-wide norm is also the final norm
+    ffns = _distinct([b.ffn for b, _ in groups])
+    attentions = _distinct([b.attention for b, _ in groups])
+    sparsities = _distinct([att.sparsity for att in attentions])
+
+    norm_cfgs = _configs(norms, [u.kind for u in norms], lambda u: _unit_part(u, m),
+                         lambda u: u.constants(m), "Norm")
+    ffn_cfgs = _configs(ffns, [u.kind for u in ffns], lambda u: _unit_part(u, m), lambda u: u.constants(m),
+                        "FeedForward")
+    sparsity_cfgs = _configs(sparsities, [u.kind for u in sparsities],
+                             lambda u: _unit_part(u, m, {"gqa": False}), lambda u: u.constants(m), "")
+
+    def render_attention(att: Any) -> Part:
+        ctx = att.template_context(m)
+        # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it.
+        sparsity = _configs(sparsities, [u.kind for u in sparsities], lambda u: _unit_part(u, m, ctx),
+                            lambda u: u.constants(m), "")[sparsities.index(att.sparsity)].part
+        body = _render_unit(f"unit:{ATTENTION_TEMPLATE}", (),
+                            {"unit": att, **ctx, "positional": positional, "sparsity": sparsity}).body
+        return Part(body, {})
+
+    attention_cfgs = _configs(attentions, [att.sparsity.kind for att in attentions], render_attention,
+                              lambda att: att.constants(m), "Attention")
 
     consts = [
         Const("VOCAB_SIZE", lit_int(m.vocab_size)),
         Const("CONTEXT_LENGTH", lit_int(m.context_length), "longest sequence; sizes position tables"),
         Const("D_MODEL", lit_int(m.d_model), "width of the residual stream"),
         Const("N_LAYERS", lit_int(m.n_layers)),
-        *a.constants(m),
-    ]
-    for unit in m.units():
-        consts += unit.constants(m)
-    consts += [
+        *_merge_constants(attention_cfgs),
+        *_merge_constants(norm_cfgs),
+        *a.positional.constants(m),
+        *_merge_constants(sparsity_cfgs),
+        *_merge_constants(ffn_cfgs),
         Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
     ]
 
-    parts = {"norm": _unit_part(m.norm, m), "positional": _unit_part(a.positional, m), "ffn": _unit_part(m.ffn, m)}
-    attention_ctx = a.template_context(m)
-    parts["sparsity"] = _unit_part(a.sparsity, m, attention_ctx)
-    parts["attention"] = _render_unit(
-        f"unit:{ATTENTION_TEMPLATE}", (),
-        {"unit": a, **attention_ctx, "positional": parts["positional"], "sparsity": parts["sparsity"]})
+    blocks = []
+    for j, (b, layers) in enumerate(groups):
+        blocks.append({
+            "name": "Block" if len(groups) == 1 else f"Block{j}",
+            "norm": norm_cfgs[norms.index(b.norm)].cls,
+            "attention": attention_cfgs[attentions.index(b.attention)].cls,
+            "ffn": ffn_cfgs[ffns.index(b.ffn)].cls,
+            "layers": _comment_safe(_layer_list(layers)),
+        })
+    model_methods = list(dict.fromkeys(c.part.hooks.get("model_methods", "") for c in ffn_cfgs if
+                                       c.part.hooks.get("model_methods")))
+    if len(model_methods) > 1:
+        raise ValueError("codegen: FFN configurations add different Model methods; a kind's model_methods must not "
+                         "depend on its configuration")
 
     tied = "tied" if m.tie_embeddings else "untied"
+    if len(groups) == 1:
+        layer_desc = (f"{a.n_heads} heads ({a.n_kv_heads} KV heads, {a.layout}), {m.norm.describe(m)}, "
+                      f"{m.ffn.describe(m)}, {a.positional.describe(m)}, {a.sparsity.describe(m)}")
+    else:
+        layer_desc = f"{a.positional.describe(m)}, {len(groups)} block configurations (see the Block classes)"
     summary = (
-        f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {a.n_heads} heads "
-        f"({a.n_kv_heads} KV heads, {a.layout}), {m.norm.describe(m)}, {m.ffn.describe(m)}, "
-        f"{a.positional.describe(m)}, {a.sparsity.describe(m)}, {tied} embeddings. "
-        f"{acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
+        f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {layer_desc}, "
+        f"{tied} embeddings. {acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
     )
     cjson = canonical_json(spec)
     return {
@@ -137,9 +264,23 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "spec_hash_literal": repr(spec_hash(spec)),
         "spec_json_chunks": _str_chunks(cjson),
         "constants": consts,
-        "parts": parts,
+        "positional": positional,
+        "norms": norm_cfgs,
+        "sparsities": sparsity_cfgs,
+        "attentions": attention_cfgs,
+        "ffns": ffn_cfgs,
+        "model_methods": model_methods[0] if model_methods else "",
+        "blocks": blocks,
+        "layout": ", ".join(str(next(j for j, (_, ls) in enumerate(groups) if i in ls)) for i in range(m.n_layers)),
+        "final_norm": norm_cfgs[0].cls,
         "tie_embeddings": bool(m.tie_embeddings),
     }
+
+
+def _layer_list(layers: list[int]) -> str:
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
 def render(spec: Spec, source: str | None = None) -> str:

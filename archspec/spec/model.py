@@ -8,12 +8,15 @@ problem is reported with its own field path.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated, Any
+
+from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, model_validator
 
 from archspec.kinds import AttentionSpec, family
 from archspec.kinds.base import Strict, bind, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
+from archspec.spec.layers import COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve
 from archspec.spec.train import TrainSpec
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -37,23 +40,75 @@ class ModelSpec(Strict):
     ffn: FFN = Field(default_factory=_default("ffn"))
     tie_embeddings: bool = True
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
+        default_factory=dict,
+        description="per-layer overrides: {name: {select: [i, ...] | {start, stop, step}, norm/attention/ffn: "
+                    "fields merged onto the model-wide component}}")
+
+    _blocks: list[BlockSpec] | None = PrivateAttr(None)
+    _layer_problems: list = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _fill_derived_defaults(self) -> "ModelSpec":
         # Defaults that depend on other fields are written into the spec, so that writing them explicitly gives the
         # same canonical JSON (and hash). Inconsistent values are left alone for archspec.spec.rules to report.
         self.attention.fill_defaults(self.d_model)
-        for unit in self.units():
+        for unit in (self.norm, self.attention.positional, self.attention.sparsity, self.ffn):
             unit.fill_defaults(self)
+        self._blocks, self._layer_problems = resolve(self)
         return self
 
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data.pop("layers", None)
+        if self.layers and not self._layer_problems:
+            wide, groups = canonical_layers(self, self._blocks)
+            if groups:
+                positional = data["attention"]["positional"]
+                data.update(wide)
+                data["attention"]["positional"] = positional
+                data["layers"] = groups
+            else:
+                data.update(wide)
+        return data
+
+    # ── per layer ──
+
+    def blocks(self) -> list[BlockSpec]:
+        """Each layer's resolved components (equal layers share one BlockSpec)."""
+        if self._layer_problems:
+            raise ValueError("; ".join(f"{'.'.join(map(str, p))}: {msg}" for p, msg, _ in self._layer_problems))
+        return list(self._blocks)
+
+    def block_groups(self) -> list[tuple[BlockSpec, list[int]]]:
+        """The distinct block configurations, in order of first use, each with its layers."""
+        out: dict[int, tuple[BlockSpec, list[int]]] = {}
+        for i, b in enumerate(self.blocks()):
+            out.setdefault(id(b), (b, []))[1].append(i)
+        return list(out.values())
+
     def units(self) -> list:
-        """Every kind unit of the model, with its family: norm, positional, sparsity, ffn."""
-        return [self.norm, self.attention.positional, self.attention.sparsity, self.ffn]
+        """Every distinct kind unit of the model: norms, the positional encoding, attention patterns, FFNs."""
+        seen: dict[int, Any] = {id(self.attention.positional): self.attention.positional}
+        for b, _ in self.block_groups():
+            for unit in (b.norm, b.attention.sparsity, b.ffn):
+                seen.setdefault(id(unit), unit)
+        return list(seen.values())
+
+    def attentions(self) -> list[AttentionSpec]:
+        """The distinct attention configurations across layers (the model-wide one first)."""
+        out = {id(self.attention): self.attention}
+        for b in (self._blocks or []):
+            out.setdefault(id(b.attention), b.attention)
+        return list(out.values())
 
     def unit_paths(self) -> list[tuple[tuple[str, ...], object]]:
         return [(("model", "norm"), self.norm), (("model", "attention", "positional"), self.attention.positional),
                 (("model", "attention", "sparsity"), self.attention.sparsity), (("model", "ffn"), self.ffn)]
+
+    def layer_problems(self) -> list:
+        return list(self._layer_problems)
 
 
 class Spec(Strict):

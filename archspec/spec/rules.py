@@ -23,26 +23,16 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     out: list[Problem] = []
     p_att = ("model", "attention")
 
-    if att.n_kv_heads is not None and (att.n_kv_heads > att.n_heads or att.n_heads % att.n_kv_heads):
-        out.append((p_att + ("n_kv_heads",), f"must divide n_heads ({att.n_heads}), got {att.n_kv_heads}", att.n_kv_heads))
-    if att.head_dim is None:
-        out.append(
-            (p_att + ("n_heads",),
-             f"must divide d_model ({m.d_model}) when head_dim is not given, got {att.n_heads}; "
-             f"set head_dim or pick n_heads in {_divisors(m.d_model)}", att.n_heads)
-        )
-    else:
-        width = att.head_dim * att.n_heads
-        if width > 8 * m.d_model:
-            out.append((p_att + ("head_dim",),
-                        f"n_heads·head_dim ({att.n_heads}·{att.head_dim} = {width}) must be at most 8·d_model "
-                        f"({8 * m.d_model})", att.head_dim))
+    out += m.layer_problems()  # per-layer groups: selections, overlaps that disagree, merged fields
+    out += attention_problems(att, m.d_model, p_att)
+    if not m.layer_problems():
+        for block, layers in m.block_groups():
+            if block.attention is not att:
+                group = next(n for n in sorted(m.layers) if m.layers[n].attention and _selects(m, n, layers[0]))
+                out += attention_problems(block.attention, m.d_model, ("model", "layers", group, "attention"))
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
         out += unit.problems(m, path)
 
-    if att.head_dim is not None and att.head_dim > MAX_HEAD_DIM:
-        out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // n_heads "
-                    "when not given: raise n_heads or set head_dim)", att.head_dim))
     if spec.name in RESERVED_NAMES:
         out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
                     "name for scripts run beside it; pick another name", spec.name))
@@ -79,6 +69,34 @@ def trainability_problems(spec: "Spec") -> list[str]:
         return [f"model.vocab_size: must be at least {BPE_MIN_VOCAB} for train.data.tokenizer (bpe, whose vocab_size "
                 f"defaults to model.vocab_size), got {m.vocab_size}"]
     return []
+
+
+def attention_problems(att, d_model: int, p_att: tuple) -> list[Problem]:
+    out: list[Problem] = []
+    if att.n_kv_heads is not None and (att.n_kv_heads > att.n_heads or att.n_heads % att.n_kv_heads):
+        out.append((p_att + ("n_kv_heads",), f"must divide n_heads ({att.n_heads}), got {att.n_kv_heads}", att.n_kv_heads))
+    if att.head_dim is None:
+        out.append(
+            (p_att + ("n_heads",),
+             f"must divide d_model ({d_model}) when head_dim is not given, got {att.n_heads}; "
+             f"set head_dim or pick n_heads in {_divisors(d_model)}", att.n_heads)
+        )
+    else:
+        width = att.head_dim * att.n_heads
+        if width > 8 * d_model:
+            out.append((p_att + ("head_dim",),
+                        f"n_heads·head_dim ({att.n_heads}·{att.head_dim} = {width}) must be at most 8·d_model "
+                        f"({8 * d_model})", att.head_dim))
+        if att.head_dim > MAX_HEAD_DIM:
+            out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // "
+                        "n_heads when not given: raise n_heads or set head_dim)", att.head_dim))
+    return out
+
+
+def _selects(m, group: str, layer: int) -> bool:
+    from archspec.spec.layers import layer_indices
+
+    return layer in layer_indices(m.layers[group].select, m.n_layers, ())[0]
 
 
 def _divisors(n: int) -> list[int]:

@@ -20,6 +20,9 @@ class RopePositional(PositionalKind):
         hd = m.attention.head_dim
         if hd is not None and hd % 2:
             return [(("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd)]
+        odd = sorted({a.head_dim for a in m.attentions() if a.head_dim is not None and a.head_dim % 2})
+        if odd:  # a layer group's head_dim
+            return [(("model", "layers"), f"head_dim must be even for rope (rotates pairs), got {odd[0]}", odd[0])]
         return []
 
     def constants(self, m) -> list[Const]:

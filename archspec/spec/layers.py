@@ -1,0 +1,281 @@
+"""Per-layer variation: model-wide block components plus named layer groups that override them.
+
+    model:
+      n_layers: 8
+      ffn: {kind: glu, hidden_dim: 1376}          # every layer, unless a group says otherwise
+      layers:
+        wide:                                     # a name: --set model.layers.wide.ffn.hidden_dim=2752
+          select: {start: 1, step: 2}             # layers 1, 3, 5, 7 (a Python range; stop defaults to n_layers)
+          ffn: {hidden_dim: 2752}                 # merged onto the model-wide ffn: only hidden_dim changes
+        first:
+          select: [0]                             # or an explicit list
+          attention: {sparsity: {kind: dense}}
+
+Rules (docs in the README):
+- A group's `norm`, `attention` or `ffn` is merged onto the model-wide component the way `--set` is: fields refine it;
+  a different `kind` starts from that kind's defaults. Positional settings are model-wide (position tables and
+  rotary angles are shared by every layer), so a group may not set `attention.positional`.
+- Groups may overlap. Where they do, they may not disagree: two groups that set the same field of the same layer
+  to different values are an error at both paths. Group order never matters (YAML order is not part of a hash).
+- The canonical form (and so the hash) is a function of the resolved per-layer model alone: group names and how
+  selections were written are labels. A uniform setting written once or repeated per layer hashes alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from archspec.kinds import AttentionSpec, family, registry_version
+from archspec.kinds.base import Problem, Strict
+
+COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
+GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+
+
+class LayerRange(Strict):
+    """Layers start, start + step, ... below stop (Python's range; stop defaults to n_layers)."""
+
+    start: int = Field(0, ge=0)
+    stop: int | None = Field(None, ge=1)
+    step: int = Field(1, ge=1)
+
+
+class LayerGroup(Strict):
+    select: list[int] | LayerRange = Field(description="an explicit list of layer indices, or {start, stop, step}")
+    norm: dict[str, Any] | None = Field(None, description="fields merged onto model.norm for these layers")
+    attention: dict[str, Any] | None = Field(None, description="fields merged onto model.attention (not positional)")
+    ffn: dict[str, Any] | None = Field(None, description="fields merged onto model.ffn for these layers")
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """The resolved components of one layer."""
+
+    norm: Any
+    attention: AttentionSpec
+    ffn: Any
+
+    def key(self) -> str:
+        return json.dumps([unit_json(getattr(self, c)) for c in COMPONENTS], sort_keys=True)
+
+
+def unit_json(unit: BaseModel) -> str:
+    return json.dumps(unit.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+# ── selections ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def layer_indices(select: list[int] | LayerRange, n_layers: int, path: tuple) -> tuple[list[int], list[Problem]]:
+    problems: list[Problem] = []
+    if isinstance(select, LayerRange):
+        stop = n_layers if select.stop is None else select.stop
+        if select.start >= n_layers:
+            problems.append((path + ("start",), f"must be below n_layers ({n_layers}), got {select.start}",
+                             select.start))
+        if stop > n_layers:
+            problems.append((path + ("stop",), f"must be at most n_layers ({n_layers}), got {stop}", stop))
+        indices = list(range(select.start, min(stop, n_layers), select.step))
+        if not problems and not indices:
+            problems.append((path, f"selects no layer (start {select.start}, stop {stop})", select.start))
+        return indices, problems
+    if not select:
+        return [], [(path, "selects no layer: give at least one index", select)]
+    for j, i in enumerate(select):
+        if not 0 <= i < n_layers:
+            problems.append((path + (j,), f"layer index must be in 0..{n_layers - 1}, got {i}", i))
+    dupes = sorted(i for i, c in Counter(select).items() if c > 1)
+    if dupes:
+        problems.append((path, f"lists layers more than once: {dupes}", dupes))
+    return sorted({i for i in select if 0 <= i < n_layers}), problems
+
+
+def canonical_select(indices: list[int]) -> list[int] | dict[str, int]:
+    """One spelling per set of layers: a range when they are evenly spaced (3 or more), else the list."""
+    if len(indices) >= 3:
+        step = indices[1] - indices[0]
+        if all(b - a == step for a, b in zip(indices, indices[1:])):
+            return {"start": indices[0], "stop": indices[-1] + 1, "step": step}
+    return list(indices)
+
+
+# ── merging ──────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def user_dict(obj: Any) -> Any:
+    """What the user set on a validated spec object (derived defaults left out), with `kind` always written, so a
+    group's fields merge onto what was written, not onto values derived from it."""
+    if isinstance(obj, BaseModel):
+        out = {k: user_dict(getattr(obj, k)) for k in obj.model_fields_set}
+        if "kind" in type(obj).model_fields:
+            out["kind"] = obj.kind
+        return out
+    if isinstance(obj, list):
+        return [user_dict(v) for v in obj]
+    return obj
+
+
+def leaves(data: dict, prefix: tuple = ()) -> dict[tuple, Any]:
+    out: dict[tuple, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            out.update(leaves(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def merge(base: dict, override: dict) -> dict:
+    """`override` onto `base`: nested fields refine; a node whose `kind` changes starts from the override alone."""
+    if "kind" in override and base.get("kind", override["kind"]) != override["kind"]:
+        return dict(override)
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _unflatten(flat: dict[tuple, Any]) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = v
+    return out
+
+
+@lru_cache(maxsize=8)
+def _adapter(family_name: str, version: int) -> TypeAdapter:
+    return TypeAdapter(family(family_name).union())
+
+
+def _validate(component: str, data: dict) -> Any:
+    if component == "attention":
+        return AttentionSpec.model_validate(data)
+    return _adapter(component, registry_version()).validate_python(data)
+
+
+def _error_path(component: str, loc: tuple) -> tuple:
+    """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`): drop it."""
+    kinds = {k for fam in ("norm", "ffn", "positional", "sparsity") for k in family(fam).members}
+    out, prev = [], component
+    for part in loc:
+        if isinstance(part, str) and part in kinds and prev in ("norm", "ffn", "positional", "sparsity"):
+            prev = part
+            continue
+        out.append(part)
+        prev = part
+    return tuple(out)
+
+
+# ── resolution ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def resolve(m: Any) -> tuple[list[BlockSpec], list[Problem]]:
+    """Every layer's components, and the problems of the groups (each at its own path)."""
+    base = {c: getattr(m, c) for c in COMPONENTS}
+    uniform = BlockSpec(**base)
+    if not m.layers:
+        return [uniform] * m.n_layers, []
+    problems: list[Problem] = []
+    selected: dict[str, list[int]] = {}
+    for name in sorted(m.layers):
+        group = m.layers[name]
+        path = ("model", "layers", name)
+        selected[name], errs = layer_indices(group.select, m.n_layers, path + ("select",))
+        problems += errs
+        if group.attention is not None and "positional" in group.attention:
+            problems.append((path + ("attention", "positional"), "positional settings are model-wide (position "
+                             "tables and rotary angles are shared by every layer): set model.attention.positional",
+                             group.attention["positional"]))
+        if not any(getattr(group, c) for c in COMPONENTS):
+            problems.append((path, "sets nothing: give norm, attention or ffn fields for the selected layers", name))
+
+    per_layer: dict[str, list[Any]] = {c: [base[c]] * m.n_layers for c in COMPONENTS}
+    cache: dict[tuple[str, str], Any] = {}
+    by_value: dict[tuple[str, str], Any] = {(c, unit_json(base[c])): base[c] for c in COMPONENTS}  # equal → shared
+    reported: set = set()
+    for c in COMPONENTS:
+        base_user = user_dict(base[c])
+        for i in range(m.n_layers):
+            setters = [n for n in sorted(m.layers) if i in selected[n] and getattr(m.layers[n], c)]
+            if not setters:
+                continue
+            flat: dict[tuple, tuple[Any, str]] = {}
+            for name in setters:
+                for key, value in leaves(getattr(m.layers[name], c)).items():
+                    if key in flat and flat[key][0] != value:
+                        other = flat[key][1]
+                        if (other, name, key) not in reported:
+                            reported.add((other, name, key))
+                            dotted = ".".join(map(str, key))
+                            for who, val, peer in ((other, flat[key][0], name), (name, value, other)):
+                                problems.append((("model", "layers", who, c) + key,
+                                                 f"layer {i} is also selected by group {peer!r}, which sets {c}."
+                                                 f"{dotted} to {json.dumps(flat[key][0] if who == name else value)}; "
+                                                 "overlapping groups may not disagree", val))
+                        continue
+                    flat[key] = (value, name)
+            if c == "attention":
+                flat.pop(("positional",), None)
+                flat = {k: v for k, v in flat.items() if k[0] != "positional"}
+            merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
+            ck = (c, json.dumps(merged, sort_keys=True, default=str))
+            if ck not in cache:
+                try:
+                    unit = _validate(c, merged)
+                    if c == "attention":
+                        unit.fill_defaults(m.d_model)
+                        for sub in (unit.positional, unit.sparsity):
+                            sub.fill_defaults(m)
+                    else:
+                        unit.fill_defaults(m)
+                    cache[ck] = by_value.setdefault((c, unit_json(unit)), unit)
+                except ValidationError as err:
+                    cache[ck] = None
+                    for e in err.errors():
+                        loc = _error_path(c, tuple(e["loc"]))
+                        owner = next((n for n in setters if loc[:1] and loc[0] in getattr(m.layers[n], c)), setters[0])
+                        problems.append((("model", "layers", owner, c) + loc, e["msg"].removeprefix("Value error, "),
+                                         e.get("input")))
+            if cache[ck] is not None:
+                per_layer[c][i] = cache[ck]
+    if problems:
+        return [uniform] * m.n_layers, problems
+    # One object per distinct configuration, so equal layers share their specs.
+    distinct: dict[str, BlockSpec] = {}
+    blocks = []
+    for i in range(m.n_layers):
+        b = BlockSpec(**{c: per_layer[c][i] for c in COMPONENTS})
+        blocks.append(distinct.setdefault(b.key(), b))
+    return blocks, []
+
+
+def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model-wide components, groups) in canonical form: per component, the configuration most layers use is
+    model-wide (ties: the earliest), and each other configuration is one group named `<component>_<n>` selecting
+    exactly its layers."""
+    wide: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    for c in COMPONENTS:
+        values = [getattr(b, c) for b in blocks]
+        keys = [unit_json(v) for v in values]
+        counts = Counter(keys)
+        top = max(counts.values())
+        # The model-wide norm is also the final norm, so it stays model-wide whatever the layers use.
+        base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
+        wide[c] = (m.norm if c == "norm" else values[keys.index(base_key)]).model_dump(mode="json")
+        order = [k for k in dict.fromkeys(keys) if k != base_key]
+        for n, k in enumerate(order, 1):
+            dump = values[keys.index(k)].model_dump(mode="json")
+            if c == "attention":
+                dump.pop("positional", None)
+            groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}
+    return wide, groups
