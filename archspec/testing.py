@@ -47,7 +47,7 @@ from archspec.spec.train import BPETokenizer, ByteTokenizer, DataSpec, StdlibCor
 __all__ = [
     "field_values", "names", "norms", "positionals", "sparsities", "ffns", "attentions", "model_dicts",
     "corpora", "tokenizers", "train_dicts", "spec_dicts", "valid_specs", "invalid_spec_cases",
-    "invalid_spec_dicts", "MUTATIONS", "NORM_KINDS", "POSITIONAL_KINDS", "SPARSITY_KINDS", "FFN_KINDS", "CORPUS_KINDS",
+    "invalid_spec_dicts", "MUTATIONS", "selections", "layer_groups", "NORM_KINDS", "POSITIONAL_KINDS", "SPARSITY_KINDS", "FFN_KINDS", "CORPUS_KINDS",
     "TOKENIZER_KINDS", "union_members", "field_at", "leaves", "shuffled", "divisors", "assert_causal",
 ]
 
@@ -336,9 +336,11 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
 def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model: int = 8, max_d_model: int = 64,
                 max_layers: int = 3, min_context: int = 4, max_context: int = 32, max_heads: int = 8,
                 max_head_dim: int = 16, max_hidden: int = 128, dropout: Strategy | None = None,
-                norm_kinds=None, positional_kinds=None, sparsity_kinds=None, ffn_kinds=None) -> dict:
+                norm_kinds=None, positional_kinds=None, sparsity_kinds=None, ffn_kinds=None,
+                per_layer: bool = True) -> dict:
     """`model:` dicts. Sizes are always written (the defaults are far too large to build in a test); every other
-    field may be omitted. `dropout` defaults to exactly 0.0 (written or omitted) so that outputs are deterministic."""
+    field may be omitted. `dropout` defaults to exactly 0.0 (written or omitted) so that outputs are deterministic.
+    With `per_layer`, some draws add layer groups (`layer_groups`) that vary norm, attention or FFN by layer."""
     vocab = draw(st.integers(min_vocab, max_vocab))
     context = draw(st.integers(min_context, max_context))
     d_model = draw(st.integers(min_d_model, min(max_d_model, MAX_WIDTH)))
@@ -353,6 +355,57 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
         "dropout": dropout if dropout is not None else st.just(0.0),
     }
     out.update(draw(st.fixed_dictionaries({}, optional=optional)))
+    if per_layer and out["n_layers"] > 1 and draw(st.booleans()):
+        out["layers"] = draw(layer_groups(out["n_layers"], d_model, context, out["attention"]["n_heads"],
+                                          max_hidden=max_hidden, norm_kinds=norm_kinds, ffn_kinds=ffn_kinds,
+                                          sparsity_kinds=sparsity_kinds))
+    return out
+
+
+def selections(n_layers: int) -> Strategy:
+    """`select:` values for a model of `n_layers`: an explicit list, or a range written with any of its fields."""
+    listed = st.lists(st.integers(0, n_layers - 1), min_size=1, max_size=n_layers, unique=True)
+
+    @st.composite
+    def ranged(draw):
+        start = draw(st.integers(0, n_layers - 1))
+        out: dict[str, int] = {}
+        if start or draw(st.booleans()):
+            out["start"] = start
+        if draw(st.booleans()):
+            out["stop"] = draw(st.integers(start + 1, n_layers))
+        if draw(st.booleans()):
+            out["step"] = draw(st.integers(1, n_layers))
+        return out
+
+    return st.one_of(listed, ranged())
+
+
+@st.composite
+def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads: int, *, max_hidden: int = 128,
+                 norm_kinds=None, ffn_kinds=None, sparsity_kinds=None) -> dict:
+    """`model.layers` dicts: up to two named groups that never disagree where they overlap (one varies the FFN
+    and/or norm, the other the attention: K/V heads, pattern or biases)."""
+    out: dict[str, Any] = {}
+    names = draw(st.permutations(["a", "wide", "g-1", "mix_2"]))
+    if draw(st.booleans()):
+        group: dict[str, Any] = {"select": draw(selections(n_layers))}
+        parts = draw(st.sampled_from([("ffn",), ("norm",), ("ffn", "norm")]))
+        if "ffn" in parts:
+            ffn = draw(ffns(d_model, ffn_kinds, max_hidden))
+            group["ffn"] = ffn or {"hidden_dim": draw(st.integers(1, max_hidden))}
+        if "norm" in parts:
+            group["norm"] = draw(norms(norm_kinds, d_model)) or {"eps": 1e-4}
+        out[names[0]] = group
+    if not out or draw(st.booleans()):
+        grouped = [k for k in divisors(n_heads)]
+        attention = draw(st.fixed_dictionaries({}, optional={
+            "n_kv_heads": st.sampled_from(grouped),
+            "sparsity": sparsities(context_length, sparsity_kinds),
+            "qkv_bias": st.booleans(),
+            "out_bias": st.booleans(),
+        }))
+        out[names[1]] = {"select": draw(selections(n_layers)), "attention": attention or {"qkv_bias": True}}
     return out
 
 

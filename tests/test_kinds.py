@@ -76,7 +76,7 @@ _CHILD = textwrap.dedent('''
     from archspec.accounting import account
     from archspec.codegen import generate
     from archspec.spec import json_schema, known_keys, load_spec_dict
-    from archspec.registry.query import compile_filter
+    from archspec.registry.query import resolve_field
 
     raw = {"name": "toy", "model": {"vocab_size": 53, "context_length": 12, "d_model": 24, "n_layers": 2,
            "attention": {"n_heads": 4, "n_kv_heads": 2}, "ffn": {"kind": "relu2", "hidden_dim": 40, "gain": 1.5}}}
@@ -97,7 +97,7 @@ _CHILD = textwrap.dedent('''
 
     jsonschema.validate(raw, json_schema())                              # the schema knows it
     assert "model.ffn.gain" in known_keys()                              # registry filters may name its fields
-    compile_filter("params.model.ffn.gain > 1", known_keys())
+    assert resolve_field("params.model.ffn.gain", "runs").kind == "param"
     base = dict(raw, model={k: v for k, v in raw["model"].items() if k != "ffn"})
     over = load_spec_dict(base, ["model.ffn.kind=relu2", "model.ffn.gain=3"])   # --set reaches it
     assert over.model.ffn.kind == "relu2" and over.model.ffn.gain == 3.0

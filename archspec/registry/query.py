@@ -522,9 +522,9 @@ def resolve_field(name: str, target: str) -> FieldRef:
         if rest.startswith("by_component.") and len(rest) > len("by_component."):
             return FieldRef("acct", name)
         if rest.split(".", 1)[0] in SPEC_KEY_ROOTS:
-            from archspec.spec import known_keys
+            from archspec.spec import is_known_key, known_keys
 
-            if rest not in known_keys():  # a typo would otherwise match nothing, silently
+            if not is_known_key(rest):  # a typo would otherwise match nothing, silently
                 close = difflib.get_close_matches(rest, sorted(known_keys()), n=1)
                 hint = f"; did you mean params.{close[0]}?" if close else " (`archspec schema` lists the spec's keys)"
                 raise ValueError(f"unknown spec key {name!r}{hint}")

@@ -22,6 +22,7 @@ from archspec.errors import UserError, printable
 from archspec.kinds import registry_version
 from archspec.kinds.base import is_default_member
 from archspec.spec import safe_yaml
+from archspec.spec.layers import SELECTION_TAGS
 from archspec.spec.model import SLUG as SLUG_RE
 from archspec.spec.model import Spec
 from archspec.spec.rules import cross_field_problems
@@ -29,7 +30,7 @@ from archspec.spec.rules import cross_field_problems
 __all__ = [
     "Spec", "SpecError", "parse_spec", "load_spec", "load_spec_dict", "apply_overrides", "canonical_json",
     "spec_hash", "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
-    "known_keys",
+    "known_keys", "is_known_key",
 ]
 
 
@@ -81,7 +82,9 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
     parts: list[str] = []
     model: type[BaseModel] | None = root
     members: dict[str, type[BaseModel]] | None = None
-    for part in loc:
+    for i, part in enumerate(loc):
+        if part in SELECTION_TAGS and i and loc[i - 1] == "select":
+            continue  # the tag of a layer group's selection form
         if members is not None:
             if str(part) in members:  # the tag pydantic inserted after a union field
                 model, members = members[str(part)], None
@@ -102,6 +105,24 @@ def known_keys() -> frozenset[str]:
     what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe.
     A kind registered later (archspec.kinds.register) is seen: the cache is keyed on the registry's version."""
     return _known_keys(registry_version())
+
+
+def is_known_key(key: str) -> bool:
+    """Whether `key` is a dotted key of a recorded (canonical) spec (see known_keys), including its layer groups:
+    the registry records the canonical groups, named `<component>_<n>` (`model.layers.ffn_1.ffn.kind`,
+    `model.layers.attention_2.select`), not the names a spec file gave them."""
+    if key in known_keys():
+        return True
+    parts = key.split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) < 4:
+        return False
+    group, rest = parts[2], parts[3:]
+    component, _, n = group.rpartition("_")
+    if component not in ("norm", "attention", "ffn") or not n.isdigit():
+        return False
+    if rest[0] == "select":
+        return len(rest) == 1 or (len(rest) == 2 and rest[1] in ("start", "stop", "step"))
+    return rest[0] == component and ".".join(["model", *rest]) in known_keys()
 
 
 @functools.cache
@@ -277,6 +298,7 @@ def json_schema() -> dict[str, Any]:
             required = definition.setdefault("required", [])
             if "kind" not in required:
                 required.insert(0, "kind")
+    _partial_layer_groups(schema)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "archspec spec"
     return schema
@@ -295,3 +317,43 @@ def _all_models(root: type[BaseModel]) -> list[type[BaseModel]]:
             members = _kind_members(field.annotation)
             stack.extend(members.values() if members else ([m] if (m := _model_of(field.annotation)) else []))
     return list(seen)
+
+
+def _partial_layer_groups(schema: dict[str, Any]) -> None:
+    """A layer group's norm/attention/ffn holds fields merged onto the model-wide component: the same shapes with
+    nothing required (an omitted `kind` keeps the model-wide kind), so the schema takes partial members."""
+    defs = schema.get("$defs", {})
+    model, group = defs.get("ModelSpec"), defs.get("LayerGroup")
+    if not model or not group:
+        return
+
+    def partial_ref(ref: str) -> str:
+        name = ref.rsplit("/", 1)[-1]
+        pname = f"{name}Partial"
+        if pname not in defs:
+            defs[pname] = {}
+            d = copy.deepcopy(defs[name])
+            d.pop("required", None)
+            d["title"] = pname
+            d["properties"] = {k: partial(v) for k, v in d.get("properties", {}).items()}
+            defs[pname] = d
+        return f"#/$defs/{pname}"
+
+    def partial(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return {**node, "$ref": partial_ref(node["$ref"])}
+            if "oneOf" in node or "anyOf" in node:
+                members = node.get("oneOf", node.get("anyOf"))
+                out = {k: v for k, v in node.items() if k not in ("oneOf", "anyOf", "discriminator")}
+                out["anyOf"] = [partial(m) for m in members]
+                return out
+        return node
+
+    for c in ("norm", "attention", "ffn"):
+        wide = model["properties"][c]
+        node = {k: v for k, v in wide.items() if k not in ("default", "oneOf", "anyOf", "$ref", "discriminator")}
+        node["anyOf"] = [partial({k: v for k, v in wide.items() if k in ("oneOf", "anyOf", "$ref")}), {"type": "null"}]
+        node["default"] = None
+        node["description"] = group["properties"][c].get("description", "")
+        group["properties"][c] = node

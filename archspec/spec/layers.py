@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from typing import Annotated, Union
+
+from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from archspec.kinds import AttentionSpec, family, registry_version
 from archspec.kinds.base import Problem, Strict
@@ -46,8 +48,23 @@ class LayerRange(Strict):
     step: int = Field(1, ge=1)
 
 
+def _selection_form(value: Any) -> str | None:
+    if isinstance(value, list):
+        return "list"
+    return "range" if isinstance(value, (dict, LayerRange)) else None
+
+
+# A list or a range, told apart by shape, so an error names the form the user wrote (the tag is dropped from paths).
+SELECTION_TAGS = ("list", "range")
+Selection = Annotated[
+    Union[Annotated[list[int], Tag("list")], Annotated[LayerRange, Tag("range")]],
+    Discriminator(_selection_form, custom_error_type="selection",
+                  custom_error_message="expected a list of layer indices or {start, stop, step}"),
+]
+
+
 class LayerGroup(Strict):
-    select: list[int] | LayerRange = Field(description="an explicit list of layer indices, or {start, stop, step}")
+    select: Selection = Field(description="an explicit list of layer indices, or {start, stop, step}")
     norm: dict[str, Any] | None = Field(None, description="fields merged onto model.norm for these layers")
     attention: dict[str, Any] | None = Field(None, description="fields merged onto model.attention (not positional)")
     ffn: dict[str, Any] | None = Field(None, description="fields merged onto model.ffn for these layers")
