@@ -454,7 +454,9 @@ class Trainer:
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
         if self.compiled:
-            self.progress.log(f"compiled {len(self.model.blocks)} blocks in {self.compile_s:.1f} s")
+            classes = len({type(b) for b in self.model.blocks})  # one graph per distinct block class, not per layer
+            self.progress.log(f"compiled {len(self.model.blocks)} blocks ({classes} block class"
+                              f"{'es' if classes > 1 else ''}) in {self.compile_s:.1f} s")
         if self.step:
             self.progress.log(f"resumed from step {self.step}")
         plan = self.memory_plan
