@@ -247,8 +247,10 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
 
     tied = "tied" if m.tie_embeddings else "untied"
     if len(groups) == 1:
-        layer_desc = (f"{a.n_heads} heads ({a.n_kv_heads} KV heads, {a.layout}), {m.norm.describe(m)}, "
-                      f"{m.ffn.describe(m)}, {a.positional.describe(m)}, {a.sparsity.describe(m)}")
+        b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
+        ba = b.attention
+        layer_desc = (f"{ba.n_heads} heads ({ba.n_kv_heads} KV heads, {ba.layout}), {b.norm.describe(m)}, "
+                      f"{b.ffn.describe(m)}, {a.positional.describe(m)}, {ba.sparsity.describe(m)}")
     else:
         layer_desc = f"{a.positional.describe(m)}, {len(groups)} block configurations (see the Block classes)"
     summary = (
