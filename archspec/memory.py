@@ -101,13 +101,14 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
 # outputs (bf16 under autocast).
 
 
-def _norm_saved(m: ModelSpec, stream: int, mm: int) -> int:
+def _norm_saved(m: ModelSpec, stream: int, mm: int, b=None) -> int:
     """One pre-norm plus the copy of its output that the following linear keeps (its bf16 cast under autocast)."""
-    return m.norm.saved_elements(m.d_model) * stream + m.d_model * mm
+    norm = (b or m).norm
+    return norm.saved_elements(m.d_model) * stream + m.d_model * mm
 
 
-def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str) -> int:
-    a = m.attention
+def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
+    a = (b or m).attention
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
     if m.dropout > 0 and device == "cpu":
         # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
@@ -116,24 +117,27 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str) -> int:
     qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
     # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
     # fp32 log-sum-exp per head
-    return (qkv + a.positional.saved_elements(m) + q) * mm + a.n_heads * 4
+    return (qkv + m.attention.positional.saved_elements(m) + q) * mm + a.n_heads * 4  # positional is model-wide
 
 
-def _ffn_saved(m: ModelSpec, mm: int) -> int:
-    return m.ffn.saved_elements(m.d_model) * mm
+def _ffn_saved(m: ModelSpec, mm: int, b=None) -> int:
+    return (b or m).ffn.saved_elements(m.d_model) * mm
 
 
-def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool) -> int:
+def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool, b=None) -> int:
+    """Activations one block keeps for backward, per token; `b` is the layer's BlockSpec (per-layer variation),
+    default the model-wide components."""
     stream, mm = 4, (2 if bf16 else 4)
     dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
-    return (2 * _norm_saved(m, stream, mm) + _attention_saved(m, seq_len, mm, device) + _ffn_saved(m, mm)
+    return (2 * _norm_saved(m, stream, mm, b) + _attention_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
             + dropout_masks)
 
 
-def block_backward_transient_per_token(m: ModelSpec, bf16: bool) -> int:
+def block_backward_transient_per_token(m: ModelSpec, bf16: bool, b=None) -> int:
     """Gradients of a block's intermediates alive at once while its backward runs (the widest: the FFN's)."""
     mm = 2 if bf16 else 4
-    return 3 * (getattr(m.ffn, "hidden_dim", None) or 4 * m.d_model) * mm + 2 * m.d_model * 4
+    ffn = (b or m).ffn
+    return 3 * (getattr(ffn, "hidden_dim", None) or 4 * m.d_model) * mm + 2 * m.d_model * 4
 
 
 def head_saved_per_token(m: ModelSpec, bf16: bool) -> int:
@@ -210,15 +214,17 @@ class MemoryPlan:
 def _activation_walk(m: ModelSpec, s: Setup) -> tuple[int, int, list[int]]:
     """(saved activations at the start of backward, transient, activations freed per block in backward order)."""
     tokens = s.batch_size * s.seq_len
-    per_block = block_saved_per_token(m, s.seq_len, s.device, s.bf16) * tokens
+    blocks = m.blocks()  # each layer with its own components (per-layer variation)
+    per_block = [block_saved_per_token(m, s.seq_len, s.device, s.bf16, b) * tokens for b in blocks]
     boundary = m.d_model * (2 if s.bf16 and s.shards > 1 else 4) * tokens  # what a checkpointed block keeps
     checkpointed = [s.checkpointing == "full" or (s.checkpointing == "every_k" and i % s.checkpoint_every == 0)
                     for i in range(m.n_layers)]
-    kept = [boundary if c else per_block for c in checkpointed]
+    kept = [boundary if c else saved for c, saved in zip(checkpointed, per_block)]
     head = head_saved_per_token(m, s.bf16) * tokens
-    transient = (head_transient_per_token(m, s.bf16) + block_backward_transient_per_token(m, s.bf16)) * tokens
+    widest = max(block_backward_transient_per_token(m, s.bf16, b) for b in blocks)
+    transient = (head_transient_per_token(m, s.bf16) + widest) * tokens
     if any(checkpointed):
-        transient += per_block  # one block recomputed at a time
+        transient += max(p for p, c in zip(per_block, checkpointed) if c)  # one block recomputed at a time
     return sum(kept) + head, transient, list(reversed(kept))
 
 

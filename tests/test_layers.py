@@ -219,3 +219,16 @@ def test_hf_per_layer_fields_are_expressible():
     with pytest.raises(UserError, match="2 problems"):
         load_spec_dict(with_layers({"s": {"select": {"start": 1, "step": 2}, "ffn": {"hidden_dim": 16}},
                                     "dense": {"select": mlp_only, "ffn": {"hidden_dim": 64}}}, n_layers=n))
+
+
+def test_memory_plan_counts_each_layer_with_its_own_components():
+    from archspec import memory
+
+    spec = load_spec_dict(MIXED)
+    m = spec.model
+    per_layer = [memory.block_saved_per_token(m, 24, "cpu", False, b) for b in m.blocks()]
+    assert len(set(per_layer)) > 1  # the layers differ, and so do their activations
+    uniform = load_spec_dict(copy.deepcopy(BASE))
+    assert memory.block_saved_per_token(uniform.model, 24, "cpu", False) == memory.block_saved_per_token(
+        uniform.model, 24, "cpu", False, uniform.model.blocks()[0])
+    assert memory.plan_memory(spec).total > 0
