@@ -168,6 +168,15 @@ def _unflatten(flat: dict[tuple, Any]) -> dict:
     return out
 
 
+def _str_keys(value: Any) -> Any:
+    """For a cache key only: a hostile mapping may mix int and str keys, which json cannot sort."""
+    if isinstance(value, dict):
+        return {repr(k): _str_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_str_keys(v) for v in value]
+    return value
+
+
 @lru_cache(maxsize=8)
 def _adapter(family_name: str, version: int) -> TypeAdapter:
     return TypeAdapter(family(family_name).union())
@@ -244,7 +253,7 @@ def resolve(m: Any) -> tuple[list[BlockSpec], list[Problem]]:
                 flat.pop(("positional",), None)
                 flat = {k: v for k, v in flat.items() if k[0] != "positional"}
             merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
-            ck = (c, json.dumps(merged, sort_keys=True, default=str))
+            ck = (c, json.dumps(_str_keys(merged), sort_keys=True, default=repr))
             if ck not in cache:
                 try:
                     unit = _validate(c, merged)
