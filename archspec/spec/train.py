@@ -46,6 +46,39 @@ class DataSpec(_Strict):
     val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
 
 
+# ── how the work is spread and how activations are kept (stored with a run, not part of its identity) ──────────
+
+
+class DDPParallel(_Strict):
+    kind: Literal["ddp"] = "ddp"  # a full replica per process, gradients all-reduced (one process: plain training)
+
+
+class FSDPParallel(_Strict):
+    kind: Literal["fsdp"] = "fsdp"  # FSDP2: weights, gradients and AdamW state sharded over the processes, per block
+    reshard_after_forward: bool = Field(
+        True, description="free each block's gathered weights after its forward (gather again in backward); "
+                          "false keeps them until backward: more memory, less communication")
+
+
+Parallel = kind_union(DDPParallel, FSDPParallel, default="ddp")
+
+
+class NoCheckpointing(_Strict):
+    kind: Literal["none"] = "none"  # every block keeps its activations for backward
+
+
+class FullCheckpointing(_Strict):
+    kind: Literal["full"] = "full"  # every block keeps only its input and recomputes the rest in backward
+
+
+class EveryKCheckpointing(_Strict):
+    kind: Literal["every_k"] = "every_k"  # blocks 0, k, 2k, ... are checkpointed; the others keep their activations
+    k: int = Field(2, ge=1, le=4096)
+
+
+ActivationCheckpointing = kind_union(NoCheckpointing, FullCheckpointing, EveryKCheckpointing, default="none")
+
+
 class TrainSpec(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="model init, data order and dropout")
     steps: int = Field(200, ge=1, le=10_000_000, description="optimizer steps; also the length of the schedule")
@@ -66,4 +99,6 @@ class TrainSpec(_Strict):
     checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = True  # torch.compile per block; `archspec train --no-compile` overrides it
+    parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
+    activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)
     data: DataSpec = Field(default_factory=DataSpec)

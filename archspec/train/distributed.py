@@ -132,7 +132,10 @@ def wrap_ddp(model: nn.Module, world: World) -> nn.Module:
 
 
 def no_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulated step."""
-    if sync or not isinstance(model, DistributedDataParallel):
-        return nullcontext()
-    return model.no_sync()
+    """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP2) on all but the last micro-batch of an
+    accumulated step."""
+    if isinstance(model, DistributedDataParallel):
+        return nullcontext() if sync else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+        model.set_requires_gradient_sync(sync)
+    return nullcontext()

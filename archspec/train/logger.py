@@ -16,6 +16,10 @@ SCHEDULED, RUNNING, FINISHED, FAILED, KILLED = "SCHEDULED", "RUNNING", "FINISHED
 STATUSES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)
 
 
+# Recipe fields that change how a run is computed, not what it learns: stored with the run, not part of its id.
+NOT_IDENTITY = ("parallel", "activation_checkpointing")
+
+
 class RecordingError(RuntimeError):
     """The place a run is recorded cannot be written (a full disk, a read-only database, a lost server): raised by a
     RunLogger so that the loop stops with a checkpoint and says so, instead of training on unrecorded or dying at the
@@ -24,6 +28,7 @@ class RecordingError(RuntimeError):
 
 def run_id_for(spec_hash: str, data_hash: str, recipe: Mapping[str, Any], seed: int) -> str:
     """Content-derived run id: the same experiment (spec, data, recipe, seed) is the same run."""
+    recipe = {k: v for k, v in recipe.items() if k not in NOT_IDENTITY}
     payload = json.dumps(
         {"spec": spec_hash, "data": data_hash, "recipe": recipe, "seed": int(seed)},
         sort_keys=True,

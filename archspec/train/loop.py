@@ -37,6 +37,10 @@ from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import Terminated, raise_if_terminated
 from archspec.train.checkpoint import (
+    load_sharded,
+    save_sharded,
+    sharded_directory,
+    sharded_dirname,
     FILENAME,
     CheckpointWriteError,
     check_same_spec,
@@ -59,6 +63,7 @@ from archspec.train.logger import (
     RunLogger,
     run_id_for,
 )
+from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
@@ -167,6 +172,7 @@ class Trainer:
         self.device = self.world.device
         reset_peak_memory(self.device)
         self.amp_dtype = autocast_dtype(self.recipe.precision, self.device)
+        self.amp_dtype_autocast = self.amp_dtype
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
         self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
@@ -177,10 +183,20 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else (
             self.resume_path.parent if self.resume_path else default_run_dir(spec.name, self.run_id))
         self.generated, self.model = self._build_model()
-        self.optimizer = build_optimizer(self.model, self.recipe, self.device)
+        # torchtitan's order: checkpointing, then compile, then sharding; the optimizer holds the sharded parameters.
+        self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
         self.compiled = self._should_compile(compile)
-        self.compile_s = self._compile_blocks() if self.compiled else 0.0
-        self.ddp_model = wrap_ddp(self.model, self.world)
+        if self.compiled:
+            self._compile_blocks()
+        self.fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
+        if self.fsdp:
+            self.ddp_model = shard_fsdp(self.model, self.world, self.recipe.parallel, self.amp_dtype)
+            if self.device.type == "cuda":
+                self.amp_dtype_autocast = None  # FSDP's bf16 parameters replace autocast
+        else:
+            self.ddp_model = wrap_ddp(self.model, self.world)
+        self.optimizer = build_optimizer(self.model, self.recipe, self.device)
+        self.compile_s = self._warm_up_compiled() if self.compiled else 0.0
         self.step, self.saved_step = 0, -1
         if self.resume_path:
             self._resume(self.resume_path)
@@ -199,8 +215,9 @@ class Trainer:
     # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
 
     def _recipe(self) -> dict[str, Any]:
-        """The recipe as run. Under DDP it includes the world size: N processes see N× the tokens per step, a
-        different experiment, so a different run id (a single process's id is unchanged by this)."""
+        """The recipe as run. Under DDP or FSDP it includes the world size: N processes see N× the tokens per step,
+        a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
+        strategy and activation checkpointing are stored with it but are not part of the run id (run_id_for)."""
         recipe = self.recipe.model_dump(mode="json")
         if self.world.size > 1:
             recipe["world_size"] = self.world.size
@@ -235,16 +252,19 @@ class Trainer:
             return False
         return wanted
 
-    def _compile_blocks(self) -> float:
+    def _compile_blocks(self) -> None:
         """Compile each block (identical code and shapes, so one graph serves all: compile time does not grow with
         depth) and, when the model splits it out as `head(x, targets)`, the output head (final norm → logits →
-        loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step). Then build the
-        graphs now, with a forward and backward on a dummy batch, so compile time is reported on its own and the
-        first step is a real step. The RNG is forked so that compiling leaves the training random stream untouched."""
+        loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step)."""
         for block in self.model.blocks:
             block.compile()
         if callable(getattr(type(self.model), "head", None)):
             self.model.head = torch.compile(self.model.head)  # instance attribute: forward's self.head finds it
+
+    def _warm_up_compiled(self) -> float:
+        """Build the compiled graphs now, with a forward and backward on a dummy batch (through the sharded model
+        under FSDP: every rank does it), so compile time is reported on its own and the first step is a real step.
+        The RNG is forked so that compiling leaves the training random stream untouched."""
         t0 = time.perf_counter()
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
@@ -258,7 +278,14 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path)
         check_same_spec(path, state, spec_hash(self.spec), canonical_dict(self.spec))
-        restore_modules(path, state, self.model, self.optimizer)
+        sharded = sharded_directory(path, state)
+        if sharded is not None:  # FSDP's sharded state: loads here whatever the world size, one process included
+            load_sharded(path, sharded, self.model, self.optimizer)
+        elif self.fsdp:
+            raise UserError(f"{path}: a whole (non-sharded) checkpoint cannot seed an FSDP run yet; resume it "
+                            "without FSDP (train.parallel.kind=ddp), whose checkpoints FSDP runs do not read")
+        else:
+            restore_modules(path, state, self.model, self.optimizer)
         self.data.sampler.load_state_dict(state["data"])
         if not 0 <= state["step"] <= self.recipe.steps:
             raise UserError(f"{path}: checkpoint step {state['step']} is outside this run's 0..{self.recipe.steps}")
@@ -276,6 +303,8 @@ class Trainer:
             code_version=code_version(), host=socket.gethostname(),
             tags={"device": str(self.device), "precision": str(self.amp_dtype or torch.float32).replace("torch.", ""),
                   "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
+                  "parallel": "fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"),
+                  "activation_checkpointing": f"{len(self.checkpointed)}/{len(self.model.blocks)} blocks",
                   "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
                   "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
                   "resumed_from_step": str(self.step),
@@ -285,9 +314,9 @@ class Trainer:
     # ── one step ─────────────────────────────────────────────────────────────────────────────────────────────────
 
     def autocast(self) -> AbstractContextManager:
-        if self.amp_dtype is None:
+        if self.amp_dtype_autocast is None:
             return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype_autocast)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -300,9 +329,9 @@ class Trainer:
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.recipe.grad_clip > 0:
-            return torch.nn.utils.clip_grad_norm_(params, self.recipe.grad_clip)
-        return torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.recipe.grad_clip > 0:  # under FSDP the norm is over every shard (a DTensor): its full value counts
+            return full_value(torch.nn.utils.clip_grad_norm_(params, self.recipe.grad_clip))
+        return full_value(torch.nn.utils.get_total_norm([p.grad for p in params]))
 
     def _forward_backward(self, accum: int, sync: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch: forward, plus the model's auxiliary losses, backward of their sum scaled by 1/accum.
@@ -377,6 +406,14 @@ class Trainer:
         if self.world.distributed:
             rngs = [None] * self.world.size
             torch.distributed.all_gather_object(rngs, rng_state())
+        modules: dict[str, Any] = {"model": None, "optimizer": None}
+        if self.fsdp:  # every rank writes its shards; checkpoint.pt below commits them
+            directory = self.run_dir / sharded_dirname(self.step)
+            if self.world.is_main and directory.exists():
+                shutil.rmtree(directory)  # a partial write of this step by an earlier, interrupted attempt
+            self.world.barrier()
+            modules = {"model": {}, "optimizer": {"state": {}, "param_groups": []},
+                       **save_sharded(directory, self.model, self.optimizer)}
         if self.world.is_main:
             # Every metric up to this step reaches the registry before a checkpoint claims the step: a process killed
             # after the save (kill -9) and resumed from it then misses nothing (the resumed attempt keeps steps <= this).
@@ -388,9 +425,13 @@ class Trainer:
                     self.progress.log(f"[yellow]metrics not yet flushed at step {self.step}: {_shown(e)}[/]")
             save_checkpoint(self.checkpoint_path, {
                 "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": self.data.sampler.state_dict(), "world_size": self.world.size,
+                **{k: v for k, v in modules.items() if v is not None},
             })
+            for old in self.run_dir.glob("checkpoint-step*.dcp"):  # superseded sharded states of this run
+                if old.name != modules.get("sharded"):
+                    shutil.rmtree(old, ignore_errors=True)
         self.world.barrier()
         self.saved_step = self.step
 
