@@ -15,6 +15,8 @@ after the first.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import statistics
@@ -35,6 +37,8 @@ SIZES = [
     ("large", ["model.d_model=768", "model.n_layers=12", "model.attention.n_heads=12", "model.attention.n_kv_heads=4",
                "model.ffn.hidden_dim=2048", "train.batch_size=4", "train.seq_len=256"]),
 ]
+# Activation checkpointing none vs full: llama-like (30M parameters) at a window whose activations dominate.
+AC_CONFIG = ["train.batch_size=8", "train.seq_len=512", "model.context_length=512"]
 CORPUS_MODULES = ["bisect.py", "colorsys.py", "copy.py", "fnmatch.py", "heapq.py", "keyword.py", "numbers.py",
                   "queue.py", "sched.py", "shlex.py", "stat.py", "string.py", "textwrap.py", "token.py", "types.py"]
 
@@ -77,6 +81,13 @@ def measure(overrides: list[str], steps: int) -> dict:
     prepare_tokens(spec.train.data, spec.model.vocab_size, cache_dir())  # tokenise outside the measurement
     peak_flops(torch.device("cpu"), torch.float32, cache_dir())  # cached after the first process
     import torch._dynamo  # noqa: F401  (the optimizer step imports it: ~70 MB of modules, not the run's tensors)
+    # Hand back what the preparation freed (a first tokenisation, the matmul peak measurement), so that the baseline
+    # is not inflated by heap pages the run would reuse.
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with tempfile.TemporaryDirectory() as run_dir:
         baseline = _status_kib("VmRSS") * 1024
         Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM := VmRSS
@@ -120,6 +131,8 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "sizes": {}}
     for label, overrides in SIZES:
         report["sizes"][label] = run_worker(overrides, args.steps)
+    report["checkpointing"] = {kind: run_worker(AC_CONFIG + [f"train.activation_checkpointing.kind={kind}"], args.steps)
+                               for kind in ("none", "full")}
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -127,6 +140,10 @@ def main() -> None:
     print(f"{'size':8} {'params':>11} {'planned':>10} {'measured':>10} {'plan/meas':>10} {'step s':>7}")
     for label, r in report["sizes"].items():
         print(f"{label:8} {r['params']:11,} {r['planned_bytes'] / 2**20:8.0f} MiB {r['measured_bytes'] / 2**20:6.0f} MiB "
+              f"{r['ratio']:10.3f} {r['step_s']:7.2f}")
+    print(f"activation checkpointing, llama-like {' '.join(AC_CONFIG)}:")
+    for kind, r in report["checkpointing"].items():
+        print(f"{kind:8} {r['params']:11,} {r['planned_bytes'] / 2**20:8.0f} MiB {r['measured_bytes'] / 2**20:6.0f} MiB "
               f"{r['ratio']:10.3f} {r['step_s']:7.2f}")
 
 

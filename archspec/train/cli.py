@@ -1,6 +1,7 @@
 """`archspec train SPEC`: one run of a spec through the shared loop, recorded in the registry.
 
-Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same command trains with DDP.
+Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same command trains with DDP, or with FSDP2
+when `train.parallel.kind` is `fsdp`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Under `torchrun --nproc-per-node N` (which sets RANK, LOCAL_RANK and WORLD_SIZE) the loop joins a process group
 (gloo on CPU, nccl on CUDA), wraps the model in DistributedDataParallel, reads its own slice of every global batch,
 and leaves logging and checkpoints to rank 0. DDP keeps a full replica per process, so it scales throughput, not
-model size; a model that does not fit one device needs FSDP2 (`torch.distributed.fsdp.fully_shard`), not wired yet.
+model size; `train.parallel: {kind: fsdp}` shards the model instead (archspec.train.parallel).
 """
 
 from __future__ import annotations
