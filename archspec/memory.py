@@ -345,14 +345,14 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int) -> tuple[str, MemoryP
     candidates += [batch_fix(setup, b) for b in smaller]
     if "activation_checkpointing" in recipe and setup.checkpointing != "full":
         ac = replace(setup, checkpointing="full")
-        candidates.append(("--set train.activation_checkpointing=full", ac))
-        candidates += [(f"--set train.activation_checkpointing=full {fix}", s)
+        candidates.append(("--set train.activation_checkpointing.kind=full", ac))
+        candidates += [(f"--set train.activation_checkpointing.kind=full {fix}", s)
                        for fix, s in (batch_fix(ac, b) for b in smaller)]
     if "parallel" in recipe and setup.world_size > 1 and setup.shards == 1:
         fsdp = replace(setup, parallel="fsdp")
         candidates.append(("--set train.parallel.kind=fsdp", fsdp))
         if "activation_checkpointing" in recipe:
-            candidates.append(("--set train.parallel.kind=fsdp --set train.activation_checkpointing=full",
+            candidates.append(("--set train.parallel.kind=fsdp --set train.activation_checkpointing.kind=full",
                                replace(fsdp, checkpointing="full")))
     for fix, s in candidates:
         plan = plan_memory(spec, s)

@@ -112,6 +112,18 @@ def test_refusal_names_the_estimate_and_the_cheapest_fix(monkeypatch):
     assert plan_memory(spec, device="cpu", batch_size=batch * 2).total > need // 4
 
 
+def test_cheapest_fix_moves_on_to_checkpointing_then_fsdp():
+    spec = load_spec(LLAMA, ["train.batch_size=1", "train.seq_len=1024"])  # no smaller micro-batch to move to
+    none = plan_memory(spec, device="cpu")
+    full = plan_memory(spec, device="cpu", checkpointing="full")
+    fix, plan = memory.cheapest_fix(spec, none.setup, (none.total + full.total) // 2)
+    assert fix == "--set train.activation_checkpointing.kind=full" and plan.total == full.total
+    four = plan_memory(spec, device="cpu", world_size=4)
+    sharded = plan_memory(spec, device="cpu", world_size=4, parallel="fsdp")
+    fix, _ = memory.cheapest_fix(spec, four.setup, sharded.total)
+    assert fix == "--set train.parallel.kind=fsdp" or "activation_checkpointing" in fix
+
+
 def test_refusal_without_a_fix_says_what_the_states_alone_need(monkeypatch):
     spec = load_spec(LLAMA, ["train.batch_size=1", "train.seq_len=8"])
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 100 << 20)
