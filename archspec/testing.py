@@ -444,6 +444,11 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
     overrides: dict[str, Strategy | None] = {
         "steps": None, "warmup_steps": None, "data": None,  # drawn below: they depend on each other
         "seq_len": st.integers(1, context_length),
+        # how the work is spread and activations kept: an omitted kind is the default member (ddp, none)
+        "parallel": st.sampled_from([{}, {"kind": "ddp"}, {"kind": "fsdp"}, {"kind": "fsdp", "reshard_after_forward": False}]),
+        "activation_checkpointing": st.one_of(
+            st.sampled_from([{}, {"kind": "none"}, {"kind": "full"}]),
+            st.integers(1, 4096).map(lambda k: {"kind": "every_k", "k": k})),
     }
     out = dict(draw(_fields(TrainSpec, overrides)))
     if steps is not None:
