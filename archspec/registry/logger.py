@@ -53,7 +53,7 @@ from typing import Iterator, Mapping
 from archspec.errors import UserError
 from archspec.registry.store import Registry, RegistryBusyError
 from archspec.signals import SignalHandlers, Terminated, install_signal_handlers
-from archspec.train.logger import FAILED, FINISHED, KILLED, RecordingError, RunInfo, RunLogger
+from archspec.train.logger import FAILED, FINISHED, KILLED, RecordingError, RunInfo, RunLogger, repeat_id
 
 log = logging.getLogger("archspec.registry")
 
@@ -88,7 +88,9 @@ class RegistryLogger:
     heartbeat_interval_s: how often the heartbeat is written (default: a quarter of the timeout, at most 30 s).
     flush_every: buffered metric points that trigger a write. flush_interval_s: the longest a point waits.
     background: heartbeats and timed flushes from a daemon thread (True), or only from the loop's calls (False).
-    rerun_finished: start() on a FINISHED run restarts it instead of raising RunFinishedError.
+    rerun_finished: an explicit request to train again (`archspec train`): `repeat_for` gives a FINISHED run's
+        repeat a run id of its own (`repeat_id`), so the finished run is kept whole; without it a FINISHED run raises
+        RunFinishedError (sweeps skip those).
     take_over: start() on a RUNNING run with a fresh heartbeat restarts it (its writer is known to be dead: `kill -9`
     on another machine; on this host the registry checks the writer's pid by itself).
     """
@@ -136,6 +138,17 @@ class RegistryLogger:
         self._failure: str | None = None  # why the registry cannot be written; every later call raises RecordingError
 
     # ── RunLogger ────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def repeat_for(self, run_id: str) -> int:
+        """Which repeat a fresh (not resumed) run of `run_id`'s experiment is recorded as: 0 (the run itself) unless
+        it FINISHED and this logger trains again on request, then the first repeat (`repeat_id`) that has not
+        finished. A read: a missing registry has no runs."""
+        if not self.rerun_finished:
+            return 0
+        n = 0
+        while self.registry.run_status(repeat_id(run_id, n) if n else run_id) == FINISHED:
+            n += 1
+        return n
 
     def start(self, info: RunInfo) -> str:
         if self.run_id is not None:

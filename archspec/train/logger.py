@@ -37,6 +37,12 @@ def run_id_for(spec_hash: str, data_hash: str, recipe: Mapping[str, Any], seed: 
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def repeat_id(run_id: str, n: int) -> str:
+    """The id of the n-th repeat (n >= 1) of a finished run: `archspec train` of an experiment that already FINISHED
+    records a new run under this id, so the finished one is never replaced."""
+    return hashlib.sha256(f"{run_id}:repeat:{n}".encode()).hexdigest()[:16]
+
+
 @dataclass
 class RunInfo:
     """Everything known about a run before its first step."""
@@ -53,10 +59,15 @@ class RunInfo:
     sweep: str | None = None
     host: str = ""
     tags: dict[str, str] = field(default_factory=dict)
+    repeat: int = 0  # n >= 1: the n-th repeat of a FINISHED run of the same experiment (`archspec train` again)
+
+    @property
+    def experiment_id(self) -> str:
+        return run_id_for(self.spec_hash, self.data_hash, self.recipe, self.seed)
 
     @property
     def run_id(self) -> str:
-        return run_id_for(self.spec_hash, self.data_hash, self.recipe, self.seed)
+        return repeat_id(self.experiment_id, self.repeat) if self.repeat else self.experiment_id
 
 
 @runtime_checkable

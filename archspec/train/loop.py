@@ -61,6 +61,7 @@ from archspec.train.logger import (
     RecordingError,
     RunInfo,
     RunLogger,
+    repeat_id,
     run_id_for,
 )
 from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
@@ -178,10 +179,19 @@ class Trainer:
         self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
 
         self.data = self._build_data()
-        self.run_id = run_id_for(spec_hash(spec), self.data.data_hash, self._recipe(), self.recipe.seed)
+        self.experiment_id = run_id_for(spec_hash(spec), self.data.data_hash, self._recipe(), self.recipe.seed)
         self.resume_path = resolve(resume) if resume is not None else None
+        # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
+        # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
+        repeat_for = getattr(self.logger, "repeat_for", None)
+        self.repeat = repeat_for(self.experiment_id) if repeat_for and not self.resume_path else 0
+        self.run_id = repeat_id(self.experiment_id, self.repeat) if self.repeat else self.experiment_id
         self.run_dir = Path(run_dir) if run_dir else (
             self.resume_path.parent if self.resume_path else default_run_dir(spec.name, self.run_id))
+        if self.run_id != self.experiment_id and (self.run_dir / FILENAME).exists():
+            raise UserError(f"{self.run_dir}: holds a checkpoint (of run {self.experiment_id}, which FINISHED, or of "
+                            f"another run); this repeat, run {self.run_id}, needs a directory of its own: pass another "
+                            "--run-dir, or none for runs/<name>-<run id>")
         self.generated, self.model = self._build_model()
         # torchtitan's order: checkpointing, then compile, then sharding; the optimizer holds the sharded parameters.
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
@@ -308,7 +318,9 @@ class Trainer:
                   "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
                   "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
                   "resumed_from_step": str(self.step),
+                  **({"repeat_of": self.experiment_id} if self.run_id != self.experiment_id else {}),
                   "pid": str(os.getpid())},  # with `host`: lets a later resume on this host see the writer is gone
+            repeat=self.repeat,
         )
 
     # ── one step ─────────────────────────────────────────────────────────────────────────────────────────────────

@@ -199,6 +199,11 @@ def test_steps_override_is_validated_like_the_spec(make_spec, tmp_path, cache):
     assert "train.steps: Input should be greater than or equal to 1, got 0" in info.value.render()
 
 
+@pytest.fixture
+def registry_url_for_train(tmp_path):
+    return f"sqlite:///{tmp_path}/registry.db"
+
+
 def test_cli_trains_and_prints_one_json_object(tmp_path, capsys, corpus_dir):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(f"name: tiny\nmodel: {{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, "
@@ -219,12 +224,55 @@ def test_cli_trains_and_prints_one_json_object(tmp_path, capsys, corpus_dir):
     assert [p.step for p in registry.metric_history(result["run_id"], "train_loss")] == [1, 2, 3]
     assert ("checkpoint", str(tmp_path / "run" / "checkpoint.pt")) in registry.artifacts(result["run_id"])
 
-    # the same command again trains again (a new attempt), rather than refusing a finished run
+    # The same command again trains again, as a new run: the finished one keeps its metrics, summary and checkpoint.
+    first = registry.get_run(result["run_id"])
+    points = registry.count_metrics(result["run_id"])
+    ckpt = (tmp_path / "run" / "checkpoint.pt").read_bytes()
+    code = main(["train", str(spec), "--steps", "3", "--no-compile", "--json", "-q", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--set", "train.lr=1e-2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "needs a directory of its own" in err  # its directory holds the finished run's checkpoint
     assert main(["train", str(spec), "--steps", "3", "--no-compile", "--json", "-q", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run"), "--set", "train.lr=1e-2"]) == 0
+                 "--run-dir", str(tmp_path / "run2"), "--set", "train.lr=1e-2"]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert again["run_id"] == result["run_id"] and again["train_loss"] == result["train_loss"]
-    assert registry.get_run(result["run_id"]).attempt == 2
+    assert again["run_id"] != result["run_id"] and again["train_loss"] == result["train_loss"]  # deterministic
+    repeat = registry.get_run(again["run_id"])
+    assert repeat.status == "FINISHED" and repeat.tags["repeat_of"] == result["run_id"]
+    kept = registry.get_run(result["run_id"])
+    assert (kept.status, kept.attempt, kept.summary, kept.ended) == (first.status, 1, first.summary, first.ended)
+    assert registry.count_metrics(result["run_id"]) == points
+    assert (tmp_path / "run" / "checkpoint.pt").read_bytes() == ckpt
+    # A third time: the next repeat id, both earlier runs kept.
+    assert main(["train", str(spec), "--steps", "3", "--no-compile", "--json", "-q", "--device", "cpu",
+                 "--set", "train.lr=1e-2"]) == 0
+    third = json.loads(capsys.readouterr().out)["run_id"]
+    assert len({result["run_id"], again["run_id"], third}) == 3
+    assert [registry.get_run(r).status for r in (result["run_id"], again["run_id"], third)] == ["FINISHED"] * 3
+
+
+def test_a_failed_rerun_leaves_the_finished_run_whole(make_spec, tmp_path, cache, registry_url_for_train):
+    """A repeat that dies does not touch the finished run (it used to end the same run KILLED)."""
+    from archspec.registry import RegistryLogger
+
+    spec = make_spec(steps=3)
+    done = train(spec, run_dir=tmp_path / "a", cache=cache, logger=RegistryLogger(registry_url_for_train,
+                                                                                   rerun_finished=True))
+    trainer = Trainer(spec, run_dir=tmp_path / "b", cache=cache,
+                      logger=RegistryLogger(registry_url_for_train, rerun_finished=True))
+    assert trainer.run_id != done.run_id
+    calls = {"n": 0}
+
+    def ctrl_c_in_step_2(module, args):
+        calls["n"] += module.training
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+
+    trainer.model.register_forward_pre_hook(ctrl_c_in_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    registry = Registry(registry_url_for_train)
+    assert registry.get_run(done.run_id).status == "FINISHED" and registry.get_run(trainer.run_id).status == "KILLED"
+    assert registry.get_run(done.run_id).summary["val_loss"] == pytest.approx(done.metrics["val_loss"])
 
 
 @pytest.mark.parametrize("args, message", [
