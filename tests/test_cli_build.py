@@ -97,3 +97,45 @@ def test_build_refuses_a_vocab_the_recipe_cannot_train(tmp_path, capsys):
     rc, _, err = run(capsys, "build", str(TINY), "--set", "model.vocab_size=257", "--out", str(tmp_path),
                      "--no-record")
     assert rc == 0, err
+
+
+def test_build_of_a_spec_outside_specs_writes_next_to_it_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my").mkdir()
+    spec = tmp_path / "my" / "spec.yaml"
+    spec.write_text(TINY.read_text())
+    rc, out, err = run(capsys, "build", "my/spec.yaml", "--no-record")
+    assert rc == 0, err
+    assert (tmp_path / "my" / "llama-like-tiny.py").exists() and not (tmp_path / "generated").exists()
+    assert "not in ./specs/, so its module goes next to it" in " ".join(out.split())
+    rc, out, err = run(capsys, "build", "my/spec.yaml", "--no-record", "--out", "elsewhere", "--json")
+    assert rc == 0 and json.loads(out)["generated"] == "elsewhere/llama-like-tiny.py"
+    # a spec in ./specs/ still goes to generated/
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "t.yaml").write_text(TINY.read_text())
+    rc, _, err = run(capsys, "build", "specs/t.yaml", "--no-record")
+    assert rc == 0, err
+    assert (tmp_path / "generated" / "llama-like-tiny.py").exists()
+
+
+def test_check_fix_touches_only_what_specs_generate(tmp_path, capsys, monkeypatch):
+    """A user's own file and a build of a spec kept elsewhere survive `check --fix`; a module whose spec in specs/
+    is gone is reported, and left for the user to delete."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "t.yaml").write_text(TINY.read_text())
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "mine.yaml").write_text(TINY.read_text().replace("name: llama-like-tiny", "name: mine"))
+    assert run(capsys, "build", "my/mine.yaml", "--no-record", "--out", "generated")[0] == 0
+    (tmp_path / "generated" / "notes.py").write_text("# my own helper\n")
+    gone = tmp_path / "specs" / "old.yaml"
+    gone.write_text(TINY.read_text().replace("name: llama-like-tiny", "name: old"))
+    assert run(capsys, "build", "specs/old.yaml", "--no-record")[0] == 0
+    gone.unlink()
+    rc, out, err = run(capsys, "check", "--fix")
+    assert rc == 1
+    assert "fixed generated/llama-like-tiny.py" in out
+    assert "generated/old.py: generated from specs/old.yaml, which no longer exists" in err
+    for name in ("mine.py", "notes.py", "old.py"):
+        assert (tmp_path / "generated" / name).exists(), name
+    assert "generated/mine.py: no spec in specs/ generates it; left alone" in err
