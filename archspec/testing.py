@@ -810,3 +810,19 @@ def assert_causal(model, vocab_size: int, seq_len: int, position: int, *, batch:
     assert leak <= atol, f"logits before position {position} changed by {leak:.3g} (> {atol}): not causal"
     moved = (before[:, position] - after[:, position]).abs().max().item()
     assert moved > 0.0, f"logits at position {position} did not change with its token: the check is vacuous"
+
+
+def module_active_params(model) -> int:
+    """Parameters one token uses, counted on a built module: all of them, except that a module holding stacked
+    routed `experts` (leading dim n_experts) with `top_k` counts top_k / n_experts of its experts' parameters."""
+    total = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        experts, top_k = getattr(module, "experts", None), getattr(module, "top_k", None)
+        if experts is None or top_k is None:
+            continue
+        stacked = list(experts.parameters())
+        n_experts = stacked[0].shape[0]
+        routed = sum(p.numel() for p in stacked)
+        assert routed % n_experts == 0
+        total -= routed - routed // n_experts * top_k
+    return total

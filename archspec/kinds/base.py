@@ -240,6 +240,12 @@ class FFNKind(KindUnit):
         (archspec.memory). Default: a generous guess, four hidden-width tensors."""
         return 4 * (getattr(self, "hidden_dim", None) or 4 * d_model)
 
+    @property
+    def causal(self) -> bool:
+        """Whether a token's output depends only on tokens at or before its position (a capacity-limited MoE that
+        drops by router probability is not: a later token can evict an earlier one)."""
+        return True
+
 
 # ── the registry ─────────────────────────────────────────────────────────────────────────────────────────────────
 

@@ -78,6 +78,36 @@ def _shown(value: Any) -> str:
 HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
 
 
+ROUTER_PREFIX = "moe."  # router statistics are recorded as metrics under this prefix (ablation reports read it)
+ROUTER_LAYER_PREFIX = ROUTER_PREFIX + "layer"
+
+
+def router_metrics(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """A model's `router_stats()` (`layer<i>.load`: each expert's fraction of the routed assignments;
+    `layer<i>.dropped`, `layer<i>.entropy`, `layer<i>.padding`: scalars) → metrics: per layer
+    `moe.layer<i>.max_load` / `min_load` / `dropped` / `entropy` / `padding`, and over the layers `moe.max_load`
+    (the busiest expert of any layer: 1/n_experts is perfect balance, 1 is collapse onto one expert),
+    `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
+    out: dict[str, float] = {}
+    layers: dict[str, dict[str, float]] = {}
+    for name, value in stats.items():
+        layer, _, what = name.partition(".")
+        row = layers.setdefault(layer, {})
+        if what == "load":
+            row["max_load"], row["min_load"] = float(value.max()), float(value.min())
+        else:
+            row[what] = float(value.reshape(()))
+    for layer, row in layers.items():
+        out.update({f"{ROUTER_PREFIX}{layer}.{k}": v for k, v in row.items()})
+    if layers:
+        rows = list(layers.values())
+        out[ROUTER_PREFIX + "max_load"] = max(r["max_load"] for r in rows)
+        out[ROUTER_PREFIX + "min_load"] = min(r["min_load"] for r in rows)
+        for key in ("dropped", "entropy"):
+            out[ROUTER_PREFIX + key] = sum(r[key] for r in rows) / len(rows)
+    return out
+
+
 class NonFiniteLoss(Exception):
     """A step produced a NaN/inf loss or gradient norm; the update was not applied."""
 
@@ -394,6 +424,8 @@ class Trainer:
         means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
         self.model.eval()
         loss_sum, windows = 0.0, 0
+        stats_of = getattr(self.model, "router_stats", None)  # MoE models: per-layer router statistics
+        stat_sums: dict[str, torch.Tensor] = {}
         with torch.compiler.set_stance("force_eager"):
             for batch in self.data.val_batches:
                 inputs, targets = self._to_device(batch)
@@ -401,10 +433,18 @@ class Trainer:
                     _, loss = self.model(inputs, targets)
                 loss_sum += loss.item() * len(inputs)
                 windows += len(inputs)
+                for name, value in (stats_of() if callable(stats_of) else {}).items():
+                    stat_sums[name] = stat_sums.get(name, 0.0) + value.float().reshape(-1)
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
-        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+        out = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+        if stat_sums:  # every validation batch has the same size: the mean over batches is the mean over tokens
+            n_batches = len(self.data.val_batches)
+            flat = self.world.mean(torch.cat(list(stat_sums.values())) / n_batches).cpu()
+            sizes = [v.numel() for v in stat_sums.values()]
+            out.update(router_metrics(dict(zip(stat_sums, flat.split(sizes)))))
+        return out
 
     # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -543,7 +583,8 @@ class Trainer:
                                  "params": account(self.spec).total}
         if losses:
             out["train_loss"] = losses[-1]
-        out.update(self.last_eval)
+        # The per-layer router statistics stay per-eval metrics; the summary keeps the model-wide ones.
+        out.update({k: v for k, v in self.last_eval.items() if not k.startswith(ROUTER_LAYER_PREFIX)})
         if self.step_seconds:
             steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
             tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)

@@ -1,0 +1,217 @@
+"""Mixture of experts (Shazeer et al., 2017; Switch, GShard, Mixtral, DeepSeek-MoE, Qwen2-MoE).
+
+Each token's FFN output is the gate-weighted sum of its top-k routed experts (dense `mlp` or `glu` FFNs of their own
+hidden size), plus always-on shared experts. Semantics (the generated module implements exactly these):
+
+- Router: logits = x · W_router (fp32, no bias) → p = softmax over all experts → the top_k experts S → gate
+  g_i = p_i / Σ_{j∈S} p_j (`renormalize: true`) or g_i = p_i (`renormalize: false`, Qwen2-MoE's
+  `norm_topk_prob: false`). The top-k choice is a constant in backward; the router learns through the gates.
+- Capacity: `capacity_factor: null` is dropless. Otherwise each expert takes at most
+  C = ceil(capacity_factor · N · top_k / n_experts) assignments, where N is the number of tokens *of that forward
+  call on that process* (B · T of the micro-batch): with a limit, the output depends on the micro-batch, so the
+  "2 processes = 1 process" equivalence holds for dropless MoE only. `drop_policy` picks which overflowing
+  assignments an expert drops: `position` (default) keeps the first C in (position in the sequence, batch row,
+  choice) order, so a token only competes with tokens at or before its position and the model stays causal;
+  `probs` keeps the C with the highest router probability p_i (ties: that same order), which lets a later token evict an
+  earlier one: the model is then NOT causal in training (`causal` is false, and the causality property is not
+  claimed for it). A dropped assignment contributes zero (the residual still carries the token).
+- Losses, per MoE layer, averaged over the MoE layers by `Model.auxiliary_losses()` (the training loop adds them):
+  load balancing α · n · Σ_i f_i · P_i (f_i: fraction of routed assignments, before drops, that go to expert i;
+  P_i: mean router probability of i; α = `aux_loss_coef`), and z-loss `z_loss_coef` · mean(logsumexp(logits)²).
+- Shared experts: `n_shared_experts` always-on experts, stored as one dense FFN of the expert's kind with hidden
+  `shared_hidden_dim` (default n_shared_experts · expert.hidden_dim, DeepSeek-MoE); `shared_gate: true` scales its
+  output by sigmoid(x · w) (Qwen2-MoE's `shared_expert_gate`).
+
+Accounting: routed experts count top_k / n_experts of their total in `active`; router and shared experts in full.
+FLOPs per token: top_k experts + the router + shared experts (+ the shared gate): the useful work. Padding is NOT
+counted: on CPU the experts run as one batched matmul over a buffer padded to the capacity C (or, dropless, to the
+busiest expert's count), which multiplies the experts' work by n_experts · C / (N · top_k) (≥ 1, reported as the
+`padding` router statistic; equal to capacity_factor when a limit is set and the buffer is full).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field
+
+from archspec.kinds.base import Const, FFNKind, Problem, kind_union, lit_bool, lit_float, lit_int, register
+from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
+from archspec.kinds.ffn.glu import GLUSpec
+from archspec.kinds.ffn.mlp import MLPSpec
+from archspec.kinds.limits import MAX_HIDDEN
+
+MAX_EXPERTS = 1024
+
+Expert = kind_union(MLPSpec, GLUSpec, default="glu")
+
+
+@register
+class MoESpec(FFNKind):
+    kind: Literal["moe"] = "moe"  # router → top-k of n experts (+ shared experts)
+    n_experts: int = Field(8, ge=2, le=MAX_EXPERTS, description="routed experts")
+    top_k: int = Field(2, ge=1, le=MAX_EXPERTS, description="experts per token, at most n_experts")
+    expert: Expert = Field(default_factory=GLUSpec, description="one expert: a dense FFN (mlp or glu)")
+    n_shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="always-on experts (DeepSeek-MoE)")
+    shared_hidden_dim: int | None = Field(
+        None, ge=1, le=MAX_HIDDEN, description="hidden size of the shared experts together; default "
+        "n_shared_experts · expert.hidden_dim")
+    shared_gate: bool = Field(False, description="scale the shared experts by sigmoid(x · w) (Qwen2-MoE)")
+    renormalize: bool = Field(True, description="gates renormalised over the chosen experts (false: raw p_i)")
+    capacity_factor: float | None = Field(
+        None, gt=0, le=1024.0, description="null: dropless; else each expert takes at most "
+        "ceil(factor · tokens · top_k / n_experts) assignments per forward call")
+    drop_policy: Literal["position", "probs"] = Field(
+        "position", description="which overflowing assignments an expert drops: the latest positions (causal), or "
+        "the lowest router probabilities (not causal)")
+    aux_loss_coef: float = Field(0.01, ge=0.0, le=100.0, description="load-balancing loss α")
+    z_loss_coef: float = Field(0.0, ge=0.0, le=100.0, description="router z-loss coefficient")
+
+    # ── spec ─────────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def fill_defaults(self, m) -> None:
+        self.expert.fill_defaults(m)
+        if self.shared_hidden_dim is None and self.n_shared_experts > 0:
+            object.__setattr__(self, "shared_hidden_dim",
+                               min(MAX_HIDDEN, self.n_shared_experts * self.expert.hidden_dim))
+
+    def problems(self, m, path: tuple[str, ...]) -> list[Problem]:
+        out: list[Problem] = []
+        if self.top_k > self.n_experts:
+            out.append((path + ("top_k",), f"must be at most n_experts ({self.n_experts}), got {self.top_k}",
+                        self.top_k))
+        if self.n_shared_experts == 0:
+            if self.shared_hidden_dim is not None:
+                out.append((path + ("shared_hidden_dim",), "needs n_shared_experts >= 1 (there is no shared expert "
+                            f"to size), got {self.shared_hidden_dim}", self.shared_hidden_dim))
+            if self.shared_gate:
+                out.append((path + ("shared_gate",), "needs n_shared_experts >= 1 (there is no shared expert to "
+                            "gate)", self.shared_gate))
+        return out
+
+    @property
+    def causal(self) -> bool:
+        return self.capacity_factor is None or self.drop_policy == "position"
+
+    # ── accounting ───────────────────────────────────────────────────────────────────────────────────────────────
+
+    def _shared(self) -> MLPSpec | GLUSpec | None:
+        if not self.n_shared_experts:
+            return None
+        return self.expert.model_copy(update={"hidden_dim": self.shared_hidden_dim})
+
+    def _always_on_params(self, d_model: int) -> int:
+        shared = self._shared()
+        return (d_model * self.n_experts  # router
+                + (shared.params(d_model) if shared else 0)
+                + (d_model if self.shared_gate else 0))
+
+    def params(self, d_model: int) -> int:
+        return self._always_on_params(d_model) + self.n_experts * self.expert.params(d_model)
+
+    def active_params(self, d_model: int) -> int:
+        return self._always_on_params(d_model) + self.top_k * self.expert.params(d_model)
+
+    def flops(self, d_model: int) -> int:
+        """Useful work per token: the router, top_k experts, the shared experts and their gate (no padding)."""
+        shared = self._shared()
+        return (2 * d_model * self.n_experts + self.top_k * self.expert.flops(d_model)
+                + (shared.flops(d_model) if shared else 0) + (2 * d_model if self.shared_gate else 0))
+
+    def saved_elements(self, d_model: int) -> int:
+        """Per token, counted from the template: for each of its top_k assignments the expert's own tensors plus
+        its gathered input row and output row (times the capacity factor: the padded buffer's rows), the router's
+        fp32 input and its logits/probabilities, and the shared experts' tensors."""
+        per_assignment = self.expert.saved_elements(d_model) + 2 * d_model
+        padded = math.ceil(self.top_k * per_assignment * max(1.0, self.capacity_factor or 1.0))
+        shared = self._shared()
+        return (padded + d_model + 3 * self.n_experts + (shared.saved_elements(d_model) + d_model if shared else 0)
+                + (d_model if self.shared_gate else 0))
+
+    # ── codegen ──────────────────────────────────────────────────────────────────────────────────────────────────
+
+    def constants(self, m) -> list[Const]:
+        e = self.expert
+        out = [
+            Const("MOE_N_EXPERTS", lit_int(self.n_experts), "routed experts"),
+            Const("MOE_TOP_K", lit_int(self.top_k), "experts per token"),
+            Const("MOE_HIDDEN", lit_int(e.hidden_dim), f"each expert's hidden size ({e.hidden_dim / m.d_model:.3g} "
+                  "× D_MODEL)"),
+        ]
+        if self.n_shared_experts:
+            out.append(Const("MOE_SHARED_HIDDEN", lit_int(self.shared_hidden_dim),
+                             f"{self.n_shared_experts} shared expert(s), always on"))
+        if self.capacity_factor is not None:
+            out.append(Const("MOE_CAPACITY_FACTOR", lit_float(self.capacity_factor),
+                             "capacity = ceil(factor · tokens · top_k / n_experts) per forward call"))
+        out += [Const("MOE_AUX_LOSS_COEF", lit_float(self.aux_loss_coef), "load-balancing loss α"),
+                Const("MOE_Z_LOSS_COEF", lit_float(self.z_loss_coef), "router z-loss")]
+        return out
+
+    def describe(self, m) -> str:
+        e = self.expert
+        name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
+        shared = f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
+        cap = "dropless" if self.capacity_factor is None else f"capacity {self.capacity_factor:g}"
+        return f"MoE FFN (top-{self.top_k} of {self.n_experts} {name} experts of hidden {e.hidden_dim}{shared}, {cap})"
+
+    def template_context(self, m) -> dict[str, Any]:
+        e = self.expert
+        glu = e.kind == "glu"
+        return {
+            "glu": glu,
+            "expert_bias": e.bias,
+            "activation_name": e.activation,
+            "act_h": call(e.activation, "h_gate" if glu else "h"),
+            "act_shared": call(e.activation, "self.shared_expert.gate_proj(x)" if glu
+                               else "self.shared_expert.up_proj(x)"),
+            "shared": bool(self.n_shared_experts),
+            "shared_gate": self.shared_gate,
+            "renormalize": lit_bool(self.renormalize),
+            "capacity": self.capacity_factor is not None,
+            "drop_policy": self.drop_policy,
+        }
+
+    # ── testing ──────────────────────────────────────────────────────────────────────────────────────────────────
+
+    @classmethod
+    def strategy(cls, ctx):
+        from hypothesis import strategies as st
+
+        hidden = st.integers(1, max(1, min(ctx["max_hidden"], 48)))
+
+        @st.composite
+        def build(draw):
+            n = draw(st.integers(2, 6))
+            out: dict[str, Any] = {"n_experts": n, "top_k": draw(st.integers(1, n))}
+            expert_kind = draw(st.sampled_from(["glu", "mlp", None]))
+            if expert_kind is not None:
+                cls_ = GLUSpec if expert_kind == "glu" else MLPSpec
+                body = draw(cls_.strategy({**ctx, "max_hidden": 48}))
+                out["expert"] = {"kind": expert_kind, **body}
+            else:
+                out["expert"] = {"hidden_dim": draw(hidden)}
+            shared = draw(st.integers(0, 2))
+            if shared:
+                out["n_shared_experts"] = shared
+                if draw(st.booleans()):
+                    out["shared_hidden_dim"] = draw(hidden)
+                out["shared_gate"] = draw(st.booleans())
+            if draw(st.booleans()):
+                out["renormalize"] = draw(st.booleans())
+            if draw(st.booleans()):
+                out["capacity_factor"] = draw(st.sampled_from([0.5, 1.0, 1.25, 2.0]))
+                out["drop_policy"] = draw(st.sampled_from(["probs", "position"]))
+            if draw(st.booleans()):
+                out["aux_loss_coef"] = draw(st.sampled_from([0.0, 0.01, 0.1]))
+            if draw(st.booleans()):
+                out["z_loss_coef"] = draw(st.sampled_from([0.0, 0.001]))
+            return out
+
+        return build()
+
+
+def capacity(capacity_factor: float, tokens: int, top_k: int, n_experts: int) -> int:
+    """Assignments each expert may take (the generated module computes the same, per forward call)."""
+    return math.ceil(capacity_factor * tokens * top_k / n_experts)
