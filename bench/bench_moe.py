@@ -1,0 +1,231 @@
+"""MoE training-step cost: archspec's MoE against a dense model of the same active parameters, its own dispatch
+candidates, and HF transformers' MixtralForCausalLM with every experts implementation it offers.
+
+    .venv/bin/python bench/bench_moe.py                 # a table on stdout (eager, fp32, this CPU)
+    .venv/bin/python bench/bench_moe.py --json          # the same as one JSON object
+    .venv/bin/python bench/bench_moe.py --compile       # archspec MoE vs dense, both compiled per block (as the loop)
+
+Shapes (issue 13): d_model 256, 2 layers, 4 heads of 64 (2 K/V heads), RoPE θ 1e6, RMSNorm, untied head, vocab
+320, batch 8 × 256 tokens. MoE: 8 SwiGLU experts of hidden 512, top-2, renormalised, dropless, α = 0.02 (the
+auxiliary loss is part of the step on both sides). Dense-active: SwiGLU hidden 1024 (= 2 experts' hidden), all else
+equal. One step = forward, backward, AdamW step, zero_grad; fp32.
+
+Variants of archspec's MoE dispatch (same module, the `_padded` step swapped; the routing, gates, scatter-back and
+losses are shared): `padded` (the generated code: one batched matmul per projection over a buffer padded to the
+busiest expert), `segment` (split the sorted rows per expert and loop over the experts: one matmul per expert,
+E launches), `grouped_mm` (torch._grouped_mm in fp32, eager), and two anchors: `all-experts` (every expert on every
+token, then the chosen rows picked) and `per-token` (the tests' naive reference: a Python loop over assignments).
+
+Protocol: every variant is built once, warmed by one step, then the variants take turns (`--rounds` rounds of
+`--steps` timed steps each) and each reports its median step. Interleaving spreads load from other work evenly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import types
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from archspec.accounting import account  # noqa: E402
+from archspec.codegen import generate  # noqa: E402
+from archspec.spec import load_spec_dict  # noqa: E402
+
+D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T = 256, 2, 4, 2, 320, 8, 2, 512, 8, 256
+
+
+def spec_dict(ffn: dict) -> dict:
+    return {"name": "bench-moe", "model": {
+        "vocab_size": VOCAB, "context_length": T, "d_model": D, "n_layers": LAYERS, "tie_embeddings": False,
+        "norm": {"kind": "rmsnorm", "eps": 1e-5},
+        "attention": {"n_heads": HEADS, "n_kv_heads": KV, "positional": {"kind": "rope", "theta": 1e6}},
+        "ffn": ffn}}
+
+
+MOE = {"kind": "moe", "n_experts": E, "top_k": K, "expert": {"kind": "glu", "hidden_dim": H},
+       "aux_loss_coef": 0.02}
+DENSE = {"kind": "glu", "hidden_dim": K * H}
+
+
+# ── dispatch candidates: drop-in replacements of FeedForward._padded (dropless, SwiGLU, no bias) ───────────────
+
+
+def _segment(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
+    xs, ex = xf[token_of], self.experts
+    outs = [(F.silu(xe @ g.T) * (xe @ u.T)) @ d.T
+            for xe, g, u, d in zip(xs.split(counts.tolist()), ex.gate_proj.unbind(0), ex.up_proj.unbind(0),
+                                   ex.down_proj.unbind(0))]
+    return torch.cat(outs), torch.ones(())
+
+
+def _grouped(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
+    xs, ex = xf[token_of], self.experts
+    offs = counts.cumsum(0).to(torch.int32)
+    h = F.silu(torch._grouped_mm(xs, ex.gate_proj.transpose(-2, -1), offs=offs)) * torch._grouped_mm(
+        xs, ex.up_proj.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(h, ex.down_proj.transpose(-2, -1), offs=offs), torch.ones(())
+
+
+def _all_experts(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
+    ex = self.experts
+    h = F.silu(torch.einsum("nd,ehd->enh", xf, ex.gate_proj)) * torch.einsum("nd,ehd->enh", xf, ex.up_proj)
+    y = torch.einsum("enh,edh->end", h, ex.down_proj)  # (E, N, D): every expert on every token
+    return y[expert_of, token_of], torch.full((), float(E) / K)
+
+
+def _per_token(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
+    ex = self.experts
+    rows = [(F.silu(ex.gate_proj[e] @ xf[t]) * (ex.up_proj[e] @ xf[t])) @ ex.down_proj[e].T
+            for t, e in zip(token_of.tolist(), expert_of.tolist())]
+    return torch.stack(rows), torch.ones(())
+
+
+CANDIDATES = {"padded": None, "segment": _segment, "grouped_mm": _grouped, "all-experts": _all_experts,
+              "per-token": _per_token}
+
+
+# ── the steps ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def archspec_step(ffn: dict, dispatch: str | None = None, compile_blocks: bool = False):
+    spec = load_spec_dict(spec_dict(ffn))
+    torch.manual_seed(0)
+    model = generate(spec, write=False).Model()
+    if dispatch and CANDIDATES[dispatch] is not None:
+        for block in model.blocks:
+            block.ffn._padded = types.MethodType(CANDIDATES[dispatch], block.ffn)
+    if compile_blocks:
+        for block in model.blocks:
+            block.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
+
+    def step(idx, targets):
+        _, loss = model(idx, targets)
+        aux = model.auxiliary_losses() if hasattr(model, "auxiliary_losses") else {}
+        (loss + sum(aux.values())).backward() if aux else loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step, account(spec, seq_len=T)
+
+
+def hf_step(implementation: str):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=H, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=D // HEADS,
+                        max_position_embeddings=T, rope_theta=1e6, num_local_experts=E, num_experts_per_tok=K,
+                        router_aux_loss_coef=0.02, output_router_logits=True, tie_word_embeddings=False,
+                        rms_norm_eps=1e-5, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(cfg)
+    model.set_experts_implementation(implementation)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
+
+    def step(idx, targets):
+        out = model(input_ids=idx, labels=targets)  # loss includes router_aux_loss_coef · aux
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss
+
+    return step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
+    ap.add_argument("--compile", action="store_true", help="archspec MoE vs dense only, both compiled per block")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, VOCAB, (BATCH, T), generator=g)
+    targets = torch.randint(0, VOCAB, (BATCH, T), generator=g)
+
+    variants: dict[str, object] = {}
+    notes: dict[str, str] = {}
+    dense_step, dense_acc = archspec_step(DENSE, compile_blocks=args.compile)
+    moe_step, moe_acc = archspec_step(MOE, "padded", compile_blocks=args.compile)
+    variants["archspec dense-active (SwiGLU 1024)"] = dense_step
+    variants["archspec MoE (padded: the generated code)"] = moe_step
+    if not args.compile:
+        for name in ("segment", "grouped_mm", "all-experts", "per-token"):
+            variants[f"archspec MoE dispatch: {name}"] = archspec_step(MOE, name)[0]
+        if not args.skip_hf:
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+            for impl in ["eager", *ALL_EXPERTS_FUNCTIONS.keys()]:
+                try:
+                    step = hf_step(impl)
+                    step(idx[:1, :16], targets[:1, :16])
+                    variants[f"HF Mixtral experts_implementation={impl}"] = step
+                except Exception as e:  # noqa: BLE001 (reported: e.g. CUDA-only kernels)
+                    notes[f"HF Mixtral experts_implementation={impl}"] = f"unavailable: {type(e).__name__}: " \
+                                                                         f"{str(e).splitlines()[0][:120]}"
+            # HF's default when none is requested
+            from transformers import MixtralConfig, MixtralForCausalLM
+
+            default = MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=H,
+                                                       num_hidden_layers=1, num_attention_heads=HEADS,
+                                                       num_key_value_heads=KV, num_local_experts=E))
+            notes["HF default experts_implementation"] = str(default.config._experts_implementation)
+
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    warm_s: dict[str, float] = {}
+    for name, step in variants.items():
+        t0 = time.perf_counter()
+        step(idx, targets)  # warm-up (and compile)
+        warm_s[name] = time.perf_counter() - t0
+    for _ in range(args.rounds):
+        for name, step in variants.items():
+            n = 1 if "per-token" in name else args.steps
+            for _ in range(n):
+                t0 = time.perf_counter()
+                step(idx, targets)
+                times[name].append(time.perf_counter() - t0)
+
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    dense = median["archspec dense-active (SwiGLU 1024)"]
+    ours = median["archspec MoE (padded: the generated code)"]
+    result = {
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "compile": args.compile,
+        "params": {"moe_total": moe_acc.total, "moe_active": moe_acc.active, "dense_total": dense_acc.total},
+        "median_step_s": median, "warmup_s": warm_s, "notes": notes,
+        "ratio_to_dense": {n: m / dense for n, m in median.items()},
+        "speedup_of_archspec_moe": {n: m / ours for n, m in median.items()},
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"{result['machine']} · {result['date']} · {'compiled per block' if args.compile else 'eager'} · fp32 · "
+          f"batch {BATCH}×{T}")
+    print(f"MoE {moe_acc.total:,} params ({moe_acc.active:,} active) · dense-active {dense_acc.total:,}")
+    print(f"| variant | median step | ÷ dense-active | archspec MoE faster by |")
+    print("|---|---|---|---|")
+    for name, m in median.items():
+        print(f"| {name} | {m * 1000:.0f} ms | {m / dense:.2f}× | {m / ours:.2f}× |")
+    for name, note in notes.items():
+        print(f"- {name}: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
