@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--compile", action="store_true", help="archspec MoE vs dense only, both compiled per block")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--per-token", action="store_true", help="also the per-token loop anchor (minutes per step)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -165,7 +166,7 @@ def main(argv=None) -> int:
     variants["archspec dense-active (SwiGLU 1024)"] = dense_step
     variants["archspec MoE (padded: the generated code)"] = moe_step
     if not args.compile:
-        for name in ("segment", "grouped_mm", "all-experts", "per-token"):
+        for name in ("segment", "grouped_mm", "all-experts") + (("per-token",) if args.per_token else ()):
             variants[f"archspec MoE dispatch: {name}"] = archspec_step(MOE, name)[0]
         if not args.skip_hf:
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -192,6 +193,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         step(idx, targets)  # warm-up (and compile)
         warm_s[name] = time.perf_counter() - t0
+        print(f"warm {name}: {warm_s[name]:.1f} s", file=sys.stderr, flush=True)
     for _ in range(args.rounds):
         for name, step in variants.items():
             n = 1 if "per-token" in name else args.steps
@@ -199,6 +201,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 step(idx, targets)
                 times[name].append(time.perf_counter() - t0)
+            print(f"{name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
 
     median = {name: statistics.median(ts) for name, ts in times.items()}
     dense = median["archspec dense-active (SwiGLU 1024)"]
