@@ -80,7 +80,7 @@ def kept_assignments(u, probs: torch.Tensor, B: int, T_: int) -> tuple[list, set
         if u.drop_policy == "position":
             mine.sort(key=position)
         else:
-            mine.sort(key=lambda nk: (-float(probs[nk[0], e]), position(nk)))
+            mine.sort(key=lambda nk: (-float(probs[nk[0], e].detach()), position(nk)))
         kept |= set(mine[:cap])
     return chosen, kept
 
