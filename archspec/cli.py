@@ -24,6 +24,7 @@ _SUBCOMMANDS = [
     ("archspec.train.cli", ["train", "peak"]),
     ("archspec.registry.cli", ["runs", "specs", "registry"]),
     ("archspec.ablate.cli", ["ablate", "report"]),
+    ("archspec.hf.cli", ["import-hf", "export-hf"]),
 ]
 
 

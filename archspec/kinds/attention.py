@@ -8,11 +8,19 @@ from typing import Any
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, Strict, bind, family, lit_bool, lit_int
+from archspec.kinds.base import Const, Strict, bind, family, lit_bool, lit_float, lit_int
+from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
 
 Positional = family("positional").union()
 Sparsity = family("sparsity").union()
+
+
+class QKNorm(Strict):
+    """An RMSNorm over each head's q and k (HEAD_DIM wide, one weight per dimension shared by all heads), applied
+    before the rotation: it bounds the attention logits (Qwen3, OLMo 2, Gemma 3)."""
+
+    eps: float = Field(1e-6, gt=0, le=0.1)
 
 
 class AttentionSpec(Strict):
@@ -22,6 +30,7 @@ class AttentionSpec(Strict):
     bias: bool = False
     qkv_bias: bool | None = Field(None, description="bias on the q/k/v projections (default: bias)")
     out_bias: bool | None = Field(None, description="bias on the output projection (default: bias)")
+    qk_norm: QKNorm | None = Field(None, description="RMSNorm over each head's q and k before the rotation (Qwen3)")
     positional: Positional = Field(default_factory=lambda: family("positional").members["rope"]())
     sparsity: Sparsity = Field(default_factory=lambda: family("sparsity").members["dense"]())
 
@@ -50,7 +59,7 @@ class AttentionSpec(Strict):
     def params(self, d_model: int) -> int:
         weights = d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model
         biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
-        return weights + biases
+        return weights + biases + (2 * self.head_dim if self.qk_norm else 0)
 
     def projection_flops(self, d_model: int) -> int:
         return 2 * (d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model)
@@ -81,11 +90,59 @@ class AttentionSpec(Strict):
             Const("HEAD_DIM", lit_int(self.head_dim)),
             Const("QKV_BIAS", lit_bool(self.qkv_bias), "bias on the q, k, v projections"),
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
-        ]
+        ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k")]
+             if self.qk_norm else [])
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
-                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias)}
+                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None}
+
+    # ── HF transformers interop (archspec.kinds.hf) ──
+    @classmethod
+    def from_hf(cls, cfg) -> dict[str, Any]:
+        """Heads, K/V heads, head width, biases and q/k norm; positional and sparsity come from their own units."""
+        d_model, n_heads = cfg.take("d_model", int), cfg.take("n_heads", int)
+        n_kv_heads = cfg.take("n_kv_heads", int, default=n_heads) if "n_kv_heads" in cfg.hf.keys else n_heads
+        head_dim = cfg.take("head_dim", int, default=d_model // n_heads) if "head_dim" in cfg.hf.keys else None
+        out = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim or d_model // n_heads,
+               "qkv_bias": cfg.fact("qkv_bias"), "out_bias": cfg.fact("out_bias")}
+        if cfg.fact("qk_norm"):
+            out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
+        return out
+
+    def to_hf(self, m: Any, out: dict[str, Any], hf: Any) -> None:
+        path = ("model", "attention")
+        out[hf.keys["n_heads"]] = self.n_heads
+        for field, key in (("n_kv_heads", "n_kv_heads"), ("head_dim", "head_dim")):
+            value, implied = getattr(self, field), (self.n_heads if field == "n_kv_heads" else m.d_model // self.n_heads)
+            if key in hf.keys:
+                out[hf.keys[key]] = value
+            elif value != implied:
+                raise HFUnsupported(f"{'.'.join((*path, field))}: {value} cannot be expressed as {hf.model_type} "
+                                    f"(it has {implied})")
+        put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
+        put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
+        put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))
+        if self.qk_norm is not None and self.qk_norm.eps != out.get(hf.keys["norm_eps"]):
+            raise HFUnsupported(f"model.attention.qk_norm.eps: {self.qk_norm.eps} cannot be expressed as "
+                                f"{hf.model_type} (its q/k norm uses {hf.keys['norm_eps']}, here "
+                                f"{out.get(hf.keys['norm_eps'])})")
+
+    def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:
+        """Our fused qkv_proj is HF's c_attn (GPT-2, Conv1D) or its q_proj, k_proj, v_proj stacked by rows."""
+        names = hf.names
+        if "qkv" in names:
+            out = linear("qkv_proj", names["qkv"], self.qkv_bias, hf.conv1d)
+        else:
+            sizes = (self.q_width, self.kv_width, self.kv_width)
+            parts = tuple(names.get(p, f"{p}_proj") for p in "qkv")
+            out = [HFWeight("qkv_proj.weight", tuple(f"{p}.weight" for p in parts), sizes, hf.conv1d)]
+            if self.qkv_bias:
+                out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
+        out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
+        if self.qk_norm is not None:
+            out += [HFWeight("q_norm.weight", ("q_norm.weight",)), HFWeight("k_norm.weight", ("k_norm.weight",))]
+        return out
 
 
 bind("positional", AttentionSpec, "positional")

@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 if TYPE_CHECKING:  # pragma: no cover
     from hypothesis.strategies import SearchStrategy
 
+    from archspec.kinds.hf import HFConfig, HFType, HFWeight
     from archspec.spec.model import ModelSpec
 
 Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending value): see archspec.spec.rules
@@ -154,6 +155,23 @@ class KindUnit(Strict):
     def template_path(cls) -> Path:
         kind = cls.model_fields["kind"].default
         return Path(inspect.getfile(cls)).with_name(cls.template or f"{kind}.py.j2")
+
+    # HF transformers interop (archspec.kinds.hf; the model-level assembly is archspec.hf)
+    hf_block: ClassVar[str | None] = None  # the HF building block this kind is, in HF's words; None: HF has none
+
+    @classmethod
+    def from_hf(cls, cfg: "HFConfig") -> dict[str, Any]:
+        """This kind's spec fields (as a user writes them, `kind` included) from a transformers config whose type
+        uses `hf_block`; reads through `cfg.take` (every key read is marked) and refuses what it cannot map."""
+        return {"kind": cls.model_fields["kind"].default}
+
+    def to_hf(self, m: "ModelSpec", out: dict[str, Any], hf: "HFType", path: tuple[str, ...]) -> None:
+        """Write this kind's fields into a transformers config `out` of type `hf`; raise HFUnsupported (naming the
+        field at `path`) for a value that type cannot express."""
+
+    def hf_weights(self, m: "ModelSpec", hf: "HFType") -> list["HFWeight"]:
+        """This kind's parameters and their HF names, each inside its own module (archspec.kinds.hf.HFWeight)."""
+        return []
 
     # accounting
     def buffer_elements(self, m: "ModelSpec") -> int:

@@ -35,6 +35,8 @@ FORMAT = "archspec-checkpoint/2"  # /2: with a content digest
 LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify
 FILENAME = "checkpoint.pt"
 REQUIRED = ("spec_hash", "spec", "step", "model", "optimizer", "rng", "data")
+WEIGHTS_FORMAT = "archspec-weights/1"  # a weights checkpoint: the model alone (import-hf, export-hf, sample)
+WEIGHTS_REQUIRED = ("spec_hash", "spec", "model", "tokenizer")
 
 
 class CheckpointWriteError(UserError):
@@ -89,11 +91,11 @@ def _safe_repr(value: Any) -> str:
     return repr(value)
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, state: dict[str, Any], fmt: str = FORMAT) -> None:
     """Atomically write `state` (plus the format tag and its digest) to `path`: a temporary file beside it, flushed
     to disk, renamed over it. Raises CheckpointWriteError when the disk refuses; the previous file stays."""
     path = Path(path)
-    payload = {"format": FORMAT, **state, "digest": state_digest(state)}
+    payload = {"format": fmt, **state, "digest": state_digest(state)}
     tmp = None
     try:
         tmp = temp_path_beside(path)
@@ -140,10 +142,7 @@ def resolve(path: str | os.PathLike) -> Path:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint on the CPU. Raises UserError for a missing, truncated, foreign, unsafe, corrupted (digest)
-    or malformed (any field of the wrong type or size) file."""
-    path = resolve(path)
+def _read(path: Path) -> Any:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file: RuntimeError, UnpicklingError, EOFError, ...
@@ -151,18 +150,36 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         if "weights_only" in first_line:  # torch's advice (weights_only=False) would run the file's pickled code
             first_line = "it holds objects beyond tensors and plain data, which a safe load refuses"
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first_line})") from None
+    return state
+
+
+def _check_digest(path: Path, state: dict[str, Any]) -> None:
+    stored = state.get("digest")
+    if not isinstance(stored, str):
+        raise UserError(f"{path}: checkpoint has no content digest; the file is damaged")
+    if state_digest(state) != stored:
+        raise UserError(f"{path}: checkpoint is corrupted: its content does not match the digest stored when it "
+                        "was written; resume from another checkpoint or start the run again")
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint on the CPU. Raises UserError for a missing, truncated, foreign, unsafe, corrupted (digest)
+    or malformed (any field of the wrong type or size) file."""
+    path = resolve(path)
+    return _training_state(path, _read(path))
+
+
+def _training_state(path: Path, state: Any) -> dict[str, Any]:
+    if isinstance(state, dict) and state.get("format") == WEIGHTS_FORMAT:
+        raise UserError(f"{path}: a weights checkpoint (model only, no optimizer or data position) cannot be resumed; "
+                        "start a run from it with `archspec train SPEC --init-from` instead")
     if not isinstance(state, dict) or state.get("format") not in (FORMAT, *LEGACY_FORMATS):
         raise UserError(f"{path}: not an archspec checkpoint (expected format {FORMAT!r})")
     missing = [k for k in REQUIRED if k not in state]
     if missing:
         raise UserError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     if state["format"] == FORMAT:
-        stored = state.get("digest")
-        if not isinstance(stored, str):
-            raise UserError(f"{path}: checkpoint has no content digest; the file is damaged")
-        if state_digest(state) != stored:
-            raise UserError(f"{path}: checkpoint is corrupted: its content does not match the digest stored when it "
-                            "was written; resume from another checkpoint or start the run again")
+        _check_digest(path, state)
     problems = structure_problems(state)
     if problems:
         raise UserError(f"{path}: malformed checkpoint ({len(problems)} problem{'s' * (len(problems) > 1)})", problems)
@@ -343,3 +360,61 @@ def load_sharded(path: Path, directory: Path, model: nn.Module, optimizer: torch
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(f"{path}: sharded state in {directory} does not fit this model: {type(e).__name__}: "
                         f"{printable(first)}") from None
+
+# ── weights checkpoints: the model alone ─────────────────────────────────────────────────────────────────────────
+#
+# {"format": "archspec-weights/1", "spec_hash", "spec": the canonical spec dict (name, model, train) as in a training
+#  checkpoint, "model": the generated module's state_dict, "tokenizer": {file name: text} (tokenizer.json and its
+#  companions; empty when none), "source": where the weights came from, "digest"}
+# Written by `archspec import-hf --checkpoint`; read by `export-hf`, `train --init-from` and `sample`, which also take
+# a training checkpoint (or its run directory) wherever they take a weights checkpoint: `load_weights` reads both.
+
+
+def save_weights(path: str | os.PathLike, spec_dict: dict[str, Any], spec_hash: str,
+                 model_state: dict[str, torch.Tensor], tokenizer: dict[str, str] | None = None,
+                 source: str = "") -> None:
+    """Atomically write a weights checkpoint (see above); CheckpointWriteError when the disk refuses."""
+    save_checkpoint(Path(path), {"spec_hash": spec_hash, "spec": spec_dict, "model": model_state,
+                                 "tokenizer": dict(tokenizer or {}), "source": source}, fmt=WEIGHTS_FORMAT)
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, Any]:
+    """A weights checkpoint, or the model part of a training checkpoint (file or run directory), verified (digest)
+    and checked field by field: {"spec_hash", "spec", "model", "tokenizer", "source", "format"}."""
+    path = resolve(path)
+    state = _read(path)
+    if isinstance(state, dict) and state.get("format") in (FORMAT, *LEGACY_FORMATS):
+        state = _training_state(path, state)
+        return {"format": state["format"], "spec_hash": state["spec_hash"], "spec": state["spec"],
+                "model": state["model"], "tokenizer": {}, "source": str(path)}
+    if not isinstance(state, dict) or state.get("format") != WEIGHTS_FORMAT:
+        raise UserError(f"{path}: not an archspec checkpoint (expected format {WEIGHTS_FORMAT!r} or {FORMAT!r})")
+    missing = [k for k in WEIGHTS_REQUIRED if k not in state]
+    if missing:
+        raise UserError(f"{path}: incomplete weights checkpoint, missing {', '.join(missing)}")
+    _check_digest(path, state)
+    problems = []
+    if not isinstance(state["spec_hash"], str):
+        problems.append(f"spec_hash: expected text, got {_show(state['spec_hash'])}")
+    if not isinstance(state["spec"], dict):
+        problems.append(f"spec: expected a mapping, got {_show(state['spec'])}")
+    model = state["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in model.items()):
+        problems.append("model: expected a mapping of parameter names to tensors")
+    tok = state["tokenizer"]
+    if not isinstance(tok, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tok.items()):
+        problems.append("tokenizer: expected a mapping of file names to text")
+    if problems:
+        raise UserError(f"{path}: malformed weights checkpoint ({len(problems)} problem{'s' * (len(problems) > 1)})",
+                        problems)
+    return {"format": WEIGHTS_FORMAT, "spec_hash": state["spec_hash"], "spec": state["spec"], "model": model,
+            "tokenizer": tok, "source": str(state.get("source", "")) or str(path)}
+
+
+def load_weights_into(path: Path, weights: dict[str, Any], model: nn.Module) -> None:
+    """Load a `load_weights` result into a generated module; a mismatch is a UserError naming the file."""
+    try:
+        model.load_state_dict(weights["model"])
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: model weights do not fit this model", str(e).strip().splitlines()[:10]) from None

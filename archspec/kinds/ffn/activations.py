@@ -26,3 +26,20 @@ KEEPS_OUTPUT = frozenset({"relu", "sigmoid"})
 def call(activation: str, arg: str) -> str:
     """The source of `activation(arg)`; only the known words above can reach it."""
     return CALLS[activation].format(arg)
+
+
+# transformers' activation names (ACT2FN) → ours. gelu_new is the tanh approximation written out; it agrees with
+# F.gelu(approximate="tanh") to float rounding. Names not here (gelu_fast, quick_gelu, relu2, ...) are refused.
+FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+           "silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
+TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
+
+
+def from_hf(cfg, allowed: tuple[str, ...]) -> str:
+    """Our activation word for the config's `activation` key, or refused by name."""
+    name = cfg.take("activation", str)
+    ours = FROM_HF.get(name)
+    if ours not in allowed:
+        known = ", ".join(k for k, v in FROM_HF.items() if v in allowed)
+        raise cfg.refuse("activation", f"{name!r} has no archspec equivalent here (mapped: {known})")
+    return ours

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
+from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, Activation, call
+from archspec.kinds.hf import linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -45,6 +47,24 @@ class GLUSpec(FFNKind):
     def template_context(self, m):
         return {"act_gate": call(self.activation, "self.gate_proj(x)"), "activation_name": self.activation,
                 "glu_name": GLU_NAMES[self.activation]}
+
+    hf_block = "gated_mlp"
+
+    @classmethod
+    def from_hf(cls, cfg):
+        hidden = cfg.take("ffn_hidden", int)
+        return {"kind": "glu", "hidden_dim": hidden, "bias": cfg.fact("mlp_bias"),
+                "activation": activations.from_hf(cfg, get_args(Activation))}
+
+    def to_hf(self, m, out, hf, path):
+        out[hf.keys["ffn_hidden"]] = self.hidden_dim
+        out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        put_fact(out, hf, "mlp_bias", self.bias, (*path, "bias"))
+
+    def hf_weights(self, m, hf):
+        # LLaMA and its copies: gate_proj / up_proj / down_proj
+        return [w for proj in ("gate", "up", "down")
+                for w in linear(f"{proj}_proj", hf.names.get(proj, f"{proj}_proj"), self.bias, hf.conv1d)]
 
     @classmethod
     def strategy_overrides(cls, ctx):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
+from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import KEEPS_OUTPUT, MLP_NAMES, MLPActivation, call
+from archspec.kinds.hf import linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -40,6 +42,26 @@ class MLPSpec(FFNKind):
 
     def template_context(self, m):
         return {"act_up": call(self.activation, "self.up_proj(x)"), "activation_name": self.activation}
+
+    hf_block = "plain_mlp"
+
+    @classmethod
+    def from_hf(cls, cfg):
+        hidden = cfg.take("ffn_hidden", int, default=None)
+        if hidden is None:  # GPT-2's n_inner: null means 4 · n_embd
+            hidden = 4 * cfg.take("d_model", int)
+        return {"kind": "mlp", "hidden_dim": hidden, "bias": cfg.fact("mlp_bias"),
+                "activation": activations.from_hf(cfg, get_args(MLPActivation))}
+
+    def to_hf(self, m, out, hf, path):
+        out[hf.keys["ffn_hidden"]] = self.hidden_dim
+        out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        put_fact(out, hf, "mlp_bias", self.bias, (*path, "bias"))
+
+    def hf_weights(self, m, hf):
+        # GPT-2: c_fc / c_proj, Conv1D
+        return [w for proj in ("up", "down")
+                for w in linear(f"{proj}_proj", hf.names.get(proj, f"{proj}_proj"), self.bias, hf.conv1d)]
 
     @classmethod
     def strategy_overrides(cls, ctx):

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, NormKind, lit_float, register
+from archspec.kinds.hf import HFWeight, put_fact
 
 
 @register
@@ -26,3 +27,16 @@ class LayerNormSpec(NormKind):
 
     def describe(self, m) -> str:
         return "LayerNorm" if self.bias else "LayerNorm (no bias)"
+
+    hf_block = "layer_norm"  # nn.LayerNorm
+
+    @classmethod
+    def from_hf(cls, cfg):
+        return {"kind": "layernorm", "eps": cfg.take("norm_eps", float), "bias": cfg.fact("norm_bias")}
+
+    def to_hf(self, m, out, hf, path):
+        out[hf.keys["norm_eps"]] = self.eps
+        put_fact(out, hf, "norm_bias", self.bias, (*path, "bias"))
+
+    def hf_weights(self, m, hf):
+        return [HFWeight("weight", ("weight",))] + ([HFWeight("bias", ("bias",))] if self.bias else [])

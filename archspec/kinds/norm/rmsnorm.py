@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, NormKind, lit_float, register
+from archspec.kinds.hf import HFWeight
 
 
 @register
@@ -25,3 +26,15 @@ class RMSNormSpec(NormKind):
 
     def describe(self, m) -> str:
         return "RMSNorm"
+
+    hf_block = "rms_norm"  # LlamaRMSNorm and its copies: x / sqrt(mean(x²) + eps) · weight, computed in fp32
+
+    @classmethod
+    def from_hf(cls, cfg):
+        return {"kind": "rmsnorm", "eps": cfg.take("norm_eps", float)}
+
+    def to_hf(self, m, out, hf, path):
+        out[hf.keys["norm_eps"]] = self.eps
+
+    def hf_weights(self, m, hf):
+        return [HFWeight("weight", ("weight",))]

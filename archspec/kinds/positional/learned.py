@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from archspec.kinds.base import PositionalKind, register
+from archspec.kinds.hf import HFWeight
 
 
 @register
@@ -16,3 +17,9 @@ class LearnedPositional(PositionalKind):
 
     def describe(self, m) -> str:
         return "learned positions"
+
+    hf_block = "absolute"  # a trained position table (GPT-2's wpe)
+
+    def hf_weights(self, m, hf):
+        # model-level: inside the base model, beside the token embeddings
+        return [HFWeight("positions.pos_emb.weight", (f"{hf.names['positions']}.weight",))]

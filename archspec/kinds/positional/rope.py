@@ -1,35 +1,85 @@
-"""Rotary position embedding (Su et al., 2021), as in LLaMA ("rotate half" layout)."""
+"""Rotary position embedding (Su et al., 2021), as in LLaMA ("rotate half" layout), with optional frequency
+scaling for longer contexts: `linear` (position interpolation, Chen et al., 2023) or `llama3` (Llama 3.1's
+per-band rescaling of the frequencies)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, PositionalKind, lit_float, register
+from archspec.kinds.base import Const, PositionalKind, Strict, kind_union, lit_float, lit_int, register
+from archspec.kinds.limits import MAX_CONTEXT
+
+
+class LinearRopeScaling(Strict):
+    kind: Literal["linear"] = "linear"  # every frequency divided by `factor` (position interpolation)
+    factor: float = Field(2.0, ge=1.0, le=1024.0)
+
+
+class Llama3RopeScaling(Strict):
+    """Llama 3.1: wavelengths longer than original_context_length / low_freq_factor are stretched by `factor`,
+    those shorter than original_context_length / high_freq_factor are kept, the band between is interpolated."""
+
+    kind: Literal["llama3"] = "llama3"
+    factor: float = Field(8.0, ge=1.0, le=1024.0)
+    low_freq_factor: float = Field(1.0, gt=0.0, le=1024.0)
+    high_freq_factor: float = Field(4.0, gt=0.0, le=1024.0)
+    original_context_length: int = Field(8192, ge=1, le=MAX_CONTEXT)
+
+
+RopeScaling = kind_union(Llama3RopeScaling, LinearRopeScaling, default="llama3")
+
+# transformers' rope dict keys → ours, per scaling type (rope_parameters in 5.x, rope_scaling before)
+_HF_FIELDS = {
+    "linear": {"factor": "factor"},
+    "llama3": {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+               "original_max_position_embeddings": "original_context_length"},
+}
 
 
 @register
 class RopePositional(PositionalKind):
     kind: Literal["rope"] = "rope"  # rotary embeddings applied to q and k in every layer (RoFormer, LLaMA)
     theta: float = Field(10000.0, gt=1.0, le=1e9)
+    scaling: RopeScaling | None = Field(None, description="frequency scaling: linear | llama3 (default: none)")
 
     head_dim_multiple = 2  # rotates pairs of dimensions
 
     def problems(self, m, path):
+        out = []
         hd = m.attention.head_dim
         if hd is not None and hd % 2:
-            return [(("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd)]
-        odd = sorted({a.head_dim for a in m.attentions() if a.head_dim is not None and a.head_dim % 2})
-        if odd:  # a layer group's head_dim
-            return [(("model", "layers"), f"head_dim must be even for rope (rotates pairs), got {odd[0]}", odd[0])]
-        return []
+            out.append((("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd))
+        else:
+            odd = sorted({a.head_dim for a in m.attentions() if a.head_dim is not None and a.head_dim % 2})
+            if odd:  # a layer group's head_dim
+                out.append((("model", "layers"), f"head_dim must be even for rope (rotates pairs), got {odd[0]}",
+                            odd[0]))
+        s = self.scaling
+        if s is not None and s.kind == "llama3" and s.high_freq_factor <= s.low_freq_factor:
+            out.append(((*path, "scaling", "high_freq_factor"),
+                        f"must exceed low_freq_factor ({s.low_freq_factor}), got {s.high_freq_factor}",
+                        s.high_freq_factor))
+        return out
 
     def constants(self, m) -> list[Const]:
-        return [Const("ROPE_THETA", lit_float(self.theta), "base of the rotary frequencies")]
+        out = [Const("ROPE_THETA", lit_float(self.theta), "base of the rotary frequencies")]
+        s = self.scaling
+        if s is not None:
+            out.append(Const("ROPE_FACTOR", lit_float(s.factor), f"{s.kind} frequency scaling"))
+        if s is not None and s.kind == "llama3":
+            out += [Const("ROPE_LOW_FREQ_FACTOR", lit_float(s.low_freq_factor)),
+                    Const("ROPE_HIGH_FREQ_FACTOR", lit_float(s.high_freq_factor)),
+                    Const("ROPE_ORIGINAL_CONTEXT", lit_int(s.original_context_length),
+                          "context length the frequencies were trained at")]
+        return out
+
+    def template_context(self, m) -> dict[str, Any]:
+        return {"scaling": self.scaling.kind if self.scaling else ""}
 
     def describe(self, m) -> str:
-        return "rotary positions"
+        return f"rotary positions ({self.scaling.kind} scaling)" if self.scaling else "rotary positions"
 
     def saved_elements(self, m) -> int:
         a = m.attention
@@ -37,3 +87,66 @@ class RopePositional(PositionalKind):
 
     def buffer_elements(self, m) -> int:
         return 2 * m.context_length * m.attention.head_dim  # cos and sin tables
+
+    @classmethod
+    def strategy_overrides(cls, ctx):
+        from hypothesis import strategies as st
+
+        llama3 = st.tuples(st.floats(1.0, 16.0), st.floats(0.5, 2.0), st.floats(0.1, 4.0), st.integers(1, 4096)).map(
+            lambda t: {"kind": "llama3", "factor": t[0], "low_freq_factor": t[1],
+                       "high_freq_factor": t[1] + t[2], "original_context_length": t[3]})
+        linear = st.floats(1.0, 16.0).map(lambda f: {"kind": "linear", "factor": f})
+        return {"scaling": st.one_of(st.none(), llama3, linear)}
+
+    # ── HF transformers interop ──
+    hf_block = "rotary"
+
+    @classmethod
+    def from_hf(cls, cfg):
+        """transformers 5.x writes `rope_parameters` ({rope_type, rope_theta, ...}); older files `rope_theta` and
+        `rope_scaling` ({type or rope_type, factor, ...}): both are read; a type archspec lacks is refused."""
+        cfg.mark("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
+        params, where = cfg.data.get("rope_parameters"), "rope_parameters"
+        if params is None:
+            params, where = cfg.data.get("rope_scaling"), "rope_scaling"
+        if params is not None and not isinstance(params, dict):
+            raise cfg.refuse(where, f"expected a mapping, got {params!r}")
+        params = dict(params or {})
+        if any(isinstance(v, dict) for v in params.values()):
+            raise cfg.refuse(where, "RoPE parameters per layer type: archspec has one rope for every layer")
+        theta = params.pop("rope_theta", None)
+        if theta is None:
+            theta = cfg.data.get("rope_theta", cfg.hf.defaults.get("rope_theta", 10000.0))
+        partial = params.pop("partial_rotary_factor", cfg.data.get("partial_rotary_factor"))
+        if partial is not None and partial != 1.0:
+            raise cfg.refuse("partial_rotary_factor", f"{partial}: archspec rotates every dimension of a head")
+        rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        params.pop("type", None)
+        out: dict[str, Any] = {"kind": "rope", "theta": float(theta)}
+        if rope_type != "default":
+            if rope_type not in _HF_FIELDS:
+                raise cfg.refuse(where, f"rope_type {rope_type!r}: archspec has default, "
+                                 f"{', '.join(_HF_FIELDS)} (rope.scaling)")
+            scaling: dict[str, Any] = {"kind": rope_type}
+            for hf_key, ours in _HF_FIELDS[rope_type].items():
+                value = params.pop(hf_key, None)
+                if value is None and hf_key == "original_max_position_embeddings":
+                    value = cfg.data.get(hf_key) or cfg.data.get(cfg.key("context_length"))
+                if value is None:
+                    raise cfg.refuse(where, f"{hf_key}: required by rope_type {rope_type!r}")
+                scaling[ours] = value
+            out["scaling"] = scaling
+        if params:
+            raise cfg.refuse(where, f"{', '.join(sorted(params))}: not used by rope_type {rope_type!r}; "
+                             "archspec does not map it")
+        return out
+
+    def to_hf(self, m, out, hf, path):
+        params: dict[str, Any] = {"rope_type": self.scaling.kind if self.scaling else "default",
+                                  "rope_theta": self.theta}
+        if self.scaling is not None:
+            for hf_key, ours in _HF_FIELDS[self.scaling.kind].items():
+                params[hf_key] = getattr(self.scaling, ours)
+        out["rope_parameters"] = params  # transformers 5.x
+        out["rope_theta"] = self.theta  # and what older versions read
+        out["rope_scaling"] = params if self.scaling else None

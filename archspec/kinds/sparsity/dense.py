@@ -16,3 +16,5 @@ class DenseSparsity(SparsityKind):
 
     def describe(self, m) -> str:
         return "dense causal attention"
+
+    hf_block = "full_attention"  # transformers' word for it in `layer_types`

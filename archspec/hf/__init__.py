@@ -1,0 +1,139 @@
+"""Two-way interop with HF transformers: a transformers model directory ↔ a spec and a weights checkpoint.
+
+    archspec import-hf PATH -o SPEC.yaml [--checkpoint OUT.pt]      config.json (+ safetensors, tokenizer) → spec
+    archspec export-hf RUN_ID | CHECKPOINT -o DIR                    → config.json + model.safetensors (+ tokenizer)
+
+Each kind maps its own config fields and weights (`from_hf`, `to_hf`, `hf_weights` on the units in
+archspec/kinds; the contract is archspec.kinds.hf); `types` says what each transformers model type is made of;
+`convert` assembles the model (embeddings, layer prefixes, final norm, LM head); `io` reads and writes the files.
+Nothing needs transformers itself: configs are JSON and weights safetensors. The weights checkpoint format is
+archspec.train.checkpoint's (`save_weights`, `load_weights`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from archspec.errors import UserError, printable
+from archspec.hf import io
+from archspec.hf.convert import config_from_spec, hf_type, spec_from_config, state_from_hf, state_to_hf, weight_map
+from archspec.kinds.hf import HFUnsupported
+
+__all__ = ["import_hf", "export_hf", "spec_from_config", "config_from_spec", "state_from_hf", "state_to_hf",
+           "weight_map", "HFUnsupported", "expected_shapes"]
+
+
+def _slug(text: str) -> str:
+    slug = re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-_")[:64]
+    return slug or "imported"
+
+
+def expected_shapes(spec) -> dict[str, torch.Size]:
+    """The generated module's state_dict shapes, from the module built on the meta device (no memory)."""
+    from archspec.codegen import generate
+
+    with torch.device("meta"):
+        model = generate(spec, write=False).Model()
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def _refuse_existing(path: Path | None, what: str) -> None:
+    if path is not None and (path.exists() or path.is_symlink()):
+        raise UserError(f"{printable(path)}: already exists; choose another {what} path (nothing is overwritten)")
+
+
+def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_out: str | os.PathLike | None = None,
+              name: str | None = None) -> dict[str, Any]:
+    """Write SPEC.yaml (and a weights checkpoint) from a transformers config.json or model directory. Nothing is
+    written unless everything maps. Returns a summary: name, model_type, spec path, checkpoint path, params."""
+    import yaml
+
+    from archspec.spec import canonical_dict, load_spec_dict, spec_hash
+    from archspec.train.cache import atomic_write_text
+    from archspec.train.checkpoint import save_weights
+
+    spec_out = Path(spec_out)
+    checkpoint_out = Path(checkpoint_out) if checkpoint_out is not None else None
+    _refuse_existing(spec_out, "spec")
+    _refuse_existing(checkpoint_out, "checkpoint")
+    cfg_path = io.config_path(path)
+    data = io.read_json(cfg_path, "a transformers config.json")
+    spec_dict = spec_from_config(data, printable(cfg_path), _slug(name or spec_out.stem))
+    spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
+
+    params = None
+    if checkpoint_out is not None:
+        from archspec.codegen import check_memory
+
+        check_memory(spec)
+        tensors = io.read_tensors(cfg_path.parent)
+        hf = hf_type(data.get("model_type"), printable(cfg_path))
+        state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec))
+        tokenizer = io.read_tokenizer(cfg_path.parent)
+        save_weights(checkpoint_out, canonical_dict(spec), spec_hash(spec), state, tokenizer,
+                     source=str(cfg_path.parent))
+        params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())  # a tied matrix once
+
+    model_type = data.get("model_type")
+    header = (f"# Imported from {printable(cfg_path)} (transformers model_type {model_type}) by `archspec import-hf`.\n"
+              + (f"# Weights: {printable(checkpoint_out)} (`archspec train {printable(spec_out)} --init-from "
+                 f"{printable(checkpoint_out)}`).\n" if checkpoint_out is not None else ""))
+    body = yaml.safe_dump({"name": spec.name, "model": canonical_dict(spec)["model"]}, sort_keys=False)
+    try:
+        atomic_write_text(spec_out, header + body)
+    except OSError as e:
+        raise UserError(f"{printable(spec_out)}: cannot write the spec: {e.strerror or e}") from None
+    return {"name": spec.name, "model_type": model_type, "spec": str(spec_out),
+            "checkpoint": str(checkpoint_out) if checkpoint_out else None, "params": params}
+
+
+def load_source(source: str, registry_url: str | None = None) -> tuple[Any, dict[str, Any], Path]:
+    """A weights checkpoint, a training checkpoint or run directory, or a run id (its checkpoint in the registry):
+    (spec, weights as archspec.train.checkpoint.load_weights returns them, the file read)."""
+    from archspec.spec import load_spec_dict
+    from archspec.train.checkpoint import load_weights, resolve
+
+    path = Path(source)
+    if not path.exists():
+        path = _run_checkpoint(source, registry_url)
+    path = resolve(path)
+    weights = load_weights(path)
+    spec = load_spec_dict(weights["spec"], origin=f"{printable(path)}: spec")
+    expected = expected_shapes(spec)
+    got = {k: tuple(v.shape) for k, v in weights["model"].items()}
+    if got != {k: tuple(v) for k, v in expected.items()}:
+        diff = sorted(set(got) ^ set(expected)) or [k for k in got if got[k] != tuple(expected[k])]
+        raise UserError(f"{printable(path)}: model weights do not fit the spec stored with them",
+                        [printable(k, 120) for k in diff[:10]])
+    return spec, weights, path
+
+
+def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
+    from archspec.registry import Registry, default_url
+
+    url = registry_url or default_url()
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise UserError(f"{printable(run_id, 80)}: no such checkpoint file, and no registry at {url} to look up a run")
+    with Registry(url) as reg:
+        run = reg.get_run(run_id)
+        paths = [p for kind, p in reg.artifacts(run.id) if kind == "checkpoint"]
+    if not paths:
+        raise UserError(f"run {run.id} has no checkpoint recorded (it may not have reached its first save)")
+    return Path(paths[-1])
+
+
+def export_hf(source: str, out_dir: str | os.PathLike, registry_url: str | None = None) -> dict[str, Any]:
+    """Write a transformers model directory (config.json, model.safetensors, tokenizer files when the checkpoint
+    has them) that AutoModelForCausalLM.from_pretrained loads with the same logits. Refuses what no transformers
+    model type expresses, by field."""
+    spec, weights, path = load_source(source, registry_url)
+    hf, config = config_from_spec(spec)
+    tensors = state_to_hf(spec.model, hf, weights["model"])
+    io.write_model_dir(Path(out_dir), config, tensors, weights["tokenizer"])
+    return {"name": spec.name, "model_type": hf.model_type, "dir": str(out_dir), "source": str(path),
+            "tokenizer": bool(weights["tokenizer"]), "params": sum(t.numel() for t in tensors.values())}

@@ -1,0 +1,51 @@
+"""`archspec import-hf` and `archspec export-hf`: transformers model directories in and out."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", metavar="PATH")
+@click.option("-o", "--output", "spec_out", required=True, metavar="SPEC.yaml", help="Spec file to write (must not exist).")
+@click.option("--checkpoint", "checkpoint_out", metavar="OUT.pt",
+              help="Also convert the safetensors weights (and tokenizer.json) beside the config into a weights "
+                   "checkpoint (must not exist).")
+@click.option("--name", metavar="SLUG", help="Spec name [default: from the output file name].")
+@click.option("--json", "json_out", is_flag=True, help="Print a summary as one JSON object on stdout.")
+def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: str | None, json_out: bool) -> None:
+    """Spec (and weights) from a transformers config.json or model directory.
+
+    Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
+    Model types: gpt2, llama (rope llama3/linear scaling), mistral (no sliding window), qwen2, qwen3."""
+    from archspec.hf import import_hf
+
+    out = import_hf(path, spec_out, checkpoint_out, name)
+    if json_out:
+        click.echo(json.dumps(out, sort_keys=True))
+    else:
+        weights = f", {out['params']:,} parameters → {out['checkpoint']}" if out["checkpoint"] else ""
+        click.echo(f"{out['model_type']} → {out['spec']} (spec {out['name']}){weights}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("source", metavar="RUN_ID|CHECKPOINT")
+@click.option("-o", "--output", "out_dir", required=True, metavar="DIR", help="Directory to create (new or empty).")
+@click.option("--registry", metavar="URL",
+              help="Registry to look RUN_ID up in [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@click.option("--json", "json_out", is_flag=True, help="Print a summary as one JSON object on stdout.")
+def export_hf_cmd(source: str, out_dir: str, registry: str | None, json_out: bool) -> None:
+    """A transformers model directory (config.json, model.safetensors, tokenizer) from a run or a checkpoint.
+
+    `AutoModelForCausalLM.from_pretrained(DIR)` loads it and computes the same logits. What no transformers model
+    type expresses (sinusoidal or no positions, sparse patterns, per-layer variation, ...) is refused by name."""
+    from archspec.hf import export_hf
+
+    out = export_hf(source, out_dir, registry)
+    if json_out:
+        click.echo(json.dumps(out, sort_keys=True))
+    else:
+        tok = " + tokenizer" if out["tokenizer"] else ""
+        click.echo(f"{out['source']} → {out['dir']} ({out['model_type']}, {out['params']:,} parameters{tok})")

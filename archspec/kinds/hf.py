@@ -1,0 +1,143 @@
+"""HF transformers interop, the part each unit holds: how its fields are read from and written to a transformers
+`config.json`, and what its weights are called there.
+
+A unit says which HF building block it is (`hf_block`, in HF's own vocabulary: "rms_norm", "rotary",
+"gated_mlp", "full_attention", ...), reads its fields from an `HFConfig` (`from_hf`), writes them back (`to_hf`)
+and lists its weights as `HFWeight`s (names inside its own module on both sides). The model-level assembly —
+which building blocks a model type uses, its key names, layer prefixes, embeddings, final norm and LM head — is
+`archspec.hf`. Nothing here needs transformers: configs are JSON, weights are tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from archspec.errors import UserError
+
+_MISSING = object()
+
+
+class HFUnsupported(UserError):
+    """An HF config field (import) or a spec field (export) that the other side cannot express: exit 2, by name."""
+
+
+@dataclass(frozen=True)
+class HFType:
+    """One transformers model type, as the units need to see it (the table is archspec.hf.types).
+
+    blocks: family → the HF building block this type uses ("norm": "rms_norm", "positional": "rotary", ...), or
+        the words it can use where its config decides which, `pick` naming the callable (HFConfig) → word that
+        decides (Mistral's sliding_window).
+    keys: role → config key ("d_model": "hidden_size", "norm_eps": "rms_norm_eps", ...).
+    defaults: the value transformers uses when a key is absent from config.json (None: required).
+    names: role → module name inside HF's model ("q": "q_proj", "attn_norm": "input_layernorm", ...).
+    conv1d: weights stored (in, out), GPT-2's Conv1D, rather than nn.Linear's (out, in).
+    facts: yes/no properties units ask about ("qkv_bias", "out_bias", "qk_norm", "norm_bias", "mlp_bias"): a config
+        key (str) that holds it, or the value this type always has (bool). Absent: always False.
+    inert: keys that do not change the function the model computes (ids, generation defaults, init scale, ...).
+    check: extra config rules of this type: callables (HFConfig) → None that take their keys and may refuse.
+    dropout_keys: the config's dropout rates (archspec has one, model.dropout).
+    fixed: keys written on export with these values (what this type needs said that no unit says).
+    """
+
+    model_type: str
+    architecture: str
+    blocks: dict[str, str | tuple[str, ...]]
+    keys: dict[str, str]
+    defaults: dict[str, Any]
+    names: dict[str, str]
+    conv1d: bool = False
+    facts: dict[str, str | bool] = field(default_factory=dict)
+    inert: frozenset[str] = frozenset()
+    check: tuple[Callable[["HFConfig"], None], ...] = ()
+    dropout_keys: tuple[str, ...] = ()
+    fixed: dict[str, Any] = field(default_factory=dict)
+    pick: dict[str, Callable[["HFConfig"], str]] = field(default_factory=dict)
+
+
+class HFConfig:
+    """A transformers config being read. Every key a reader takes is marked, so that the assembly can refuse the
+    keys nobody read: no field is silently ignored."""
+
+    def __init__(self, data: dict[str, Any], hf: HFType, source: str):
+        self.data, self.hf, self.source = data, hf, source
+        self.taken: set[str] = set()
+
+    def key(self, role: str) -> str:
+        return self.hf.keys.get(role, role)
+
+    def has(self, role: str) -> bool:
+        return self.data.get(self.key(role)) is not None
+
+    def take(self, role: str, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING) -> Any:
+        """The value of `role`'s key (or HF's default for it when absent or null), type-checked; marks it read."""
+        key = self.key(role)
+        self.taken.add(key)
+        value = self.data.get(key)
+        if value is None:
+            value = self.hf.defaults.get(key, None) if default is _MISSING else default
+            if value is None and default is _MISSING:
+                raise self.refuse(role, "required but missing")
+        if kind is not None and value is not None:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                names = " or ".join(k.__name__ for k in kinds)
+                raise self.refuse(role, f"expected {names}, got {value!r}")
+        return value
+
+    def fact(self, name: str) -> bool:
+        """A yes/no property (`HFType.facts`): the value this type always has, or read from its config key."""
+        spelled = self.hf.facts.get(name, False)
+        return self.take(spelled, bool) if isinstance(spelled, str) else spelled
+
+    def mark(self, *keys: str) -> None:
+        self.taken.update(keys)
+
+    def refuse(self, role: str, why: str) -> HFUnsupported:
+        return HFUnsupported(f"{self.source}: {self.key(role)}: {why} ({self.hf.model_type})")
+
+
+def put_fact(out: dict[str, Any], hf: HFType, name: str, value: bool, path: tuple[str, ...]) -> None:
+    """Write a yes/no property into a config, or refuse (naming the spec field at `path`) when `hf` fixes it."""
+    spelled = hf.facts.get(name, False)
+    if isinstance(spelled, str):
+        if spelled in out and out[spelled] != bool(value):  # one key for two properties (LLaMA's attention_bias)
+            raise HFUnsupported(f"{'.'.join(path)}: {str(bool(value)).lower()} cannot be expressed as "
+                                f"{hf.model_type} (its {spelled} sets it and another property alike)")
+        out[spelled] = bool(value)
+    elif bool(value) != spelled:
+        raise HFUnsupported(f"{'.'.join(path)}: {str(bool(value)).lower()} cannot be expressed as "
+                            f"{hf.model_type} (its {name.replace('_', ' ')} is always {str(spelled).lower()})")
+
+
+@dataclass(frozen=True)
+class HFWeight:
+    """One of our parameters and its HF counterpart(s), each named inside its own module (the assembly adds the
+    layer prefixes). Several HF names: ours is their concatenation along dim 0, in that order (a fused qkv).
+    `transpose`: HF stores it (in, out) (GPT-2's Conv1D)."""
+
+    ours: str
+    hf: tuple[str, ...]
+    sizes: tuple[int, ...] | None = None  # rows of each HF part when several
+    transpose: bool = False
+
+    def to_hf(self, tensor: Any) -> dict[str, Any]:
+        parts = tensor.split(list(self.sizes), dim=0) if len(self.hf) > 1 else (tensor,)
+        return {name: (p.t() if self.transpose else p).contiguous() for name, p in zip(self.hf, parts)}
+
+    def to_ours(self, tensors: list[Any]) -> Any:
+        import torch
+
+        parts = [t.t() if self.transpose else t for t in tensors]
+        return (torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]).contiguous()
+
+
+def linear(ours: str, hf: str, bias: bool, conv1d: bool) -> list[HFWeight]:
+    """An nn.Linear (and its bias) that HF names `hf`."""
+    out = [HFWeight(f"{ours}.weight", (f"{hf}.weight",), transpose=conv1d)]
+    if bias:
+        out.append(HFWeight(f"{ours}.bias", (f"{hf}.bias",)))
+    return out
