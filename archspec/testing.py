@@ -322,6 +322,8 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     for bias in ("bias", "qkv_bias", "out_bias"):
         if draw(st.booleans()):
             out[bias] = draw(st.booleans())
+    if draw(st.booleans()):  # q/k norm: absent, null, or on with its own eps
+        out["qk_norm"] = draw(st.one_of(st.none(), st.builds(dict), st.floats(1e-8, 0.1).map(lambda e: {"eps": e})))
     if positional or draw(st.booleans()):  # {} is the default member with its defaults: written or not
         out["positional"] = positional
     if draw(st.booleans()):

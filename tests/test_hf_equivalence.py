@@ -4,7 +4,8 @@ Every parameter is re-drawn at random first (norm weights and biases included, a
 non-linearity in play), so a mapping or a formula that only agrees at the default init (ones, zeros) fails.
 fp32, eager attention on both sides, tiny dimensions; logits must agree within 1e-4.
 
-The weight-name mapping lives here until HF interop gives each kind its own (DESIGN.md: the kinds hold it).
+The weight-name mapping is the one `archspec export-hf` uses: each kind's `hf_weights`, assembled by archspec.hf
+(tests/test_hf_interop.py runs the commands themselves, both ways).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from archspec.codegen import generate
+from archspec.hf import state_to_hf
+from archspec.hf.types import TYPES
 from archspec.spec import load_spec_dict
 
 transformers = pytest.importorskip("transformers")
@@ -59,23 +62,6 @@ def _compare(ours: torch.nn.Module, hf: torch.nn.Module, seed: int) -> None:
 # ── GPT-2 ────────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-def _gpt2_state(ours: torch.nn.Module, n_layers: int) -> dict[str, torch.Tensor]:
-    """Ours → HF GPT2LMHeadModel. HF's Conv1D stores (in, out): our Linear weights transposed."""
-    s = ours.state_dict()
-    out = {"transformer.wte.weight": s["tok_emb.weight"], "transformer.wpe.weight": s["positions.pos_emb.weight"],
-           "transformer.ln_f.weight": s["final_norm.weight"], "transformer.ln_f.bias": s["final_norm.bias"]}
-    for i in range(n_layers):
-        o, h = f"blocks.{i}.", f"transformer.h.{i}."
-        for ours_name, hf_name in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
-            out[h + hf_name + ".weight"] = s[o + ours_name + ".weight"]
-            out[h + hf_name + ".bias"] = s[o + ours_name + ".bias"]
-        for ours_name, hf_name in (("attn.qkv_proj", "attn.c_attn"), ("attn.o_proj", "attn.c_proj"),
-                                   ("ffn.up_proj", "mlp.c_fc"), ("ffn.down_proj", "mlp.c_proj")):
-            out[h + hf_name + ".weight"] = s[o + ours_name + ".weight"].t().contiguous()
-            out[h + hf_name + ".bias"] = s[o + ours_name + ".bias"]
-    return out
-
-
 def test_gpt2_with_gelu_matches_hf():
     d, n_layers, n_heads = 48, 2, 4
     spec, ours = _generated({
@@ -91,31 +77,11 @@ def test_gpt2_with_gelu_matches_hf():
         bos_token_id=None, eos_token_id=None, attn_implementation="eager",
     )
     hf = transformers.GPT2LMHeadModel(config)
-    _load_exactly(hf, _gpt2_state(ours, n_layers))  # HF ties lm_head to wte: one parameter, loaded once
+    _load_exactly(hf, state_to_hf(spec.model, TYPES["gpt2"], ours.state_dict()))  # tied: wte, loaded once
     _compare(ours, hf, seed=2)
 
 
 # ── Llama ────────────────────────────────────────────────────────────────────────────────────────────────────────
-
-
-def _llama_state(ours: torch.nn.Module, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                 tied: bool) -> dict[str, torch.Tensor]:
-    """Ours → HF LlamaForCausalLM. Our fused qkv_proj splits into q, k, v by rows, in that order."""
-    s = ours.state_dict()
-    out = {"model.embed_tokens.weight": s["tok_emb.weight"], "model.norm.weight": s["final_norm.weight"]}
-    if not tied:  # tied: HF's lm_head is embed_tokens, one parameter
-        out["lm_head.weight"] = s["lm_head.weight"]
-    for i in range(n_layers):
-        o, h = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = s[o + "attn.qkv_proj.weight"].split([n_heads * head_dim, n_kv_heads * head_dim,
-                                                      n_kv_heads * head_dim])
-        out |= {h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k, h + "self_attn.v_proj.weight": v,
-                h + "self_attn.o_proj.weight": s[o + "attn.o_proj.weight"],
-                h + "input_layernorm.weight": s[o + "attn_norm.weight"],
-                h + "post_attention_layernorm.weight": s[o + "ffn_norm.weight"]}
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            out[h + f"mlp.{proj}.weight"] = s[o + f"ffn.{proj}.weight"]
-    return out
 
 
 @pytest.mark.parametrize("n_kv_heads,tied", [(2, True), (1, False)], ids=["gqa-tied", "mqa-untied"])
@@ -136,5 +102,5 @@ def test_llama_matches_hf(n_kv_heads, tied):
         bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="eager",
     )
     hf = transformers.LlamaForCausalLM(config)
-    _load_exactly(hf, _llama_state(ours, n_layers, n_heads, n_kv_heads, head_dim, tied))
+    _load_exactly(hf, state_to_hf(spec.model, TYPES["llama"], ours.state_dict()))
     _compare(ours, hf, seed=5)

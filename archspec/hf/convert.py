@@ -39,12 +39,14 @@ def hf_type(model_type: Any, source: str) -> HFType:
                         f"(it maps {', '.join(TYPES)})")
 
 
-def _unit_class(fam: str, block: str, cfg: HFConfig, role: str):
+def _unit_class(fam: str, block: str, cfg: HFConfig):
     for cls in family(fam).members.values():
         if cls.hf_block == block:
             return cls
-    raise HFUnsupported(f"{cfg.source}: {cfg.hf.model_type} uses HF's {block!r} ({role}), which no archspec "
-                        f"{fam} kind provides")
+    fields = [k for k in getattr(cfg.hf.pick.get(fam), "fields", ()) if cfg.data.get(k) is not None]
+    said = "; ".join(f"{k}: {printable(repr(cfg.data[k]), 60)}" for k in fields)
+    raise HFUnsupported(f"{cfg.source}: {said + ' → ' if said else ''}{cfg.hf.model_type} uses HF's {block!r}, "
+                        f"which no archspec {fam} kind provides yet")
 
 
 # ── config → spec ────────────────────────────────────────────────────────────────────────────────────────────────
@@ -62,7 +64,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     units: dict[str, dict[str, Any]] = {}
     for fam, _ in _FAMILIES:
         block = hf.pick[fam](cfg) if fam in hf.pick else hf.blocks[fam]
-        units[fam] = _unit_class(fam, block, cfg, fam).from_hf(cfg)
+        units[fam] = _unit_class(fam, block, cfg).from_hf(cfg)
     attention = AttentionSpec.from_hf(cfg)
     attention.update(positional=units["positional"], sparsity=units["sparsity"])
     model = {
@@ -179,7 +181,9 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
     out: dict[str, torch.Tensor] = {}
     missing: list[str] = []
     used: set[str] = set()
+    theirs: dict[str, str] = {}
     for w in weight_map(m, hf):
+        theirs[w.ours] = " + ".join(w.hf)
         if any(name not in tensors for name in w.hf):
             missing += [name for name in w.hf if name not in tensors]
             continue
@@ -203,8 +207,8 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
         raise HFUnsupported(f"{source}: {len(extra)} tensor{'s' * (len(extra) > 1)} the config does not account for "
                             "(a different architecture?)", [printable(n, 200) for n in extra[:20]])
     if expected is not None:
-        bad = [f"{k}: {tuple(v.shape)}, the spec implies {tuple(expected[k])}" for k, v in out.items()
-               if tuple(v.shape) != tuple(expected[k])]
+        bad = [f"{theirs.get(k, k)} (archspec {k}): {tuple(v.shape)}, the config implies {tuple(expected[k])}"
+               for k, v in out.items() if tuple(v.shape) != tuple(expected[k])]
         if bad:
             raise HFUnsupported(f"{source}: weights of the wrong shape for the config", bad[:20])
     return out

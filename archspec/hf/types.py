@@ -72,6 +72,10 @@ def _mistral_pattern(cfg: HFConfig) -> str:
     return "sliding_attention" if cfg.take("sliding_window", int, default=None) else "full_attention"
 
 
+_one_pattern.fields = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
+_mistral_pattern.fields = ("sliding_window",)
+
+
 _ONE_PATTERN = ("full_attention", "sliding_attention")  # one pattern for every layer, the config says which
 
 _LLAMA_KEYS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",

@@ -418,3 +418,8 @@ def load_weights_into(path: Path, weights: dict[str, Any], model: nn.Module) -> 
         model.load_state_dict(weights["model"])
     except (RuntimeError, KeyError, TypeError) as e:
         raise UserError(f"{path}: model weights do not fit this model", str(e).strip().splitlines()[:10]) from None
+
+
+def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a state_dict's names, dtypes, shapes and bytes: the identity of a run's starting weights."""
+    return state_digest({"model": model_state})

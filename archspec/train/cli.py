@@ -29,7 +29,7 @@ def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False
 
 
 def resume_command(spec_path: str, overrides, steps: int | None, device: str, registry_url: str | None,
-                   checkpoint) -> str:
+                   checkpoint, init_from: str | None = None) -> str:
     """The command that continues an interrupted `archspec train` from its checkpoint (same spec, same recipe)."""
     args = ["archspec", "train", spec_path, *(a for o in overrides for a in ("--set", o))]
     if steps is not None:
@@ -38,6 +38,8 @@ def resume_command(spec_path: str, overrides, steps: int | None, device: str, re
         args += ["--device", device]
     if registry_url:
         args += ["--registry", registry_url]
+    if init_from:  # part of the run's identity: the resumed run is the same run only with it
+        args += ["--init-from", init_from]
     return shlex.join([*args, "--resume", str(checkpoint)])
 
 
@@ -47,6 +49,9 @@ def resume_command(spec_path: str, overrides, steps: int | None, device: str, re
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.steps, so the schedule too).")
 @device_option
 @click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
+@click.option("--init-from", metavar="CHECKPOINT",
+              help="Start from these weights (from `archspec import-hf --checkpoint`, or a run's checkpoint) instead "
+                   "of a fresh init: fine-tuning. The weights' architecture must be the spec's.")
 @registry_option
 @click.option("--run-dir", metavar="DIR",
               help="Where the generated module and checkpoint go [default: runs/<name>-<run id>].")
@@ -62,6 +67,7 @@ def resume_command(spec_path: str, overrides, steps: int | None, device: str, re
               help="The run is recorded RUNNING but its process is dead (kill -9 on another machine): start anyway. "
                    "On this host a dead writer is recognised by its pid without this flag.")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
+              init_from: str | None,
               registry_url: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
               dry_run: bool, world_size: int | None, take_over: bool) -> None:
     """Train SPEC once with the shared loop and record the run."""
@@ -75,12 +81,12 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     try:
         with install_signal_handlers():
             result = _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out,
-                            quiet, take_over)
+                            quiet, take_over, init_from)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
         checkpoint = getattr(e, "checkpoint", None)
         if checkpoint is not None:
-            click.echo("resume with: " + resume_command(spec_path, overrides, steps, device, registry_url, checkpoint),
-                       err=True)
+            command = resume_command(spec_path, overrides, steps, device, registry_url, checkpoint, init_from)
+            click.echo("resume with: " + command, err=True)
         raise
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
@@ -106,7 +112,7 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
 
 
 def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet,
-           take_over=False):
+           take_over=False, init_from=None):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
     from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
@@ -116,7 +122,8 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
     if resume and not run_dir:
         run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
     return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank, take_over), resume=resume,
-                 run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet)
+                 run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet,
+                 init_from=init_from)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -45,6 +45,9 @@ from archspec.train.checkpoint import (
     CheckpointWriteError,
     check_same_spec,
     load_checkpoint,
+    load_weights,
+    load_weights_into,
+    weights_digest,
     resolve,
     restore_modules,
     rng_state,
@@ -196,7 +199,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 class Trainer:
     def __init__(self, spec: Spec, *, device: str = "auto", logger: RunLogger | None = None,
                  resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
-                 progress: bool = False, cache: str | Path | None = None, world: World | None = None):
+                 progress: bool = False, cache: str | Path | None = None, world: World | None = None,
+                 init_from: str | Path | None = None):
         self.started = time.perf_counter()
         self.spec, self.recipe = spec, spec.train
         self.world = world or init_world(device)
@@ -208,6 +212,7 @@ class Trainer:
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
         self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
 
+        self.init_weights = self._read_init(init_from) if init_from is not None else None
         self.data = self._build_data()
         self.experiment_id = run_id_for(spec_hash(spec), self.data.data_hash, self._recipe(), self.recipe.seed)
         self.resume_path = resolve(resume) if resume is not None else None
@@ -259,6 +264,8 @@ class Trainer:
         a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
         strategy and activation checkpointing are stored with it but are not part of the run id (run_id_for)."""
         recipe = self.recipe.model_dump(mode="json")
+        if self.init_weights is not None:  # other starting weights, another experiment: named by their digest
+            recipe["init_from"] = self.init_weights["digest"]
         if self.world.size > 1:
             recipe["world_size"] = self.world.size
         return recipe
@@ -281,9 +288,29 @@ class Trainer:
         random.seed(self.recipe.seed)
         with torch.device(self.device):
             model = generated.Model()
+        if self.init_weights is not None:
+            load_weights_into(self.init_weights["path"], self.init_weights, model)
         # Dropout draws from a stream of its own per rank (the init stream above is shared by every rank).
         torch.manual_seed(int(digest("dropout", self.recipe.seed, self.world.rank)[:15], 16))
         return generated, model
+
+    def _read_init(self, init_from: str | Path) -> dict[str, Any]:
+        """Weights to start from (a weights checkpoint from `import-hf`, or a training checkpoint): the model section
+        of their spec must be this spec's; the recipe may differ (that is what fine-tuning is)."""
+        path = resolve(init_from)
+        weights = load_weights(path)
+        saved, now = weights["spec"].get("model"), canonical_dict(self.spec)["model"]
+        if saved != now:
+            from archspec.train.checkpoint import _flatten
+
+            a, b = _flatten(saved if isinstance(saved, dict) else {}), _flatten(now)
+            diffs = [f"model.{k}: weights {a.get(k)!r}, spec {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                     if a.get(k) != b.get(k)]
+            raise UserError(f"{path}: these weights are for another architecture than {self.spec.name}'s",
+                            diffs[:20] or ["(model sections differ)"])
+        weights["path"] = path
+        weights["digest"] = weights_digest(weights["model"])
+        return weights
 
     def _should_compile(self, requested: bool | None) -> bool:
         wanted = self.recipe.compile if requested is None else requested
@@ -652,7 +679,8 @@ class Trainer:
 
 def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger: RunLogger | None = None,
           resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
-          json_out: bool = False, progress: bool = False, cache: str | Path | None = None) -> TrainResult:
+          json_out: bool = False, progress: bool = False, cache: str | Path | None = None,
+          init_from: str | Path | None = None) -> TrainResult:
     """Train `spec` once through the shared loop.
 
     steps: override train.steps (the schedule's length). device: auto | cpu | cuda. logger: where the run is
@@ -660,14 +688,15 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     run_dir: where the generated module and checkpoint go (default runs/<name>-<run id>, or the resumed run's).
     compile: per-block torch.compile (default: train.compile). json_out: print the final metrics as one JSON object
     on stdout (rank 0). progress: show the progress bar and run lines on stderr. cache: the derived-data cache
-    (default $ARCHSPEC_CACHE or .cache/archspec).
+    (default $ARCHSPEC_CACHE or .cache/archspec). init_from: start from these weights (a weights checkpoint from
+    `archspec import-hf`, or a training checkpoint) instead of the seeded init; part of the run's identity.
     """
     if steps is not None:
         spec = with_steps(spec, steps)
     world = init_world(device)
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
-                          progress=progress, cache=cache, world=world)
+                          progress=progress, cache=cache, world=world, init_from=init_from)
         result = trainer.run()
     finally:
         world.close()
