@@ -279,3 +279,25 @@ def test_imported_weights_that_do_not_fit_the_config_are_refused(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and "mlp.gate_proj.weight" in err and "(48, 32)" in err, err
     assert not (tmp_path / "s.yaml").exists() and not (tmp_path / "w.pt").exists()
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "qwen3", "mistral"])
+def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
+    """A hand-written config with few keys: what archspec assumes for the rest is what transformers assumes."""
+    from archspec.hf import spec_from_config
+
+    sizes = ({"n_embd": 32, "n_layer": 1, "n_head": 4, "n_positions": 16, "vocab_size": 96} if model_type == "gpt2"
+             else {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 40,
+                   "vocab_size": 96, "max_position_embeddings": 16, "num_key_value_heads": 2})
+    ref = transformers.AutoConfig.for_model(model_type, **sizes)
+    m = load_spec_dict(spec_from_config({"model_type": model_type, **sizes}, "config.json", "x")).model
+    if model_type == "gpt2":
+        assert (m.norm.eps, m.ffn.activation, m.ffn.hidden_dim, m.dropout) == (ref.layer_norm_epsilon, "gelu_tanh",
+                                                                              4 * 32, ref.resid_pdrop)
+    else:
+        window = getattr(ref, "sliding_window", None)
+        assert window is None or window >= 16  # Mistral's 4096 default window is longer than this context: dense
+        assert (m.norm.eps, m.attention.n_kv_heads, m.attention.head_dim, m.ffn.activation) == (
+            ref.rms_norm_eps, ref.num_key_value_heads, getattr(ref, "head_dim", None) or 64 // 4, ref.hidden_act)
+        assert m.attention.positional.theta == ref.rope_parameters["rope_theta"]
+    assert m.tie_embeddings == ref.tie_word_embeddings

@@ -69,7 +69,9 @@ def _one_pattern(cfg: HFConfig) -> str:
 
 
 def _mistral_pattern(cfg: HFConfig) -> str:
-    return "sliding_attention" if cfg.take("sliding_window", int, default=None) else "full_attention"
+    """A window at least as long as the context hides no key: full attention, the same function."""
+    window = cfg.take("sliding_window", int, default=None)
+    return "sliding_attention" if window and window < cfg.take("context_length", int) else "full_attention"
 
 
 _one_pattern.fields = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")

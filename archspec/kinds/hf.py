@@ -71,13 +71,17 @@ class HFConfig:
         return self.data.get(self.key(role)) is not None
 
     def take(self, role: str, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING) -> Any:
-        """The value of `role`'s key (or HF's default for it when absent or null), type-checked; marks it read."""
+        """The value of `role`'s key, type-checked; marks it read. Absent: the model type's default for it (what
+        transformers assumes), else `default`. Null: `default` (the caller says what null means)."""
         key = self.key(role)
         self.taken.add(key)
         value = self.data.get(key)
         if value is None:
-            value = self.hf.defaults.get(key, None) if default is _MISSING else default
-            if value is None and default is _MISSING:
+            if key not in self.data and key in self.hf.defaults:
+                value = self.hf.defaults[key]
+            elif default is not _MISSING:
+                value = default
+            else:
                 raise self.refuse(role, "required but missing")
         if kind is not None and value is not None:
             kinds = kind if isinstance(kind, tuple) else (kind,)
@@ -91,7 +95,7 @@ class HFConfig:
     def fact(self, name: str) -> bool:
         """A yes/no property (`HFType.facts`): the value this type always has, or read from its config key."""
         spelled = self.hf.facts.get(name, False)
-        return self.take(spelled, bool) if isinstance(spelled, str) else spelled
+        return self.take(spelled, bool, default=False) if isinstance(spelled, str) else spelled
 
     def mark(self, *keys: str) -> None:
         self.taken.update(keys)

@@ -264,8 +264,9 @@ class Trainer:
         a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
         strategy and activation checkpointing are stored with it but are not part of the run id (run_id_for)."""
         recipe = self.recipe.model_dump(mode="json")
-        if self.init_weights is not None:  # other starting weights, another experiment: named by their digest
-            recipe["init_from"] = self.init_weights["digest"]
+        init = getattr(self, "init_weights", None)
+        if init is not None:  # other starting weights, another experiment: named by their digest
+            recipe["init_from"] = init["digest"]
         if self.world.size > 1:
             recipe["world_size"] = self.world.size
         return recipe
