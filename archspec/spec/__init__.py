@@ -102,7 +102,8 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
 
 def known_keys() -> frozenset[str]:
     """Every dotted leaf key a spec can have, across all union members (`model.norm.eps`, `train.data.corpus.paths`):
-    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe.
+    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe, and
+    `train.init_from` (the starting weights' digest), which `train --init-from` adds.
     A kind registered later (archspec.kinds.register) is seen: the cache is keyed on the registry's version."""
     return _known_keys(registry_version())
 
@@ -127,7 +128,7 @@ def is_known_key(key: str) -> bool:
 
 @functools.cache
 def _known_keys(version: int) -> frozenset[str]:
-    keys: set[str] = {"train.world_size"}
+    keys: set[str] = {"train.world_size", "train.init_from"}
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
@@ -136,6 +137,8 @@ def _known_keys(version: int) -> frozenset[str]:
             if nested:
                 for member in nested:
                     walk(member, f"{prefix}{name}.")
+                if not field.is_required() and field.get_default() is None:
+                    keys.add(f"{prefix}{name}")  # an optional section may be null: a leaf then (`rope.scaling`)
             else:
                 keys.add(f"{prefix}{name}")
 
