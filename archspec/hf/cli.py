@@ -6,6 +6,8 @@ import json
 
 import click
 
+from archspec.cli_options import registry_option
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", metavar="PATH")
@@ -33,17 +35,16 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source", metavar="RUN_ID|CHECKPOINT")
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR", help="Directory to create (new or empty).")
-@click.option("--registry", metavar="URL",
-              help="Registry to look RUN_ID up in [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@registry_option
 @click.option("--json", "json_out", is_flag=True, help="Print a summary as one JSON object on stdout.")
-def export_hf_cmd(source: str, out_dir: str, registry: str | None, json_out: bool) -> None:
+def export_hf_cmd(source: str, out_dir: str, registry_url: str | None, json_out: bool) -> None:
     """A transformers model directory (config.json, model.safetensors, tokenizer) from a run or a checkpoint.
 
     `AutoModelForCausalLM.from_pretrained(DIR)` loads it and computes the same logits. What no transformers model
     type expresses (sinusoidal or no positions, sparse patterns, per-layer variation, ...) is refused by name."""
     from archspec.hf import export_hf
 
-    out = export_hf(source, out_dir, registry)
+    out = export_hf(source, out_dir, registry_url)
     if json_out:
         click.echo(json.dumps(out, sort_keys=True))
     else:
