@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from archspec.registry import Registry, RegistryLogger  # noqa: E402
 from archspec.registry.store import run_params, typed_value  # noqa: E402
 from archspec.spec import canonical_dict, load_spec_dict, spec_hash  # noqa: E402
-from archspec.train.logger import FINISHED, NullLogger, RunInfo, run_id_for  # noqa: E402
+from archspec.train.logger import FINISHED, NullLogger, RunInfo, run_key  # noqa: E402
 
 WHERE = "params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2"
 SORT = "metrics.val_loss"
@@ -87,19 +87,24 @@ def build(path: Path, n_runs: int, n_points: int, n_specs: int = 200) -> dict:
     con.execute("PRAGMA synchronous = OFF")  # a bulk load into a scratch file: durability is not what is measured
     con.execute("DROP INDEX ix_metrics_run_key_step")
     con.execute("BEGIN")
-    runs, params, stats, summaries = [], [], [], []
+    runs, params, stats, summaries, members = [], [], [], [], []
     for i in range(n_runs):
         spec = specs[i % n_specs]
         data = canonical_dict(spec)
-        rid = run_id_for(spec_hash(spec), "bench-data", data["train"], i)
+        rid = run_key(spec_hash(spec), data["train"], "bench-data", i)
         runs.append((rid, spec_hash(spec), spec.name, "bench-data", i, json.dumps(data["train"]), "bench", FINISHED,
-                     f"sweep-{i % 20}", "benchhost", None, now, now, now, now, 120.0, 1))
+                     "benchhost", None, now, now, now, now, 120.0, 1, "{}"))
+        members.append((f"sweep-{i % 20}", rid, i % 7, "label", "", 0, now))
         params.extend((rid, k, *typed_value(v)) for k, v in run_params(data, data["train"]).items())
         final = rng.uniform(2.5, 4.5)
         for key in keys:
             stats.append((rid, key, per_key - 1, final, final, final + 5, per_key))
         summaries.append((rid, "tok_s", rng.uniform(1e3, 1e5)))
-    con.executemany("INSERT INTO runs VALUES (" + ",".join("?" * 17) + ")", runs)
+    con.executemany("INSERT INTO runs (id, spec_hash, name, data_hash, seed, recipe_json, code_version, status, host, "
+                    "error, created, started, ended, heartbeat, heartbeat_timeout_s, attempt, accounting_json) VALUES ("
+                    + ",".join("?" * 17) + ")", runs)
+    con.executemany("INSERT INTO sweep_runs (sweep, run_id, variant, label, sweep_hash, baseline, created) VALUES "
+                    "(?,?,?,?,?,?,?)", members)
     con.executemany("INSERT INTO run_params (run_id, key, kind, value_num, value_str) VALUES (?,?,?,?,?)", params)
     con.executemany("INSERT INTO metric_stats VALUES (?,?,?,?,?,?,?)", stats)
     con.executemany("INSERT INTO summary_metrics VALUES (?,?,?)", summaries)

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from archspec.cli import main
 from archspec.codegen import generate, render
-from archspec.spec import SpecError, canonical_dict, canonical_json, load_spec_dict, parse_spec, spec_hash
+from archspec.spec import SpecError, canonical_dict, load_spec_dict, model_json, parse_spec, spec_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,9 +102,9 @@ def _assert_inert(spec, benign, tmp_path: Path, marker: Path, source: str | None
     assert all(line.startswith("#") for line in src.splitlines()[:6])  # the banner stays comments
     module = generate(spec, out_dir=tmp_path / "gen", source=source).module
     assert not marker.exists(), "importing the generated module ran spec content"
-    assert module.SPEC_JSON == canonical_json(spec)
+    assert module.SPEC_JSON == model_json(spec)
     assert module.SPEC_HASH == spec_hash(spec) == hashlib.sha256(module.SPEC_JSON.encode()).hexdigest()
-    assert json.loads(module.SPEC_JSON) == canonical_dict(spec)
+    assert json.loads(module.SPEC_JSON) == canonical_dict(spec)["model"]
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_hostile_names_are_refused_at_the_name(payload, marker):
 
 @pytest.mark.parametrize("payload", HOSTILE, ids=IDS)
 def test_hostile_strings_in_values_stay_inert_literals(payload, tmp_path, marker):
-    """Corpus paths are the free text a spec may hold; they reach the source only inside SPEC_JSON."""
+    """Corpus paths are the free text a spec may hold; they are recipe, so they never reach the source at all."""
     text = _payload(payload, marker)
     data = _with(BASE, ("train", "data", "corpus"), {"kind": "files", "paths": [text, text[::-1]]})
     try:

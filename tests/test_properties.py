@@ -241,10 +241,11 @@ def _other_values(value, field):
 
 @CHEAP
 @given(raw=T.spec_dicts(), data=st.data())
-def test_hash_changes_when_any_value_changes(raw, data):
+def test_hash_changes_when_any_model_value_changes(raw, data):
     spec = parse_spec(raw)
     full = canonical_dict(spec)
-    leaves = [(p, v) for p, v in T.leaves(full) if not isinstance(v, list) and p[-1] != "kind"]
+    # The hash is the model's: every `model:` leaf moves it (the name and the recipe are other tests' business).
+    leaves = [(p, v) for p, v in T.leaves(full) if p[0] == "model" and not isinstance(v, list) and p[-1] != "kind"]
     order = data.draw(st.permutations(leaves), label="leaf order")
     for path, value in order:
         info = T.field_at(full, path)
@@ -269,7 +270,18 @@ def test_hash_changes_when_any_value_changes(raw, data):
                 continue  # normalised away (not a real change of this value)
             assert spec_hash(other) != spec_hash(spec), f"changing {'.'.join(map(str, path))} kept the hash"
             return
-    raise AssertionError("no leaf could be changed")  # unreachable: seed, steps, tie_embeddings always can
+    raise AssertionError("no leaf could be changed")  # unreachable: tie_embeddings always can
+
+
+@CHEAP
+@given(raw=T.spec_dicts(), name=st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True),
+       lr=st.floats(1e-6, 1.0), steps=st.integers(1, 1000))
+def test_hash_ignores_the_name_and_the_recipe(raw, name, lr, steps):
+    spec = parse_spec(raw)
+    other = dict(canonical_dict(spec), name=name)
+    other["train"] = {**other["train"], "lr": lr, "steps": steps, "warmup_steps": 0}
+    assert spec_hash(parse_spec(other)) == spec_hash(spec)
+    assert render(parse_spec(other)).split('"""', 2)[2] == render(spec).split('"""', 2)[2]  # code below the banner
 
 
 @pytest.mark.parametrize("raw,refused_at", [

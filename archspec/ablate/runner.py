@@ -1,7 +1,9 @@
 """Run a sweep's jobs through the shared loop into the registry, and read the results back for the report.
 
-Resuming is by content: a job's run id is derived from (spec hash, data hash, recipe, seed), the same id the loop
-records under, so before training a job the runner asks the registry for that id's status: FINISHED is skipped,
+Resuming is by content: a job's run id is its run key (model hash, learning-recipe hash, data hash, seed:
+`archspec.train.logger.run_key`), the same id the loop records under, whatever the sweep or its variants are called.
+Before training a job the runner makes the run a member of this sweep if it exists and asks its status: FINISHED is
+skipped (so a second sweep holding the same experiment trains nothing and its report finds the run),
 RUNNING (with a live heartbeat, i.e. another machine on the same registry) is left alone, anything else
 (missing, FAILED, KILLED, SCHEDULED) is trained, which restarts it. Running the same command again resumes a sweep.
 """
@@ -22,22 +24,21 @@ from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.spec import parse_spec, spec_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
-from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, run_id_for
+from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash, run_key
 
-TAG_VARIANT, TAG_LABEL, TAG_SWEEP_HASH, TAG_BASELINE = "variant", "variant_label", "sweep_hash", "baseline"
+def membership(sweep: Sweep, job: Job) -> SweepMembership:
+    return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
 
 
 class SweepLogger:
-    """Forwards to a RunLogger, stamping the run with its sweep and variant so the registry alone can rebuild the
-    report. Everything else passes through unchanged."""
+    """Forwards to a RunLogger, making the run a member of its sweep (with its variant) so the registry alone can
+    rebuild the report. Everything else passes through unchanged."""
 
     def __init__(self, inner: RunLogger, sweep: Sweep, job: Job):
         self.inner, self.sweep, self.job = inner, sweep, job
 
     def start(self, info: RunInfo) -> str:
-        tags = {**info.tags, TAG_VARIANT: str(self.job.variant.index), TAG_LABEL: self.job.variant.label,
-                TAG_SWEEP_HASH: self.sweep.sweep_hash, TAG_BASELINE: str(self.sweep.file.baseline)}
-        return self.inner.start(replace(info, sweep=self.sweep.name, tags=tags))
+        return self.inner.start(replace(info, sweep=membership(self.sweep, self.job)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -63,7 +64,7 @@ class SweepOutcome:
 def job_run_id(job: Job, cache: Path) -> str:
     """The id the loop will record this job under (the data are tokenised once and cached, so this is cheap)."""
     data = build_data(job.spec, cache, rank=0, world=1)
-    return run_id_for(spec_hash(job.spec), data.data_hash, job.spec.train.model_dump(mode="json"), job.seed)
+    return run_key(spec_hash(job.spec), job.spec.train.model_dump(mode="json"), data.data_hash, job.seed)
 
 
 def check_data(jobs: list[Job], cache: Path) -> dict[str, str]:
@@ -127,6 +128,8 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
         registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
         status = registry.run_status(run_id)
         where = f"[{n}/{len(jobs)}] v{job.variant.index} seed {job.seed} ({run_id})"
+        if status in (FINISHED, RUNNING):  # the experiment exists (maybe under another sweep): it is this one's too
+            registry.add_to_sweep(run_id, membership(sweep, job))
         if status == FINISHED:
             outcome.outcomes.append(JobOutcome(job, run_id, "skipped (finished)", status))
             on_event(f"{where}: finished earlier, skipped")
@@ -150,37 +153,38 @@ def _tokens_per_step(recipe: Mapping[str, Any], tags: Mapping[str, str]) -> int:
     return int(recipe["batch_size"]) * int(recipe["grad_accum"]) * int(recipe["seq_len"]) * world
 
 
-def recorded_baseline(rows, indices: list[int]) -> int:
-    """The baseline the sweep's runs were tagged with (the latest run's word wins), else the first variant."""
+def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
+    """The baseline the sweep's memberships recorded (the latest run's word wins), else the first variant."""
     for row in reversed(rows):
-        try:
-            return int(row.tags[TAG_BASELINE])
-        except (KeyError, ValueError):
-            continue
+        if sweep_name in row.memberships:
+            return row.memberships[sweep_name].baseline
     return min(indices)
+
+
+def _identity(model_hash: str, recipe: Mapping[str, Any], seed: int) -> tuple[str, str, int]:
+    return model_hash, recipe_hash(recipe), int(seed)
 
 
 def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> tuple[list[VariantResult], int]:
     """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
 
-    With the sweep file, only runs of its current variants count (matched by spec hash, so an edited sweep never
+    The sweep's runs are found through membership (a run can belong to several sweeps). With the sweep file, only
+    runs of its current variants count (matched by model hash, learning recipe and seed, so an edited sweep never
     mixes in runs of an older definition) and variants with no runs yet are listed empty. Without it, variants are
-    grouped by the tags their runs carry, the latest attempt per (variant, seed).
+    grouped by the variant their membership records, the latest attempt per (variant, seed).
     """
     rows = registry.runs(where=f"sweep = {json.dumps(sweep_name)}", sort="created")
-    wanted: dict[str, Job] = {spec_hash(j.spec): j for j in sweep.jobs} if sweep else {}
+    wanted = {_identity(spec_hash(j.spec), j.spec.train.model_dump(mode="json"), j.seed): j
+              for j in sweep.jobs} if sweep else {}
     by_variant: dict[int, dict[int, Any]] = {}
     for row in rows:
         if sweep is not None:
-            job = wanted.get(row.spec_hash)
+            job = wanted.get(_identity(row.spec_hash, row.recipe, row.seed))
             if job is None:
                 continue
             index = job.variant.index
         else:
-            try:
-                index = int(row.tags.get(TAG_VARIANT, ""))
-            except ValueError:
-                continue
+            index = row.memberships[sweep_name].variant
         by_variant.setdefault(index, {})[row.seed] = row  # sorted by created: the latest attempt wins
 
     indices = sorted(set(by_variant) | ({v.index for v in sweep.variants} if sweep else set()))
@@ -193,7 +197,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             specs[index] = sweep.variants[index].spec
         else:
             specs[index] = parse_spec(next(iter(runs.values())).spec)
-    baseline_index = sweep.file.baseline if sweep else recorded_baseline(rows, indices)
+    baseline_index = sweep.file.baseline if sweep else recorded_baseline(rows, sweep_name, indices)
     base_spec = specs.get(baseline_index, specs[indices[0]])
 
     variants = []
@@ -214,7 +218,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             acc_d = acc.to_dict()
         else:
             first = next(iter(runs.values()))
-            acc_d, label = first.accounting, first.tags.get(TAG_LABEL, f"v{index}")
+            acc_d, label = first.accounting, first.memberships[sweep_name].label
         variants.append(VariantResult(
             index=index, label=label, diff=spec_diff(base_spec, spec),
             params_total=int(acc_d["params"]["total"]), params_active=int(acc_d["params"]["active"]),

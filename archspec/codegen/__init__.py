@@ -30,7 +30,7 @@ from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
 from archspec.kinds import attention as _attention_unit
 from archspec.memory import available_memory_bytes, check_memory, memory_estimate_bytes  # noqa: F401 (moved there)
-from archspec.spec import Spec, canonical_json, spec_hash
+from archspec.spec import Spec, model_json, spec_hash
 
 ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
 
@@ -257,7 +257,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {layer_desc}, "
         f"{tied} embeddings. {acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
     )
-    cjson = canonical_json(spec)
+    cjson = model_json(spec)  # the model alone: a name or recipe change regenerates nothing but the banner
     return {
         "name": _comment_safe(spec.name),
         "source": _comment_safe(source),

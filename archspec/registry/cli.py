@@ -490,7 +490,9 @@ def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
 @click.option("--columns", "-c", help="extra fields to show, comma-separated (e.g. params.model.d_model)")
 @click.pass_context
 def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
-    """List recorded specs with their parameter counts, FLOPs and KV-cache size."""
+    """List recorded models (one row per model, with every name it was built under) and their parameter counts,
+    FLOPs at context_length (flops.seq_len) and KV-cache size. In `runs list`, flops.* are each run's own, at its
+    seq_len."""
     extra = _split_columns(columns, "specs")
     reg = _open(ctx, registry_url)
     cut = TABLE_LIMIT if limit is None and fmt == "table" else limit or None
@@ -508,13 +510,13 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     if not rows:
         click.echo(f"no specs{' match' if where else ''} in {reg.url}")
         return
-    cols = ["params.total", "params.active", "params.embedding", "flops.forward", "kv_cache_bytes"]
+    cols = ["params.total", "params.active", "params.embedding", "flops.forward", "flops.seq_len", "kv_cache_bytes"]
     for name in [*referenced_fields(where, sort), *extra]:
         if name not in cols and name not in ("hash", "spec_hash", "name", "created"):
             cols.append(name)
-    heads = ["hash", "name", *cols, "runs", "created"]
-    cells = [[s.hash[:12], s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs), _fmt("", s.created)]
-             for s in rows]
+    heads = ["hash", "names", *cols, "runs", "created"]
+    cells = [[s.hash[:12], ", ".join(s.names) or s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs),
+              _fmt("", s.created)] for s in rows]
     console = _console()
     table, dropped = fit_columns(console, heads, cells, keep=2, make_table=_plain_table)
     console.print(table)

@@ -76,15 +76,27 @@ class Base(DeclarativeBase):
 
 
 class SpecRecord(Base):
-    """One fully-defaulted spec, keyed by its hash."""
+    """One model (the fully-defaulted `model:` section), keyed by its hash; the names it was built under are in
+    `spec_names`, its recipes live with its runs."""
 
     __tablename__ = "specs"
 
     hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    name: Mapped[str] = mapped_column(String(128), index=True)
-    canonical_json: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(128), index=True)  # the name it was first recorded under
+    canonical_json: Mapped[str] = mapped_column(Text)  # canonical JSON of the model section (SPEC_JSON)
     generated_hash: Mapped[str | None] = mapped_column(String(64))  # sha256 of the generated module source
-    accounting_json: Mapped[str] = mapped_column(Text)  # exact integers, for display; spec_accounting is for queries
+    # At context_length, exact integers with their seq_len, for display; spec_accounting is for queries.
+    accounting_json: Mapped[str] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SpecName(Base):
+    """A name a model was built or trained under (one model, many names)."""
+
+    __tablename__ = "spec_names"
+
+    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), primary_key=True, index=True)
     created: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
@@ -102,7 +114,7 @@ class SpecParam(Base):
 
 
 class SpecAccounting(Base):
-    """One accounting figure (`params.active`, `flops.train`, `params.by_component.attention`) of a spec."""
+    """One accounting figure (`params.active`, `flops.train`, `flops.seq_len`, ...) of a spec, at context_length."""
 
     __tablename__ = "spec_accounting"
     __table_args__ = (Index("ix_spec_accounting_key_value", "key", "value"),)
@@ -113,19 +125,18 @@ class SpecAccounting(Base):
 
 
 class RunRecord(Base):
-    """One run. Its id is content-derived (`archspec.train.logger.run_id_for`): the same experiment is the same run."""
+    """One run. Its id is content-derived (`archspec.train.logger.run_key`): the same experiment is the same run."""
 
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash"), index=True)
-    name: Mapped[str] = mapped_column(String(128), index=True)  # the spec's name
+    name: Mapped[str] = mapped_column(String(128), index=True)  # the spec's name (a label)
     data_hash: Mapped[str] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(Integer)
     recipe_json: Mapped[str] = mapped_column(Text)  # the train recipe actually used
     code_version: Mapped[str] = mapped_column(String(128), default="")
     status: Mapped[str] = mapped_column(String(16), index=True)
-    sweep: Mapped[str | None] = mapped_column(String(128), index=True)
     host: Mapped[str] = mapped_column(String(255), default="")
     error: Mapped[str | None] = mapped_column(Text)
     created: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
@@ -136,6 +147,8 @@ class RunRecord(Base):
     heartbeat_timeout_s: Mapped[float] = mapped_column(Double)
     # Incremented by each restart of a FAILED/KILLED run; a writer whose attempt was superseded stops writing.
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # The run's accounting, at its own seq_len (with it), for display; run_accounting is for queries.
+    accounting_json: Mapped[str] = mapped_column(Text, server_default="{}")
 
 
 class RunParam(Base):
@@ -149,6 +162,31 @@ class RunParam(Base):
     kind: Mapped[str] = mapped_column(String(8))
     value_num: Mapped[float | None] = mapped_column(Double)
     value_str: Mapped[str | None] = mapped_column(Text)
+
+
+class RunAccounting(Base):
+    """One accounting figure of a run, at the run's seq_len: what `flops.*` means in `runs list`."""
+
+    __tablename__ = "run_accounting"
+    __table_args__ = (Index("ix_run_accounting_key_value", "key", "value"),)
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float] = mapped_column(Double)
+
+
+class SweepRun(Base):
+    """A run's membership of a sweep, with its variant there: a run can belong to many sweeps."""
+
+    __tablename__ = "sweep_runs"
+
+    sweep: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, index=True)
+    variant: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(Text)
+    sweep_hash: Mapped[str] = mapped_column(String(64))
+    baseline: Mapped[int] = mapped_column(Integer)
+    created: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class RunTag(Base):

@@ -46,19 +46,22 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Union
 
-from sqlalchemy import ColumnElement, and_, not_, or_, select, true
+from sqlalchemy import ColumnElement, and_, func, not_, or_, select, true
 from sqlalchemy.sql.elements import UnaryExpression
 
 from archspec.errors import UserError
 from archspec.registry.models import (
     MetricStats,
+    RunAccounting,
     RunParam,
     RunRecord,
     RunTag,
     SpecAccounting,
+    SpecName,
     SpecParam,
     SpecRecord,
     SummaryMetric,
+    SweepRun,
 )
 from archspec.train.logger import STATUSES
 
@@ -443,6 +446,7 @@ ACCOUNTING_FIELDS = {
     "flops.train": "flops.train",
     "flops_per_token.forward": "flops.forward",
     "flops_per_token.train": "flops.train",
+    "flops.seq_len": "flops.seq_len",
     "kv_cache_bytes": "kv_cache_bytes",
     "kv_cache_bytes_per_token": "kv_cache_bytes",
 }
@@ -469,7 +473,6 @@ RUN_ATTRS: dict[str, tuple[Any, str]] = {
     "id": (RunRecord.id, "str"),
     "name": (RunRecord.name, "str"),
     "status": (RunRecord.status, "status"),
-    "sweep": (RunRecord.sweep, "str"),
     "seed": (RunRecord.seed, "num"),
     "spec_hash": (RunRecord.spec_hash, "str"),
     "data_hash": (RunRecord.data_hash, "str"),
@@ -492,9 +495,10 @@ SPEC_ATTRS: dict[str, tuple[Any, str]] = {
 
 FIELDS_HELP = (
     "params.model.* | params.train.* | params.name (spec keys), params.total | params.active | params.embedding | "
-    "params.by_component.<name> | flops.forward | flops.train | kv_cache_bytes (accounting), metrics.<key> (latest) | "
-    "metrics.best.<key> (lowest; highest for *_per_s, mfu, accuracy) | metrics.min.<key> | metrics.max.<key>, summary.<key>, tags.<key>, and run attributes: "
-    + ", ".join(RUN_ATTRS)
+    "params.by_component.<name> | flops.forward | flops.train | flops.seq_len | kv_cache_bytes (accounting: a spec's at "
+    "context_length in specs list, the run's own at its seq_len in runs list), metrics.<key> (latest) | "
+    "metrics.best.<key> (lowest; highest for *_per_s, mfu, accuracy) | metrics.min.<key> | metrics.max.<key>, "
+    "summary.<key>, tags.<key>, sweep (any sweep the run belongs to), and run attributes: " + ", ".join(RUN_ATTRS)
 )
 
 
@@ -513,6 +517,10 @@ def resolve_field(name: str, target: str) -> FieldRef:
     `target` is "runs" or "specs": specs have params and accounting but no metrics, status or tags.
     """
     attrs = RUN_ATTRS if target == "runs" else SPEC_ATTRS
+    if name == "sweep" and target == "runs":
+        return FieldRef("sweep", name)
+    if name == "name" and target == "specs":
+        return FieldRef("names", name)
     if name in attrs:
         return FieldRef("attr", name)
     if name in ACCOUNTING_FIELDS:
@@ -597,10 +605,19 @@ def _slot(ref: FieldRef, target: str) -> _Slot:
             return _Slot(num=RunParam.value_num, text=RunParam.value_str, where=where, scalar=scalar)
         where, scalar = _side(SpecRecord.hash, SpecParam.spec_hash, SpecParam.key, ref.key)
         return _Slot(num=SpecParam.value_num, text=SpecParam.value_str, where=where, scalar=scalar)
-    if ref.kind == "acct":
-        outer = RunRecord.spec_hash if runs else SpecRecord.hash
-        where, scalar = _side(outer, SpecAccounting.spec_hash, SpecAccounting.key, ref.key)
+    if ref.kind == "acct":  # a run's own accounting (at its seq_len), a spec's (at context_length)
+        if runs:
+            where, scalar = _side(RunRecord.id, RunAccounting.run_id, RunAccounting.key, ref.key)
+            return _Slot(num=RunAccounting.value, where=where, scalar=scalar)
+        where, scalar = _side(SpecRecord.hash, SpecAccounting.spec_hash, SpecAccounting.key, ref.key)
         return _Slot(num=SpecAccounting.value, where=where, scalar=scalar)
+    if ref.kind == "sweep":  # membership: a run may belong to several sweeps; it matches if any does
+        return _Slot(text=SweepRun.sweep, where=lambda cond: RunRecord.id.in_(select(SweepRun.run_id).where(cond)),
+                     scalar=lambda col: select(func.min(col)).where(SweepRun.run_id == RunRecord.id).scalar_subquery())
+    if ref.kind == "names":  # any name the model was built or trained under
+        return _Slot(text=SpecName.name, where=lambda cond: SpecRecord.hash.in_(select(SpecName.spec_hash).where(cond)),
+                     scalar=lambda col: select(func.min(col)).where(SpecName.spec_hash == SpecRecord.hash)
+                     .scalar_subquery())
     if ref.kind == "metric":
         columns = {"last": MetricStats.last_value, "min": MetricStats.min_value, "max": MetricStats.max_value}
         col = columns[ref.aggregate]

@@ -17,10 +17,11 @@ from sqlalchemy.engine import Connection
 
 from archspec.errors import UserError
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
-from archspec.registry.models import Artifact, Metric, MetricStats, RunRecord, RunTag, SpecRecord, SummaryMetric
+from archspec.registry.models import (Artifact, Metric, MetricStats, RunRecord, RunTag, SpecName, SpecRecord,
+                                      SummaryMetric, SweepRun)
 from archspec.registry.query import check_known_keys, compile_filter, compile_sort, higher_is_better, resolve_field
 from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
-from archspec.train.logger import RUNNING
+from archspec.train.logger import RUNNING, SweepMembership
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -37,11 +38,11 @@ class QueryResult(list, Generic[T]):
 
 
 class _SpecCache:
-    """Parsed spec JSON and accounting per spec hash, shared by all rows of one query (many runs share a spec)."""
+    """Parsed model JSON and accounting per spec hash, shared by all rows of one query (many runs share a model)."""
 
     def __init__(self) -> None:
         self.raw: dict[str, tuple[str, str]] = {}  # hash → (canonical_json, accounting_json)
-        self.parsed: dict[str, tuple[dict, dict, dict]] = {}  # hash → (spec, accounting, accounting fields)
+        self.parsed: dict[str, tuple[dict, dict, dict]] = {}  # hash → (model, accounting, accounting fields)
 
     def get(self, spec_hash: str) -> tuple[dict, dict, dict]:
         if spec_hash not in self.parsed:
@@ -56,18 +57,20 @@ class _SpecCache:
 
 @dataclass
 class SpecRow:
-    """A recorded spec with its accounting."""
+    """A recorded model with the names it was built under and its accounting at context_length."""
 
     hash: str
-    name: str
+    name: str  # the first name it was recorded under
     generated_hash: str | None
     created: datetime
     n_runs: int
     _cache: _SpecCache = field(repr=False)
+    names: list[str] = field(default_factory=list)  # every name, oldest first
 
     @property
     def spec(self) -> dict[str, Any]:
-        return self._cache.get(self.hash)[0]
+        """`{"model": ...}`: a spec's identity is its model (recipes belong to runs)."""
+        return {"model": self._cache.get(self.hash)[0]}
 
     @property
     def accounting(self) -> dict[str, Any]:
@@ -80,6 +83,8 @@ class SpecRow:
     def get(self, name: str) -> Any:
         """The value of a filter/sort field (`params.active`, `params.model.d_model`, `name`)."""
         ref = resolve_field(name, "specs")
+        if ref.kind == "names":
+            return ", ".join(self.names)
         if ref.kind == "attr":
             return getattr(self, "hash" if ref.key == "spec_hash" else ref.key)
         if ref.kind == "acct":
@@ -88,14 +93,14 @@ class SpecRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "hash": self.hash, "name": self.name, "generated_hash": self.generated_hash,
+            "hash": self.hash, "name": self.name, "names": self.names, "generated_hash": self.generated_hash,
             "created": self.created.isoformat() if self.created else None, "runs": self.n_runs,
             "accounting": self.accounting, "spec": self.spec,
         }
 
     def flat(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"hash": self.hash, "name": self.name, "generated_hash": self.generated_hash,
-                               "created": self.created, "runs": self.n_runs}
+        out: dict[str, Any] = {"hash": self.hash, "name": self.name, "names": ", ".join(self.names),
+                               "generated_hash": self.generated_hash, "created": self.created, "runs": self.n_runs}
         out.update(self._cache.get(self.hash)[2])
         out.update({f"params.{k}": v for k, v in self.params.items()})
         return out
@@ -103,7 +108,8 @@ class SpecRow:
 
 @dataclass
 class RunRow:
-    """A run as the registry sees it: attributes, accounting of its spec, latest/best metrics, summary, tags."""
+    """A run as the registry sees it: attributes, its own accounting (at its seq_len), its sweeps, latest/best
+    metrics, summary, tags."""
 
     id: str
     name: str
@@ -111,7 +117,6 @@ class RunRow:
     spec_hash: str
     data_hash: str
     seed: int
-    sweep: str | None
     host: str
     code_version: str
     error: str | None
@@ -121,6 +126,8 @@ class RunRow:
     heartbeat: datetime | None
     attempt: int
     recipe_json: str = field(repr=False)
+    accounting_json: str = field(default="{}", repr=False)
+    memberships: dict[str, SweepMembership] = field(default_factory=dict)  # sweep name → the run's place in it
     heartbeat_timeout_s: float = 0.0  # the writer's own: a RUNNING run with an older heartbeat is stale
     read_at: datetime | None = field(default=None, repr=False)  # the reader's clock when the row was read
     metrics: dict[str, float] = field(default_factory=dict)  # latest value per key
@@ -134,11 +141,27 @@ class RunRow:
 
     @property
     def spec(self) -> dict[str, Any]:
-        return self._cache.get(self.spec_hash)[0]
+        """The spec as run: its name, its model, and the recipe actually used."""
+        return {"name": self.name, "model": self._cache.get(self.spec_hash)[0], "train": self.recipe}
+
+    @cached_property
+    def accounting(self) -> dict[str, Any]:
+        """The run's own accounting, at its seq_len (`seq_len` says which)."""
+        return load_json(self.accounting_json or "{}", f"runs {self.id} accounting_json", {})
+
+    @cached_property
+    def accounting_fields(self) -> dict[str, int | float]:
+        return accounting_fields(self.accounting)
 
     @property
-    def accounting(self) -> dict[str, Any]:
-        return self._cache.get(self.spec_hash)[1]
+    def sweeps(self) -> list[str]:
+        """Every sweep the run belongs to (membership: one experiment may serve several sweeps)."""
+        return sorted(self.memberships)
+
+    @property
+    def sweep(self) -> str | None:
+        """The sweeps, comma-separated, for display; None when it belongs to none."""
+        return ", ".join(self.sweeps) or None
 
     @cached_property
     def recipe(self) -> dict[str, Any]:
@@ -164,10 +187,10 @@ class RunRow:
     def get(self, name: str) -> Any:
         """The value of a filter/sort field (`metrics.val_loss`, `params.active`, `status`, ...)."""
         ref = resolve_field(name, "runs")
-        if ref.kind == "attr":
+        if ref.kind in ("attr", "sweep"):
             return getattr(self, ref.key)
         if ref.kind == "acct":
-            return self._cache.get(self.spec_hash)[2].get(ref.key)
+            return self.accounting_fields.get(ref.key)
         if ref.kind == "param":
             return self.params.get(ref.key)
         if ref.kind == "metric":
@@ -181,7 +204,7 @@ class RunRow:
             return t.isoformat() if t else None
 
         return {
-            "id": self.id, "name": self.name, "status": self.status, "sweep": self.sweep, "seed": self.seed,
+            "id": self.id, "name": self.name, "status": self.status, "sweeps": self.sweeps, "seed": self.seed,
             "spec_hash": self.spec_hash, "data_hash": self.data_hash, "host": self.host,
             "code_version": self.code_version, "attempt": self.attempt, "created": iso(self.created),
             "started": iso(self.started), "ended": iso(self.ended), "heartbeat": iso(self.heartbeat),
@@ -196,7 +219,7 @@ class RunRow:
             k: getattr(self, k) for k in ("id", "name", "status", "sweep", "seed", "spec_hash", "data_hash", "host",
                                           "code_version", "attempt", "created", "started", "ended", "error")
         }
-        out.update(self._cache.get(self.spec_hash)[2])
+        out.update(self.accounting_fields)
         out.update({f"metrics.{k}": v for k, v in self.metrics.items()})
         out.update({f"metrics.best.{k}": v for k, v in self.best.items()})
         out.update({f"metrics.min.{k}": v for k, v in self.min.items()})
@@ -267,20 +290,19 @@ class RegistryReader(RegistryEngine):
         rows: list[RunRow] = [
             RunRow(
                 id=r.id, name=r.name, status=r.status, spec_hash=r.spec_hash, data_hash=r.data_hash, seed=r.seed,
-                sweep=r.sweep, host=r.host, code_version=r.code_version, error=r.error, created=r.created,
+                host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,
-                recipe_json=r.recipe_json, heartbeat_timeout_s=r.heartbeat_timeout_s, read_at=now,
+                recipe_json=r.recipe_json, accounting_json=r.accounting_json, heartbeat_timeout_s=r.heartbeat_timeout_s, read_at=now,
                 _cache=cache,
             )
             for r in conn.execute(q).all()  # fetchall: row-by-row fetching costs a third of a 10,000-run listing
         ]
         by_id = {row.id: row for row in rows}
         for chunk in chunks(list({row.spec_hash for row in rows})):
-            for h, canonical, acct in conn.execute(
-                select(SpecRecord.hash, SpecRecord.canonical_json, SpecRecord.accounting_json)
-                .where(SpecRecord.hash.in_(chunk))
+            for h, canonical in conn.execute(
+                select(SpecRecord.hash, SpecRecord.canonical_json).where(SpecRecord.hash.in_(chunk))
             ).all():
-                cache.raw[h] = (canonical, acct)
+                cache.raw[h] = (canonical, "{}")
         stats = select(MetricStats.run_id, MetricStats.key, MetricStats.last_step, MetricStats.last_value,
                        MetricStats.min_value, MetricStats.max_value)
         for chunk in chunks(list(by_id)):
@@ -304,6 +326,9 @@ class RegistryReader(RegistryEngine):
                 select(RunTag.run_id, RunTag.key, RunTag.value).where(RunTag.run_id.in_(chunk))
             ).all():
                 by_id[run_id].tags[key] = value
+            for m in conn.execute(select(SweepRun).where(SweepRun.run_id.in_(chunk))).all():
+                by_id[m.run_id].memberships[m.sweep] = SweepMembership(m.sweep, m.variant, m.label, m.sweep_hash,
+                                                                      m.baseline)
         return QueryResult(rows)
 
     def get_run(self, run_id: str) -> RunRow:
@@ -391,9 +416,14 @@ class RegistryReader(RegistryEngine):
         def tx(conn: Connection) -> QueryResult[SpecRow]:
             cache = _SpecCache()
             out: QueryResult[SpecRow] = QueryResult()
-            for r in conn.execute(q):
+            for r in conn.execute(q).all():
                 cache.raw[r.hash] = (r.canonical_json, r.accounting_json)
                 out.append(SpecRow(r.hash, r.name, r.generated_hash, r.created, int(r.n_runs), cache))
+            by_hash = {row.hash: row for row in out}
+            for chunk in chunks(list(by_hash)):
+                for h, name in conn.execute(select(SpecName.spec_hash, SpecName.name).where(SpecName.spec_hash.in_(chunk))
+                                            .order_by(SpecName.created, SpecName.name)).all():
+                    by_hash[h].names.append(name)
             return out
 
         return self._read(tx, "specs", empty=QueryResult)

@@ -72,7 +72,17 @@ def typed_value(value: Any) -> tuple[str, float | None, str | None]:
     return "json", None, json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-_ACCOUNTING_RENAMES = {"flops_per_token": "flops", "kv_cache_bytes_per_token": "kv_cache_bytes"}
+_ACCOUNTING_RENAMES = {"flops_per_token": "flops", "kv_cache_bytes_per_token": "kv_cache_bytes",
+                       "seq_len": "flops.seq_len"}
+
+
+def with_seq_len(accounting: Mapping[str, Any], seq_len: int | None) -> dict[str, Any]:
+    """Accounting that says the sequence length its FLOPs are at (`seq_len`, filtered as `flops.seq_len`): the one
+    it already names, else `seq_len`."""
+    out = dict(accounting)
+    if "seq_len" not in out and seq_len is not None:
+        out["seq_len"] = int(seq_len)
+    return out
 
 
 def accounting_fields(accounting: Mapping[str, Any]) -> dict[str, int | float]:

@@ -23,16 +23,25 @@ from archspec.registry.models import (
     Artifact,
     Metric,
     MetricStats,
+    RunAccounting,
     RunParam,
     RunRecord,
     RunTag,
     SpecAccounting,
+    SpecName,
     SpecParam,
     SpecRecord,
     SummaryMetric,
+    SweepRun,
 )
-from archspec.registry.values import accounting_fields, canonical_text, flatten, is_stale, run_params, typed_row
-from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, RunInfo
+from archspec.registry.values import (accounting_fields, canonical_text, flatten, is_stale, run_params, typed_row,
+                                     with_seq_len)
+from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, RunInfo, SweepMembership
+
+
+def run_accounting(info: RunInfo) -> dict[str, Any]:
+    """The run's accounting with the seq_len it is at (the recipe's, when the writer did not say)."""
+    return with_seq_len(info.accounting, info.recipe.get("seq_len"))
 
 
 class RunFinishedError(UserError):
@@ -70,51 +79,79 @@ class RegistryWriter(RegistryEngine):
     # specs
 
     def record_spec(self, spec, generated_hash: str | None, accounting: Mapping[str, Any]) -> str:
-        """Record a spec (an `archspec.spec.Spec`) with its accounting; idempotent. Returns the spec hash.
+        """Record a spec's model (an `archspec.spec.Spec`) under its name, with its accounting at context_length;
+        idempotent. Returns the model hash, the row's key.
 
-        Recording the same spec again refreshes its generated-source hash and accounting (they follow the code
-        version that built it last), and leaves everything else alone.
+        One model under several names or recipes is one row; each name is listed once (`spec_names`). Recording it
+        again refreshes its generated-source hash and accounting (they follow the code version that built it last).
         """
-        from archspec.spec import canonical_dict, canonical_json, spec_hash
+        from archspec.spec import model_dict, spec_hash
 
-        data = canonical_dict(spec)
         h = spec_hash(spec)
-        self._write(
-            lambda conn: self._upsert_spec(conn, h, data, canonical_json(spec), generated_hash, accounting),
-            "record_spec",
-        )
+        acct = with_seq_len(accounting, spec.model.context_length)
+        self._write(lambda conn: self._upsert_spec(conn, h, model_dict(spec), spec.name, generated_hash, acct),
+                    "record_spec")
         return h
 
     def _upsert_spec(
         self,
         conn: Connection,
         h: str,
-        data: Mapping[str, Any],
-        canonical: str,
+        model: Mapping[str, Any],
+        name: str,
         generated_hash: str | None,
-        accounting: Mapping[str, Any],
+        accounting: Mapping[str, Any] | None,
     ) -> None:
-        acct_json = json.dumps(accounting, sort_keys=True)
+        """Insert the model's row (or refresh it) and its name. `accounting` None (a run start, which knows its own
+        accounting, not the spec's) leaves the spec's figures alone."""
+        now = self._now()
         row = conn.execute(
             select(SpecRecord.generated_hash, SpecRecord.accounting_json).where(SpecRecord.hash == h)
         ).first()
+        if conn.execute(select(SpecName.name).where(SpecName.spec_hash == h, SpecName.name == name)).first() is None:
+            names = [{"spec_hash": h, "name": name, "created": now}]
+        else:
+            names = []
+        acct_json = json.dumps(accounting, sort_keys=True) if accounting is not None else None
         if row is None:
             conn.execute(insert(SpecRecord).values(
-                hash=h, name=str(data.get("name", "")), canonical_json=canonical, generated_hash=generated_hash,
-                accounting_json=acct_json, created=self._now(),
+                hash=h, name=name, canonical_json=canonical_text(model), generated_hash=generated_hash,
+                accounting_json=acct_json or "{}", created=now,
             ))
-            params = [{"spec_hash": h, "key": k, **typed_row(v)} for k, v in flatten(data).items()]
+            params = [{"spec_hash": h, "key": k, **typed_row(v)} for k, v in flatten({"model": model}).items()]
             if params:
                 conn.execute(insert(SpecParam), params)
-        elif row.generated_hash == (generated_hash or row.generated_hash) and row.accounting_json == acct_json:
-            return
+        elif row.generated_hash == (generated_hash or row.generated_hash) and acct_json in (None, row.accounting_json):
+            accounting = None
         else:
             conn.execute(update(SpecRecord).where(SpecRecord.hash == h).values(
-                generated_hash=generated_hash or row.generated_hash, accounting_json=acct_json))
-            conn.execute(delete(SpecAccounting).where(SpecAccounting.spec_hash == h))
-        acct = [{"spec_hash": h, "key": k, "value": float(v)} for k, v in accounting_fields(accounting).items()]
-        if acct:
-            conn.execute(insert(SpecAccounting), acct)
+                generated_hash=generated_hash or row.generated_hash, accounting_json=acct_json or row.accounting_json))
+            if accounting is not None:
+                conn.execute(delete(SpecAccounting).where(SpecAccounting.spec_hash == h))
+        if names:
+            conn.execute(insert(SpecName), names)
+        if accounting is not None:
+            acct = [{"spec_hash": h, "key": k, "value": float(v)} for k, v in accounting_fields(accounting).items()]
+            if acct:
+                conn.execute(insert(SpecAccounting), acct)
+
+    def _upsert_run_spec(self, conn: Connection, info: RunInfo) -> None:
+        acct = info.spec_accounting
+        if acct is not None:
+            acct = with_seq_len(acct, info.spec_json.get("model", {}).get("context_length"))
+        self._upsert_spec(conn, info.spec_hash, info.spec_json.get("model", {}), info.spec_name, info.generated_hash,
+                          acct)
+
+    def add_to_sweep(self, run_id: str, membership: SweepMembership) -> None:
+        """Make a recorded run a member of a sweep (a run can belong to many): a sweep whose run exists already
+        trains nothing and finds it through this."""
+        self._write(lambda conn: self._upsert_membership(conn, run_id, membership), "add_to_sweep")
+
+    def _upsert_membership(self, conn: Connection, run_id: str, m: SweepMembership) -> None:
+        values = {"variant": int(m.variant), "label": m.label, "sweep_hash": m.sweep_hash, "baseline": int(m.baseline)}
+        res = conn.execute(update(SweepRun).where(SweepRun.sweep == m.sweep, SweepRun.run_id == run_id).values(**values))
+        if not res.rowcount:
+            conn.execute(insert(SweepRun).values(sweep=m.sweep, run_id=run_id, created=self._now(), **values))
 
     # runs: writing (used by RegistryLogger; public so that other writers can use them too)
 
@@ -122,10 +159,11 @@ class RegistryWriter(RegistryEngine):
         """Record a run as SCHEDULED (a sweep's plan) unless it already exists; returns its id."""
 
         def tx(conn: Connection) -> str:
-            self._upsert_spec(conn, info.spec_hash, info.spec_json, canonical_text(info.spec_json), info.generated_hash,
-                              info.accounting)
+            self._upsert_run_spec(conn, info)
             if conn.execute(select(RunRecord.id).where(RunRecord.id == info.run_id)).first() is None:
                 self._insert_run(conn, info, SCHEDULED, heartbeat_timeout_s=0.0)
+            elif info.sweep is not None:
+                self._upsert_membership(conn, info.run_id, info.sweep)
             return info.run_id
 
         return self._write_once_more_on_conflict(tx, "schedule_run")
@@ -144,13 +182,20 @@ class RegistryWriter(RegistryEngine):
         conn.execute(insert(RunRecord).values(
             id=info.run_id, spec_hash=info.spec_hash, name=info.spec_name, data_hash=info.data_hash,
             seed=int(info.seed), recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
-            code_version=info.code_version or "", status=status, sweep=info.sweep, host=info.host or "",
+            code_version=info.code_version or "", status=status, host=info.host or "",
+            accounting_json=json.dumps(run_accounting(info), sort_keys=True),
             error=None, created=now, started=now if running else None, ended=None,
             heartbeat=now if running else None, heartbeat_timeout_s=heartbeat_timeout_s, attempt=1,
         ))
         self._write_params_and_tags(conn, info)
 
     def _write_params_and_tags(self, conn: Connection, info: RunInfo) -> None:
+        acct = [{"run_id": info.run_id, "key": k, "value": float(v)}
+                for k, v in accounting_fields(run_accounting(info)).items()]
+        if acct:
+            conn.execute(insert(RunAccounting), acct)
+        if info.sweep is not None:
+            self._upsert_membership(conn, info.run_id, info.sweep)
         params = [{"run_id": info.run_id, "key": k, **typed_row(v)}
                   for k, v in run_params(info.spec_json, info.recipe).items()]
         if params:
@@ -177,8 +222,7 @@ class RegistryWriter(RegistryEngine):
         self.reap()  # a write place: dead runs are marked KILLED here, never by a read
 
         def tx(conn: Connection) -> int:
-            self._upsert_spec(conn, info.spec_hash, info.spec_json, canonical_text(info.spec_json), info.generated_hash,
-                              info.accounting)
+            self._upsert_run_spec(conn, info)
             q = select(RunRecord).where(RunRecord.id == info.run_id)
             if conn.dialect.name == "postgresql":
                 q = q.with_for_update()
@@ -200,13 +244,14 @@ class RegistryWriter(RegistryEngine):
                     f"(last heartbeat {age:.0f}s ago); if that process is dead (killed on another machine), "
                     "`archspec train ... --take-over` starts it anyway"
                 )
-            for table in (SummaryMetric, RunParam, RunTag):
+            for table in (SummaryMetric, RunParam, RunTag, RunAccounting):
                 conn.execute(delete(table).where(table.run_id == info.run_id))
             attempt = row.attempt if (row.status == SCHEDULED and row.started is None) else row.attempt + 1
             conn.execute(update(RunRecord).where(RunRecord.id == info.run_id).values(
                 status=RUNNING, attempt=attempt, started=now, ended=None, heartbeat=now, error=None,
                 heartbeat_timeout_s=heartbeat_timeout_s, host=info.host or "", code_version=info.code_version or "",
-                sweep=info.sweep, recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
+                recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
+                accounting_json=json.dumps(run_accounting(info), sort_keys=True),
                 spec_hash=info.spec_hash, name=info.spec_name,
             ))
             self._write_params_and_tags(conn, info)

@@ -1,7 +1,10 @@
 """Spec loading, validation, overrides, canonical form and hashing.
 
     spec = load_spec("specs/llama-like.yaml", overrides=["model.attention.n_kv_heads=1"])
-    spec_hash(spec)       # sha256 of the canonical JSON of the fully-defaulted spec
+    spec_hash(spec)       # the model hash: sha256 of the canonical JSON of the fully-defaulted `model:` section
+
+A spec's identity is its model's: the name is a label and the recipe (`train:`) belongs to runs, so neither enters
+`spec_hash`, the generated code or `SPEC_JSON` (see `archspec.train.logger.run_key` for a run's identity).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "Spec", "SpecError", "parse_spec", "load_spec", "load_spec_dict", "apply_overrides", "canonical_json",
     "spec_hash", "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
     "known_keys", "is_known_key",
+    "model_dict", "model_json", "model_hash", "canonical_text", "text_hash",
 ]
 
 
@@ -285,8 +289,34 @@ def canonical_json(spec: Spec) -> str:
     return json.dumps(canonical_dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
+def canonical_text(data: Any) -> str:
+    """The canonical JSON of a plain value (sorted keys, no whitespace, ASCII): what every hash here is taken over."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_dict(spec: Spec) -> dict[str, Any]:
+    """The fully-defaulted `model:` section: the architecture, without name or recipe."""
+    return canonical_dict(spec)["model"]
+
+
+def model_json(spec: Spec) -> str:
+    """Canonical JSON of the `model:` section: `SPEC_JSON` in the generated module, `specs.canonical_json`."""
+    return canonical_text(model_dict(spec))
+
+
+def model_hash(spec: Spec) -> str:
+    """sha256 of `model_json`: the generated module's `SPEC_HASH` and the registry's spec key. Two names or two
+    recipes over one model: one hash."""
+    return text_hash(model_json(spec))
+
+
 def spec_hash(spec: Spec) -> str:
-    return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
+    """A spec's hash is its model's (`model_hash`): the name and the recipe are not part of it."""
+    return model_hash(spec)
 
 
 def json_schema() -> dict[str, Any]:

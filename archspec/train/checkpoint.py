@@ -29,7 +29,6 @@ from torch import nn
 
 from archspec.errors import UserError, printable
 from archspec.train.cache import temp_path_beside
-from archspec.train.logger import NOT_IDENTITY
 
 FORMAT = "archspec-checkpoint/2"  # /2: with a content digest
 LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify
@@ -269,19 +268,32 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_same_spec(path: Path, state: dict[str, Any], spec_hash: str, spec_json: dict) -> None:
-    """A checkpoint continues only the run it came from: same model and same recipe."""
-    if state["spec_hash"] == spec_hash:
+def _identity(spec: Any) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it: the model, and the recipe fields that change what is
+    learned (archspec.train.logger.learning_recipe). Names, compile, cadences are free to differ."""
+    from archspec.train.logger import learning_recipe
+
+    spec = spec if isinstance(spec, dict) else {}
+    train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
+    learning = learning_recipe(train)
+    learning.pop("world_size", None)  # a resume may change the process count (the data position is per sample)
+    return {"model": spec.get("model"), "train": learning}
+
+
+def check_same_spec(path: Path, state: dict[str, Any], spec_json: dict) -> None:
+    """A checkpoint continues only the run it came from: same model and same learning recipe. Checkpoints written
+    before model identity (whose `spec_hash` also covered the name and the whole recipe) are judged the same way,
+    from the spec they carry."""
+    saved, now = _identity(state["spec"]), _identity(spec_json)
+    if saved == now:
         return
-    saved, now = _flatten(state["spec"]), _flatten(spec_json)
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}"
-             for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    # How the run is computed (parallel strategy, activation checkpointing) may change on resume: FSDP over 4
-    # processes can continue a run started with 2, or a single process one sharded by FSDP.
-    if all(any(d.startswith(f"train.{f}") for f in NOT_IDENTITY) for d in diffs):
-        return
-    raise UserError(f"{path}: checkpoint was saved for a different spec; resume with the spec it was trained with",
-                    diffs[:20] or ["(spec hashes differ)"])
+    if saved["model"] is None:
+        raise UserError(f"{path}: the checkpoint names no model (no `model` section in its spec); it cannot be "
+                        "resumed: start the run afresh without --resume")
+    a, b = _flatten(saved), _flatten(now)
+    diffs = [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    raise UserError(f"{path}: checkpoint was saved for a different model or recipe; resume with the spec it was "
+                    "trained with, or start a new run without --resume", diffs[:20])
 
 
 def restore_modules(path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -16,25 +16,55 @@ SCHEDULED, RUNNING, FINISHED, FAILED, KILLED = "SCHEDULED", "RUNNING", "FINISHED
 STATUSES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)
 
 
-# Recipe fields that change how a run is computed, not what it learns: stored with the run, not part of its id.
-NOT_IDENTITY = ("parallel", "activation_checkpointing")
-
-
 class RecordingError(RuntimeError):
     """The place a run is recorded cannot be written (a full disk, a read-only database, a lost server): raised by a
     RunLogger so that the loop stops with a checkpoint and says so, instead of training on unrecorded or dying at the
     final write with a traceback. Not bad input, so not a UserError: the CLI exits 1 with this message."""
 
 
-def run_id_for(spec_hash: str, data_hash: str, recipe: Mapping[str, Any], seed: int) -> str:
-    """Content-derived run id: the same experiment (spec, data, recipe, seed) is the same run."""
-    recipe = {k: v for k, v in recipe.items() if k not in NOT_IDENTITY}
-    payload = json.dumps(
-        {"spec": spec_hash, "data": data_hash, "recipe": recipe, "seed": int(seed)},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+# Recipe fields that change only how, or how often, something is computed or observed: stored with the run, not part
+# of its identity. Everything else in the recipe (optimizer, schedule, steps, batch, seq_len, grad_accum, precision,
+# data, world size, and any field added later) changes what is learned, so a new field is identity unless listed.
+NOT_IDENTITY = frozenset({
+    "seed",  # identity, but a part of the key of its own
+    "compile", "activation_checkpointing", "checkpointing", "parallel", "strategy", "fsdp",
+    "eval_interval", "eval_batches", "checkpoint_interval", "device",
+})
+
+
+def learning_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe fields that change what is learned (`world_size` 1 when absent: one process)."""
+    out = {k: v for k, v in recipe.items() if k not in NOT_IDENTITY}
+    out.setdefault("world_size", 1)
+    return out
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                                     default=str).encode()).hexdigest()
+
+
+def recipe_hash(recipe: Mapping[str, Any]) -> str:
+    """sha256 of the learning recipe (`learning_recipe`)."""
+    return _digest(learning_recipe(recipe))
+
+
+def run_key(model_hash: str, recipe: Mapping[str, Any], data_hash: str, seed: int) -> str:
+    """The run id, from content alone: (model hash, recipe hash, data hash, seed). The same experiment is the same run
+    whatever the spec or sweep is called and however it is computed or observed. The one function for it: the loop,
+    the sweep runner and the registry call it."""
+    return _digest({"model": model_hash, "recipe": recipe_hash(recipe), "data": data_hash, "seed": int(seed)})[:16]
+
+
+@dataclass(frozen=True)
+class SweepMembership:
+    """A run's place in one sweep (a run can belong to several): what the sweep's report groups it by."""
+
+    sweep: str
+    variant: int
+    label: str
+    sweep_hash: str = ""
+    baseline: int = 0
 
 
 def repeat_id(run_id: str, n: int) -> str:
@@ -48,22 +78,23 @@ class RunInfo:
     """Everything known about a run before its first step."""
 
     spec_name: str
-    spec_hash: str
-    spec_json: dict[str, Any]  # canonical, fully-defaulted spec
+    spec_hash: str  # the model hash (archspec.spec.model_hash)
+    spec_json: dict[str, Any]  # canonical, fully-defaulted spec (its `model` section is what spec_hash covers)
     generated_hash: str  # sha256 of the generated module source
-    accounting: dict[str, Any]  # archspec.accounting.account(spec).to_dict()
+    accounting: dict[str, Any]  # account(spec, seq_len=the run's seq_len).to_dict(), plus "seq_len"
     data_hash: str
     seed: int
     recipe: dict[str, Any]  # the train recipe actually used (after CLI overrides)
     code_version: str = ""
-    sweep: str | None = None
+    sweep: SweepMembership | None = None
     host: str = ""
     tags: dict[str, str] = field(default_factory=dict)
     repeat: int = 0  # n >= 1: the n-th repeat of a FINISHED run of the same experiment (`archspec train` again)
+    spec_accounting: dict[str, Any] | None = None  # the model's, at context_length (the spec's row); None: leave it
 
     @property
     def experiment_id(self) -> str:
-        return run_id_for(self.spec_hash, self.data_hash, self.recipe, self.seed)
+        return run_key(self.spec_hash, self.recipe, self.data_hash, self.seed)
 
     @property
     def run_id(self) -> str:

@@ -65,7 +65,7 @@ from archspec.train.logger import (
     RunInfo,
     RunLogger,
     repeat_id,
-    run_id_for,
+    run_key,
 )
 from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
 from archspec.train.optim import build_optimizer, lr_at, set_lr
@@ -214,7 +214,7 @@ class Trainer:
 
         self.init_weights = self._read_init(init_from) if init_from is not None else None
         self.data = self._build_data()
-        self.experiment_id = run_id_for(spec_hash(spec), self.data.data_hash, self._recipe(), self.recipe.seed)
+        self.experiment_id = run_key(spec_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
         self.resume_path = resolve(resume) if resume is not None else None
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
@@ -262,7 +262,7 @@ class Trainer:
     def _recipe(self) -> dict[str, Any]:
         """The recipe as run. Under DDP or FSDP it includes the world size: N processes see N× the tokens per step,
         a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
-        strategy and activation checkpointing are stored with it but are not part of the run id (run_id_for)."""
+        strategy and activation checkpointing are stored with it but are not part of the run id (run_key)."""
         recipe = self.recipe.model_dump(mode="json")
         init = getattr(self, "init_weights", None)
         if init is not None:  # other starting weights, another experiment: named by their digest
@@ -345,7 +345,7 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path)
-        check_same_spec(path, state, spec_hash(self.spec), canonical_dict(self.spec))
+        check_same_spec(path, state, canonical_dict(self.spec))
         sharded = sharded_directory(path, state)
         if sharded is not None:  # FSDP's sharded state: loads here whatever the world size, one process included
             load_sharded(path, sharded, self.model, self.optimizer)
@@ -366,7 +366,8 @@ class Trainer:
         return RunInfo(
             spec_name=self.spec.name, spec_hash=spec_hash(self.spec), spec_json=canonical_dict(self.spec),
             generated_hash=self.generated.source_hash,
-            accounting=account(self.spec, seq_len=self.recipe.seq_len).to_dict(),
+            accounting={**account(self.spec, seq_len=self.recipe.seq_len).to_dict(), "seq_len": self.recipe.seq_len},
+            spec_accounting={**account(self.spec).to_dict(), "seq_len": self.spec.model.context_length},
             data_hash=self.data.data_hash, seed=self.recipe.seed, recipe=self._recipe(),
             code_version=code_version(), host=socket.gethostname(),
             tags={"device": str(self.device), "precision": str(self.amp_dtype or torch.float32).replace("torch.", ""),

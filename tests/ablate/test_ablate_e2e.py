@@ -32,7 +32,7 @@ def test_sweep_end_to_end_report_matches_registry(workdir, base_spec, capsys):
     assert len(runs) == 4 and {r.status for r in runs} == {"FINISHED"}
     by_variant = {}
     for r in runs:
-        by_variant.setdefault(int(r.tags["variant"]), []).append(r)
+        by_variant.setdefault(r.memberships["mini"].variant, []).append(r)
     rows = {row["variant"].split()[0]: row for row in report["rows"]}
     for index, vruns in by_variant.items():
         finals = [r.summary["val_loss"] for r in vruns]
@@ -149,6 +149,6 @@ def test_report_by_name_keeps_the_sweeps_baseline(workdir, base_spec, capsys):
     assert by_name["rows"] == by_file["rows"]
     assert by_name["rows"][1]["verdict"] == "baseline"
     numbers = {v["index"]: v for v in by_name["variants"]}
-    runs = {int(r.tags["variant"]): r for r in Registry(url).runs(where="sweep = 'mini'")}
+    runs = {r.memberships["mini"].variant: r for r in Registry(url).runs(where="sweep = 'mini'")}
     assert numbers[0]["mean"] == runs[0].summary["val_loss"]
     assert numbers[0]["delta"] == pytest.approx(runs[0].summary["val_loss"] - runs[1].summary["val_loss"])

@@ -6,7 +6,7 @@ from typing import Any
 
 from archspec.accounting import account
 from archspec.spec import canonical_dict, load_spec_dict, spec_hash
-from archspec.train.logger import RunInfo
+from archspec.train.logger import RunInfo, SweepMembership
 
 
 def make_spec(name: str = "tiny", **model: Any):
@@ -34,7 +34,7 @@ def make_info(spec=None, seed: int = 0, sweep: str | None = None, data_hash: str
     return RunInfo(
         spec_name=spec.name, spec_hash=spec_hash(spec), spec_json=data, generated_hash="g" * 64,
         accounting=accounting(spec), data_hash=data_hash, seed=seed, recipe=recipe, code_version="test",
-        sweep=sweep, host="testhost", tags=dict(tags or {}),
+        sweep=SweepMembership(sweep, 0, "base") if sweep is not None else None, host="testhost", tags=dict(tags or {}),
     )
 
 

@@ -31,7 +31,7 @@ def spawn(url: str, name: str, seed: int, steps: int, mode: str, *extra: str) ->
 
 
 def run_id(name: str, seed: int) -> str:
-    return make_info(make_spec(name), seed=seed).run_id
+    return make_info(make_spec(name), seed=seed, data_hash=f"data-{name}").run_id
 
 
 def test_four_processes_write_concurrently_and_nothing_is_lost(registry_url):

@@ -76,21 +76,26 @@ def test_reading_a_missing_registry_creates_nothing(tmp_path, capsys):
     assert code == 0 and "already at revision" in out
 
 
-def test_an_incompatible_older_schema_is_refused_naming_the_upgrade_command(registry_url, capsys, monkeypatch):
+def test_readable_revisions_follow_shape_changes():
+    """0002 only added indexes (0001 read as it was, then); 0003 changed the tables, so only head reads now."""
+    assert migrate.readable_revisions() == {head_revision()} == {"0003"}
+
+
+def test_an_incompatible_older_schema_is_refused_naming_the_upgrade_command(registry_url, capsys):
     reg = Registry(registry_url)
     info = make_info()
     record_run(reg, info, {"loss": [(0, 1.0)]})
     with reg.engine.connect().execution_options(archspec_write=True) as conn, conn.begin():
-        command.downgrade(alembic_config(conn), "0001")
+        command.downgrade(alembic_config(conn), "0002")
     reg.close()
-    # Pretend every later revision changed the tables' shape: this code can then only read head.
-    monkeypatch.setattr(migrate, "readable_revisions", lambda: {head_revision()})
     code, _, err = run_cli(capsys, "runs", "list", "--registry", registry_url)
-    assert code == 2 and "revision 0001" in err and "archspec registry upgrade" in err
+    assert code == 2 and "revision 0002" in err and "archspec registry upgrade" in err
+    code, out, _ = run_cli(capsys, "registry", "status", "--registry", registry_url)
+    assert code == 0 and "older than this archspec reads" in out
     with Registry(registry_url) as left:
-        assert left.schema_revision == "0001"  # refused, and left alone
+        assert left.schema_revision == "0002"  # refused, and left alone
     code, out, err = run_cli(capsys, "registry", "upgrade", "--registry", registry_url)
-    assert code == 0 and f"upgraded from revision 0001 to {head_revision()}" in out, err
+    assert code == 0 and f"upgraded from revision 0002 to {head_revision()}" in out, err
     code, out, err = run_cli(capsys, "runs", "list", "--registry", registry_url, "--format", "json")
     assert code == 0 and [r["id"] for r in json.loads(out)] == [info.run_id]
 

@@ -10,7 +10,7 @@ import pytest
 from archspec.errors import UserError
 from archspec.registry import Registry, RunActiveError, RunFinishedError, default_url
 from archspec.registry.store import accounting_fields, run_params, typed_value
-from archspec.spec import canonical_json, spec_hash
+from archspec.spec import model_json, spec_hash
 from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED
 
 from .helpers import accounting, make_info, make_spec, record_run
@@ -41,10 +41,11 @@ def test_record_spec_is_idempotent_and_keeps_accounting(registry):
         assert registry.record_spec(spec, "a" * 64, acct) == spec_hash(spec)
     (row,) = registry.specs()
     assert row.hash == spec_hash(spec) and row.name == "tiny" and row.n_runs == 0
-    assert row.accounting == acct  # exact integers back, not float copies
+    assert row.accounting == {**acct, "seq_len": 64}  # exact integers back, and the seq_len they are at
+    assert row.get("flops.seq_len") == 64 == spec.model.context_length
     assert row.get("params.total") == acct["params"]["total"] and isinstance(row.get("params.total"), int)
     assert row.get("kv_cache_bytes") == acct["kv_cache_bytes_per_token"]
-    assert row.spec == __import__("json").loads(canonical_json(spec))
+    assert row.spec == {"model": __import__("json").loads(model_json(spec))} and row.names == ["tiny"]
     # Re-recording with a new generated hash / accounting (a newer code version) refreshes them.
     acct2 = {**acct, "params": {**acct["params"], "active": 7}}
     registry.record_spec(spec, "b" * 64, acct2)

@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=120.0)
     a = p.parse_args()
 
-    info = make_info(make_spec(a.name), seed=a.seed)
+    info = make_info(make_spec(a.name), seed=a.seed, data_hash=f"data-{a.name}")  # names alone are labels
     unflushed = a.mode in ("hang", "wait")  # only the explicit flush() below writes points
     logger = RegistryLogger(a.url, flush_every=10**9 if unflushed else a.flush_every,
                             heartbeat_timeout_s=a.heartbeat_timeout, flush_interval_s=3600 if unflushed else 5.0)

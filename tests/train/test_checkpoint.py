@@ -79,9 +79,27 @@ def test_missing_checkpoint_is_a_user_error(tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_spec(make_spec, tmp_path, cache):
     train(make_spec(steps=2, warmup_steps=1), run_dir=tmp_path / "a", cache=cache)
-    with pytest.raises(UserError, match="different spec") as info:
+    with pytest.raises(UserError, match="different model or recipe") as info:
         train(make_spec(steps=4, warmup_steps=1, lr=1e-2), resume=tmp_path / "a", run_dir=tmp_path / "b", cache=cache)
     assert any(p.startswith("train.lr: checkpoint 0.003, now 0.01") for p in info.value.problems)
+
+
+def test_a_checkpoint_from_before_model_identity_resumes_and_names_do_not_matter(make_spec, tmp_path, cache):
+    """Checkpoints written before this change carry a spec_hash over name + model + recipe; they are judged by the
+    model and learning recipe in the spec they carry, so they resume under another name or compile setting."""
+    first = train(make_spec(steps=4, warmup_steps=1, checkpoint_interval=2), run_dir=tmp_path / "a", cache=cache)
+    state = load_checkpoint(tmp_path / "a")
+    state["spec_hash"] = "0" * 64  # the old hash: not a model hash
+    state["spec"] = {**state["spec"], "name": "called-something-else"}
+    state["step"] = 2
+    save_checkpoint(first.checkpoint, {k: v for k, v in state.items() if k != "format"})
+    spec = make_spec(steps=4, warmup_steps=1, checkpoint_interval=2, compile=False, eval_interval=3)
+    resumed = train(spec, resume=tmp_path / "a", cache=cache)
+    assert resumed.status == "FINISHED" and resumed.step == 4
+    state["spec"] = {k: v for k, v in state["spec"].items() if k != "model"}  # a spec with no model at all
+    save_checkpoint(first.checkpoint, {k: v for k, v in state.items() if k != "format"})
+    with pytest.raises(UserError, match="names no model.*without --resume"):
+        train(spec, resume=tmp_path / "a", cache=cache)
 
 
 def test_resume_refuses_weights_of_another_shape(make_spec, tmp_path, cache):

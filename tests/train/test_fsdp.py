@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from archspec.codegen import generate
-from archspec.train.logger import run_id_for
+from archspec.train.logger import run_key
 from archspec.train.loop import Trainer, train
 from archspec.train.parallel import apply_activation_checkpointing
 
@@ -137,7 +137,7 @@ def test_activation_checkpointing_trains_the_same_curve_and_is_not_identity(make
     recipe = make_spec(activation_checkpointing={"kind": "full"}, parallel={"kind": "fsdp"}).train.model_dump(mode="json")
     assert recipe["activation_checkpointing"] == {"kind": "full"}
     plain_recipe = make_spec().train.model_dump(mode="json")
-    assert run_id_for("h", "d", recipe, 0) == run_id_for("h", "d", plain_recipe, 0)
+    assert run_key("h", recipe, "d", 0) == run_key("h", plain_recipe, "d", 0)
 
 
 @pytest.mark.slow

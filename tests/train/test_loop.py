@@ -316,14 +316,14 @@ def test_a_ddp_run_is_a_different_run(make_spec):
     change (a sweep derives it without starting a world)."""
     from types import SimpleNamespace
 
-    from archspec.train.logger import run_id_for
+    from archspec.train.logger import run_key
     from archspec.train.loop import Trainer
 
     spec = make_spec()
     one = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=1)))
     two = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=2)))
     assert one == spec.train.model_dump(mode="json") and two == {**one, "world_size": 2}
-    assert run_id_for("s", "d", one, 0) != run_id_for("s", "d", two, 0)
+    assert run_key("m", one, "d", 0) != run_key("m", two, "d", 0)
 
 
 def test_ctrl_c_prints_the_resume_command_and_it_resumes(tmp_path, capsys, corpus_dir, monkeypatch):
