@@ -208,7 +208,9 @@ class NormKind(KindUnit):
 
 class PositionalKind(KindUnit):
     """How positions reach the model. The template may define classes/functions, and these hook macros:
-    `model_init` (lines in Model.__init__), `model_reset` (lines in Model.reset_parameters), `embed` (lines in Model.forward after the token embedding: `x`, `T`),
+    `model_init` (lines in Model.__init__), `model_reset` (lines in Model.reset_parameters), `embed` (lines in
+    Model.forward after the token embedding: `x`, `T`, and `start`, the position of x's first token: 0 for a whole
+    sequence, the number of cached positions when generating),
     `block_params` / `block_args` (what Block.forward and Attention.forward take beyond `x`),
     `attention_qk` (lines in Attention.forward once `q` and `k` are (B, heads, T, HEAD_DIM))."""
 
@@ -227,13 +229,25 @@ class PositionalKind(KindUnit):
 class SparsityKind(KindUnit):
     """Which keys each query sees. The template defines the `doc` macro (a line for Attention's docstring) and the
     `attend` macro: the lines in Attention.forward that
-    turn `q` (B, N_HEADS, T, HEAD_DIM), `k`, `v` (B, N_KV_HEADS, T, HEAD_DIM) into `y` (B, N_HEADS, T, HEAD_DIM)."""
+    turn `q` (B, N_HEADS, T, HEAD_DIM), `k`, `v` (B, N_KV_HEADS, T, HEAD_DIM) into `y` (B, N_HEADS, T, HEAD_DIM).
+
+    Generation (a KV cache) has two optional hooks; without them a layer caches every position (dense):
+    `new_cache` (the body of `Attention.new_cache(batch_size, max_len, device, dtype)`: return this layer's cache,
+    e.g. a rolling buffer of a window's positions; the dense default is `KVCache`, see model.py.j2) and `decode` (the
+    lines in Attention.forward that, given `cache` and this step's `q`, `k`, `v` for T new positions starting at
+    `cache.length`, store k and v and produce `y`). A cache has `length` (positions seen), `append(k, v)`,
+    `truncate(length)` (speculative decoding rolls back rejected drafts) and `nbytes`."""
 
     family: ClassVar[str] = "sparsity"
 
     def keys(self, seq_len: int) -> float:
         """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""
         raise NotImplementedError
+
+    def cache_positions(self, seq_len: int) -> int:
+        """Positions a layer's KV cache holds after `seq_len` tokens (dense: all; a sliding window: the window).
+        The accounting prices one sequence's cache from it; it must equal what `new_cache` allocates."""
+        return seq_len
 
 
 class FFNKind(KindUnit):
@@ -288,7 +302,7 @@ _FAMILIES: dict[str, Family] = {
     "norm": Family("norm", NormKind, "rmsnorm", ()),
     "positional": Family("positional", PositionalKind, "rope",
                          ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
-    "sparsity": Family("sparsity", SparsityKind, "dense", ("doc", "attend")),
+    "sparsity": Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
     "ffn": Family("ffn", FFNKind, "glu", ("model_methods",)),
 }
 _REBUILD: list[type[BaseModel]] = []  # models that hold the unions, in the order they must be rebuilt
