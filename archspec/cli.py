@@ -25,6 +25,7 @@ _SUBCOMMANDS = [
     ("archspec.registry.cli", ["runs", "specs", "registry"]),
     ("archspec.ablate.cli", ["ablate", "report"]),
     ("archspec.hf.cli", ["import-hf", "export-hf"]),
+    ("archspec.sample_cmd", ["sample"]),
 ]
 
 

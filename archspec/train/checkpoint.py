@@ -1,7 +1,7 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically, read without unpickling code.
 
 A checkpoint holds the model and optimizer state, the step (the schedule is a pure function of it), the RNG states
-(python, torch, every CUDA device) and the data position. The sampler draws its order from (seed, epoch) with its
+(python, torch, every CUDA device), the data position and the tokenizer (so `archspec sample` needs nothing else). The sampler draws its order from (seed, epoch) with its
 own generator, so numpy's global RNG is never used and not saved. The file is written to a temporary name beside the
 target, flushed to disk and renamed over it: a crash leaves the previous checkpoint intact, never a torn one. Loading
 uses `torch.load(weights_only=True)`, and every way a file can be wrong ends in a UserError naming the file.
@@ -29,6 +29,7 @@ from torch import nn
 
 from archspec.errors import UserError, printable
 from archspec.train.cache import temp_path_beside
+from archspec.train.tokenizer import tokenizer_state_problems
 
 FORMAT = "archspec-checkpoint/2"  # /2: with a content digest
 LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify
@@ -254,6 +255,8 @@ def structure_problems(state: dict[str, Any]) -> list[str]:
                 problems.append(f"data.{key}: missing")
             elif not _is_int(data[key]) or data[key] < 0:
                 problems.append(f"data.{key}: expected a non-negative integer, got {_show(data[key])}")
+    if "tokenizer" in state:  # older checkpoints have none: sampling then asks the run directory or the spec
+        problems += tokenizer_state_problems(state["tokenizer"])
     if "world_size" in state and (not _is_int(state["world_size"]) or state["world_size"] < 1):
         problems.append(f"world_size: expected a positive integer, got {_show(state['world_size'])}")
     return problems

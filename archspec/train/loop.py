@@ -72,6 +72,7 @@ from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import OUR_CONVENTION, mfu, mfu_flag, palm_train_flops_per_token, peak_flops
+from archspec.train.tokenizer import TOKENIZER_FILE, tokenizer_state
 
 def _shown(value: Any) -> str:
     """Text from the spec or the file system on a progress line: control characters escaped, rich markup inert."""
@@ -509,10 +510,16 @@ class Trainer:
                 **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": self.data.sampler.state_dict(), "world_size": self.world.size,
                 **{k: v for k, v in modules.items() if v is not None},
+                "tokenizer": tokenizer_state(self.data.tokenizer),
             })
             for old in self.run_dir.glob("checkpoint-step*.dcp"):  # superseded sharded states of this run
                 if old.name != modules.get("sharded"):
                     shutil.rmtree(old, ignore_errors=True)
+            if self.data.tokenizer.kind == "bpe":  # also as a plain tokenizer.json beside it, for other tools
+                try:
+                    self.data.tokenizer.save(self.run_dir / TOKENIZER_FILE)
+                except OSError as e:
+                    raise CheckpointWriteError(f"cannot write {self.run_dir / TOKENIZER_FILE}: {e}") from None
         self.world.barrier()
         self.saved_step = self.step
 

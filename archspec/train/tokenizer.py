@@ -91,6 +91,58 @@ class BPETokenizer:
         return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+# ── the tokenizer travels with the model ─────────────────────────────────────────────────────────────────────────
+# A checkpoint holds its tokenizer (`tokenizer_state`), and a run directory holds a BPE tokenizer as
+# tokenizer.json, so `archspec sample` works on a machine whose cache has never seen the corpus.
+
+TOKENIZER_FILE = "tokenizer.json"  # HF `tokenizers` JSON, beside a run's checkpoint
+
+
+def tokenizer_state(tokenizer: Tokenizer) -> dict:
+    """What a checkpoint stores to rebuild `tokenizer` anywhere: plain strings only (a safe torch.load reads it)."""
+    if tokenizer.kind == "bpe":
+        return {"kind": "bpe", "identity": tokenizer.identity, "json": tokenizer._hf.to_str()}
+    return {"kind": tokenizer.kind, "identity": tokenizer.identity}
+
+
+def tokenizer_state_problems(state) -> list[str]:
+    """Why a checkpoint's `tokenizer` entry cannot be used (empty: usable)."""
+    if not isinstance(state, dict) or state.get("kind") not in ("byte", "bpe"):
+        return ["tokenizer: expected a mapping with kind 'byte' or 'bpe'"]
+    if not isinstance(state.get("identity"), str):
+        return ["tokenizer.identity: expected text"]
+    if state["kind"] == "bpe" and not isinstance(state.get("json"), str):
+        return ["tokenizer.json: expected the tokenizer's JSON text"]
+    return []
+
+
+def tokenizer_from_state(state: dict, where: str) -> Tokenizer:
+    """The tokenizer a checkpoint stored (see `tokenizer_state`); `where` names the file in errors."""
+    problems = tokenizer_state_problems(state)
+    if problems:
+        raise UserError(f"{where}: unusable tokenizer", problems)
+    if state["kind"] == "byte":
+        return ByteTokenizer()
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        hf = HFTokenizer.from_str(state["json"])
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise UserError(f"{where}: the stored BPE tokenizer does not load: {str(e)[:200]}") from None
+    if hf.token_to_id(EOS_TEXT) is None:
+        raise UserError(f"{where}: the stored BPE tokenizer has no {EOS_TEXT} token")
+    return BPETokenizer(hf, state["identity"])
+
+
+def load_tokenizer_file(path: Path) -> Tokenizer:
+    """A BPE tokenizer from a run directory's tokenizer.json."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read tokenizer: {e}") from None
+    return tokenizer_from_state({"kind": "bpe", "identity": digest("bpe-file", _FORMAT, text), "json": text}, str(path))
+
+
 def build_tokenizer(spec: ByteTokenizerSpec | BPETokenizerSpec, corpus, cache: Path) -> Tokenizer:
     """The tokenizer a recipe asks for; BPE is trained on `corpus` once and then read from `cache`."""
     if spec.kind == "byte":

@@ -1,0 +1,286 @@
+"""Sampling from a model: what `archspec sample` loads, and speculative decoding.
+
+The KV cache, the sampling rule (temperature, top-k, top-p) and `generate()` live in the generated module itself, so
+a copied-out file can generate with torch alone. This module only finds the model (a registry run, a checkpoint, a
+run directory, or a bare spec with random weights), its tokenizer (stored in the checkpoint: nothing is read from the
+data cache), and runs two models together for speculative decoding.
+
+    loaded = load_model("runs/llama-like-tiny-1a2b3c4d5e6f", device="cpu")
+    ids = encode_prompt(loaded.tokenizer, "def main(")
+    for token in loaded.model.stream(ids, 100, temperature=0.8, eos_id=loaded.tokenizer.eos_id): ...
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from archspec import codegen
+from archspec.errors import UserError, printable
+from archspec.spec import Spec, load_spec, load_spec_dict
+from archspec.train.checkpoint import FILENAME, load_checkpoint
+from archspec.train.tokenizer import (TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_tokenizer_file,
+                                      tokenizer_from_state)
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Loaded:
+    spec: Spec
+    model: nn.Module  # the generated Model, in eval mode, on its device and dtype
+    module: ModuleType  # the generated module (its sampling rule: next_token_probs, sample_next)
+    tokenizer: Tokenizer
+    what: str  # how it was found, for messages: "checkpoint PATH (step N)", "spec PATH (random weights)"
+
+
+# ── finding the model ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def resolve_source(source: str, registry_url: str | None = None) -> tuple[str, Path]:
+    """("spec", path) or ("checkpoint", path) for SOURCE: a spec file (.yaml/.yml), a checkpoint file, a run directory,
+    or a run id (or unique prefix) in the registry, whose checkpoint artifact is used."""
+    path = Path(source)
+    if path.is_dir():
+        ckpt = path / FILENAME
+        if not ckpt.is_file():
+            raise UserError(f"{printable(source)}: a directory without {FILENAME}; expected a run directory")
+        return "checkpoint", ckpt
+    if path.exists():
+        return ("spec" if path.suffix in SPEC_SUFFIXES else "checkpoint"), path
+    if path.suffix in SPEC_SUFFIXES or path.suffix == ".pt" or "/" in source or "\\" in source:
+        raise UserError(f"{printable(source)}: no such file")
+    return "checkpoint", _run_checkpoint(source, registry_url)
+
+
+def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
+    from archspec.registry import Registry, default_url
+
+    url = registry_url or default_url()
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise UserError(f"{printable(run_id)}: not a file, and no registry at {printable(url)} to look it up as a run "
+                        "id (pass a spec, a checkpoint, a run directory, or --registry)")
+    registry = Registry(url)
+    try:
+        run = registry.get_run(run_id)
+        checkpoints = [p for kind, p in registry.artifacts(run.id) if kind == "checkpoint"]
+    finally:
+        registry.close()
+    if not checkpoints:
+        raise UserError(f"run {run.id} has no checkpoint recorded (status {run.status}); nothing to sample from")
+    path = Path(checkpoints[-1])
+    if not path.is_file():
+        raise UserError(f"run {run.id}: its checkpoint {printable(str(path))} is not here (moved, or recorded on "
+                        "another machine); pass the checkpoint file or run directory instead")
+    return path
+
+
+def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
+               registry_url: str | None = None, overrides: tuple[str, ...] = ()) -> Loaded:
+    """The model and tokenizer SOURCE names (see `resolve_source`). A bare spec gets random weights drawn with
+    `seed` (a smoke test of the spec); its tokenizer is the one its recipe asks for."""
+    kind, path = resolve_source(source, registry_url)
+    if kind == "spec":
+        spec = load_spec(path, overrides)
+        generated = codegen.generate(spec, write=False)
+        torch.manual_seed(seed)
+        model = generated.Model()
+        tokenizer = _spec_tokenizer(spec)
+        what = f"spec {path} (random weights, seed {seed})"
+    else:
+        if overrides:
+            raise UserError("--set applies to a spec; a checkpoint's model is the one it was trained as")
+        state = load_checkpoint(path)
+        try:
+            spec = load_spec_dict(state["spec"], origin=f"{path} (its spec)")
+        except UserError as e:
+            raise UserError(f"{path}: the checkpoint's spec is not valid here: {e}", e.problems) from None
+        generated = codegen.generate(spec, write=False)
+        model = generated.Model()
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError) as e:
+            raise UserError(f"{path}: model weights do not fit the spec they were saved with",
+                            str(e).strip().splitlines()[:10]) from None
+        tokenizer = _checkpoint_tokenizer(path, state, spec)
+        what = f"checkpoint {path} (step {state['step']})"
+    if tokenizer.vocab_size > spec.model.vocab_size:
+        raise UserError(f"{what}: the {tokenizer.kind} tokenizer has {tokenizer.vocab_size} ids but the model only "
+                        f"{spec.model.vocab_size}")
+    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
+    return Loaded(spec, model, generated.module, tokenizer, what)
+
+
+def _spec_tokenizer(spec: Spec) -> Tokenizer:
+    if spec.train.data.tokenizer.kind == "byte":
+        return ByteTokenizer()
+    # A BPE tokenizer is trained on the recipe's corpus (once, then read from the cache), exactly as training does.
+    from archspec.train.cache import cache_dir
+    from archspec.train.data import open_corpus
+    from archspec.train.tokenizer import build_tokenizer
+
+    return build_tokenizer(spec.train.data.tokenizer, open_corpus(spec.train.data.corpus), cache_dir())
+
+
+def _checkpoint_tokenizer(path: Path, state: dict, spec: Spec) -> Tokenizer:
+    """The checkpoint's own tokenizer; for a checkpoint saved before tokenizers travelled with it, the run
+    directory's tokenizer.json, or the byte tokenizer when that is what the recipe used."""
+    if "tokenizer" in state:
+        return tokenizer_from_state(state["tokenizer"], str(path))
+    beside = path.parent / TOKENIZER_FILE
+    if beside.is_file():
+        return load_tokenizer_file(beside)
+    if spec.train.data.tokenizer.kind == "byte":
+        return ByteTokenizer()
+    raise UserError(f"{path}: holds no tokenizer and there is no {TOKENIZER_FILE} beside it; this run's BPE tokenizer "
+                    "cannot be rebuilt without its corpus")
+
+
+# ── prompts and limits ───────────────────────────────────────────────────────────────────────────────────────────
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, device: str | torch.device = "cpu") -> torch.Tensor:
+    """(1, T) ids. An empty prompt starts from EOS, which is what precedes every document in training."""
+    ids = tokenizer.encode_batch([text])[0].tolist() if text else []
+    return torch.tensor([ids or [tokenizer.eos_id]], dtype=torch.long, device=device)
+
+
+def check_length(spec: Spec, prompt_tokens: int, max_new_tokens: int) -> None:
+    limit = spec.model.context_length
+    if prompt_tokens + max_new_tokens > limit:
+        room = limit - prompt_tokens
+        fix = (f"lower --max-new-tokens to {room}" if room > 0
+               else f"shorten the prompt to at most {limit - 1} tokens")
+        raise UserError(f"prompt ({prompt_tokens} tokens) + --max-new-tokens {max_new_tokens} = "
+                        f"{prompt_tokens + max_new_tokens} exceeds context_length {limit} of {spec.name}; {fix}")
+
+
+class TextStream:
+    """Token ids in, printable text out as soon as it is whole: a multi-byte character split across byte tokens is
+    held back until its last byte arrives (decoding everything so far and emitting only what is new)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        if token >= self.tokenizer.vocab_size:
+            return ""  # an id the model has but the tokenizer does not (a padded vocabulary)
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""  # an incomplete character: wait for its remaining bytes
+        new, self.shown = text[len(self.shown):], text
+        return new
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        new, self.shown = text[len(self.shown):], text
+        return new
+
+
+# ── speculative decoding ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class SpeculativeStats:
+    drafted: int = 0  # tokens the draft proposed
+    accepted: int = 0  # of those, kept by the target
+    target_forwards: int = 0  # one per round: the verify forward
+    rounds: list[int] = field(default_factory=list)  # accepted per round
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
+    if a.kind != b.kind:
+        return False
+    return a.kind == "byte" or a._hf.to_str() == b._hf.to_str()  # type: ignore[attr-defined]
+
+
+@torch.no_grad()
+def speculative_stream(target: nn.Module, draft: nn.Module, idx: torch.Tensor, max_new_tokens: int, *, k: int = 4,
+                       temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                       eos_id: int | None = None, generator: torch.Generator | None = None,
+                       stats: SpeculativeStats | None = None) -> Iterator[int]:
+    """Yield up to max_new_tokens tokens continuing idx (1, T), the target's distribution exactly (Leviathan et al.,
+    2023; Chen et al., 2023): each round the draft proposes up to k tokens one by one, the target scores them all in
+    one forward, and the longest prefix the target agrees with is kept, plus one token of the target's own (its
+    correction at the first disagreement, or the next token when all k are kept). Greedy (temperature 0): a draft
+    token is kept when it is the target's argmax, so the output is token for token the target's greedy output.
+    Sampling: kept with probability min(1, p/q), the correction drawn from max(p - q, 0) renormalised.
+
+    Both models keep KV caches; after each round they are truncated to the tokens kept, and each model is fed
+    whatever its cache lacks. Distributions use the target's own rule (`next_token_probs` of its generated module)."""
+    if idx.size(0) != 1:
+        raise ValueError("speculative decoding runs one sequence at a time")
+    probs_of = sys.modules[type(target).__module__].next_token_probs
+    stats = stats if stats is not None else SpeculativeStats()
+    device = idx.device
+    tokens = idx[0].tolist()
+    limit = len(tokens) + max_new_tokens
+    t_cache, d_cache = target.new_cache(1, limit), draft.new_cache(1, limit)
+    if len(tokens) > 1:  # prefill with all but the last prompt token; each round feeds what a cache lacks
+        target(idx[:, :-1], cache=t_cache)
+        draft(idx[:, :-1], cache=d_cache)
+    greedy = temperature == 0
+
+    def dist(logits: torch.Tensor, size: int) -> torch.Tensor:  # (1, V) → (size,), padded with zeros
+        p = probs_of(logits, temperature, top_k, top_p)[0]
+        return torch.nn.functional.pad(p, (0, size - p.numel()))
+
+    vocab = max(target.lm_head.out_features, draft.lm_head.out_features)
+    while len(tokens) < limit:
+        n_draft = min(k, limit - len(tokens) - 1)  # the round always adds one token of the target's own
+        drafted: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        for _ in range(n_draft):
+            seq = tokens + drafted
+            logits = draft(torch.tensor([seq[d_cache[0].length:]], device=device), cache=d_cache)[:, -1]
+            if greedy:
+                drafted.append(int(logits.argmax()))
+            else:
+                q = dist(logits, vocab)
+                q_rows.append(q)
+                drafted.append(int(torch.multinomial(q, 1, generator=generator)))
+        seq = tokens + drafted
+        logits = target(torch.tensor([seq[t_cache[0].length:]], device=device), cache=t_cache)[0, -(n_draft + 1):]
+        stats.target_forwards += 1
+        accepted = 0
+        for i, token in enumerate(drafted):
+            if greedy:
+                keep = int(logits[i].argmax()) == token
+            else:
+                p = dist(logits[i : i + 1], vocab)
+                ratio = p[token] / q_rows[i][token]
+                keep = bool(torch.rand((), generator=generator, device=device) < ratio)
+            if not keep:
+                break
+            accepted += 1
+        if greedy:
+            correction = int(logits[accepted].argmax())
+        else:
+            p = dist(logits[accepted : accepted + 1], vocab)
+            if accepted < n_draft:  # rejected: draw from where the target has more mass than the draft
+                residual = (p - q_rows[accepted]).clamp(min=0)
+                p = residual / residual.sum() if residual.sum() > 0 else p
+            correction = int(torch.multinomial(p, 1, generator=generator))
+        stats.drafted += n_draft
+        stats.accepted += accepted
+        stats.rounds.append(accepted)
+        kept = len(tokens) + accepted  # positions whose keys/values are right in both caches
+        for c in (*t_cache, *d_cache):
+            c.truncate(kept)
+        for token in drafted[:accepted] + [correction]:
+            tokens.append(token)
+            yield token
+            if token == eos_id:
+                return

@@ -1,0 +1,104 @@
+"""`archspec sample RUN_ID | CHECKPOINT | SPEC --prompt TEXT`: stream generated text, optionally speculative."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from archspec.errors import UserError, printable
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("source", metavar="RUN_ID|CHECKPOINT|SPEC")
+@click.option("--prompt", default="", show_default=False, help="Text to continue (default: empty, i.e. from EOS).")
+@click.option("--max-new-tokens", type=click.IntRange(1, 1 << 20), default=200, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True,
+              help="0: greedy (argmax).")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="Sample among the smallest set of tokens whose probability reaches p (nucleus).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Sampling seed (and the random weights of a bare SPEC).")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="auto: CUDA when present, else CPU.")
+@click.option("--dtype", type=click.Choice(("auto", "fp32", "bf16")), default="auto", show_default=True,
+              help="Weights and KV cache; auto: bf16 on a CUDA device with bf16, else fp32.")
+@click.option("--draft", metavar="RUN_OR_CHECKPOINT",
+              help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies.")
+@click.option("--draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Tokens the draft proposes per verify forward.")
+@click.option("--set", "overrides", multiple=True, metavar="K=V", help="Override a dotted key of a bare SPEC.")
+@click.option("--registry", metavar="URL",
+              help="Registry to look RUN_ID up in [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
+def sample_cmd(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
+               top_p: float | None, seed: int, device: str, dtype: str, draft: str | None, draft_tokens: int,
+               overrides: tuple[str, ...], registry: str | None, quiet: bool) -> None:
+    """Generate text from a run (its id, run directory or checkpoint) or from a bare SPEC with random weights.
+
+    Tokens are printed as they come; generation stops at EOS or after --max-new-tokens. The model's own KV cache and
+    sampling rule (in its generated module) do the work. A summary (tokens, tok/s, time to first token, KV cache
+    bytes; with --draft the acceptance rate) goes to stderr."""
+    import torch
+
+    from archspec.accounting import kv_cache_bytes
+    from archspec.sample import (SpeculativeStats, TextStream, check_length, encode_prompt, load_model, same_tokenizer,
+                                 speculative_stream)
+    from archspec.train.distributed import resolve_device
+
+    dev = resolve_device(device)
+    if dtype == "auto":
+        dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry, overrides=overrides)
+    idx = encode_prompt(loaded.tokenizer, prompt, dev)
+    check_length(loaded.spec, idx.size(1), max_new_tokens)
+    drafter = None
+    if draft is not None:
+        drafter = load_model(draft, device=dev, dtype=dtype, seed=seed, registry_url=registry)
+        if not same_tokenizer(loaded.tokenizer, drafter.tokenizer):
+            raise UserError(f"--draft {printable(draft)}: its tokenizer ({drafter.tokenizer.kind}) is not the model's "
+                            f"({loaded.tokenizer.kind}); a draft must share the tokenizer")
+        try:
+            check_length(drafter.spec, idx.size(1), max_new_tokens)
+        except UserError as e:
+            raise UserError(f"--draft {printable(draft)}: {e}") from None
+
+    generator = torch.Generator(dev).manual_seed(seed)
+    eos = loaded.tokenizer.eos_id
+    stats = SpeculativeStats()
+    if drafter is None:
+        tokens = (int(t) for t in loaded.model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator))
+    else:
+        tokens = speculative_stream(loaded.model, drafter.model, idx, max_new_tokens, k=draft_tokens,
+                                    temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
+                                    generator=generator, stats=stats)
+    text = TextStream(loaded.tokenizer)
+    out = click.get_text_stream("stdout")
+    t0 = time.perf_counter()
+    first = None
+    count = 0
+    for token in tokens:
+        count += 1
+        if first is None:
+            first = time.perf_counter() - t0
+        if token == eos:
+            break
+        out.write(text.push(token))
+        out.flush()
+    out.write(text.flush() + "\n")
+    out.flush()
+    seconds = time.perf_counter() - t0
+    if quiet:
+        return
+    positions = idx.size(1) + max_new_tokens  # what the cache was sized for
+    line = (f"{count} tokens in {seconds:.2f} s ({count / seconds:,.1f} tok/s) · first token after "
+            f"{1000 * (first or 0):.0f} ms · KV cache {kv_cache_bytes(loaded.spec.model, positions, dtype):,} bytes "
+            f"({positions} positions, {dtype}) · {printable(loaded.what)}")
+    if drafter is not None:
+        line += (f" · draft acceptance {100 * stats.acceptance_rate:.1f}% ({stats.accepted}/{stats.drafted}), "
+                 f"{count / max(1, stats.target_forwards):.2f} tokens per target forward")
+    click.echo(line, err=True)

@@ -1,0 +1,279 @@
+"""Generation inside the generated module (issue 15): the KV cache, positions at an offset, sampling, generate(),
+and speculative decoding (archspec.sample) on top of them.
+
+The central property: running a sequence through the cache in pieces (a prefill, a chunk of several tokens, then one
+token at a time) gives the logits of one full forward, in fp32 to a tight tolerance, for every registered kind of
+every family (so a kind that lands later is checked without touching this file).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import find, given, settings
+
+from archspec import testing as T
+from archspec.accounting import kv_cache_bytes
+from archspec.codegen import generate, render
+from archspec.kinds import families
+from archspec.sample import SpeculativeStats, speculative_stream
+from archspec.spec import load_spec_dict
+
+VOCAB, CONTEXT, D_MODEL = 61, 24, 32
+LAYOUTS = {"MHA": 4, "GQA": 2, "MQA": 1}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Decoding runs many tiny ops: on a shared 2-core machine, two threads spend most of their time waiting for
+    each other. One thread makes these tests several times faster; the previous setting is restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _example(strategy) -> dict:
+    return find(strategy, lambda _: True)  # the simplest valid fields of that kind
+
+
+def _spec(attention: dict | None = None, **model):
+    body = {"vocab_size": VOCAB, "context_length": CONTEXT, "d_model": D_MODEL, "n_layers": 2,
+            "attention": {"n_heads": 4, "n_kv_heads": 2, **(attention or {})}, **model}
+    return load_spec_dict({"name": "gen", "model": body})
+
+
+def _model(spec, gen_dir, seed: int = 0):
+    torch.manual_seed(seed)
+    return generate(spec, out_dir=gen_dir).Model().eval()
+
+
+def assert_cached_pieces_match_full_forward(model, vocab: int, length: int, *, seed: int = 0) -> None:
+    """Prefill ~1/3 of the sequence, then a chunk of 3 tokens (several queries against a longer cache: the case SDPA's
+    top-left is_causal gets wrong), then one token per step; the logits must equal one full forward's."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab, (2, length), generator=g)
+    prefill = max(1, length // 3)
+    cuts = [0, prefill, min(length, prefill + 3), *range(min(length, prefill + 3) + 1, length + 1)]
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache(2, length)
+        pieces = [model(idx[:, a:b], cache=cache) for a, b in zip(cuts, cuts[1:]) if b > a]
+    assert cache[0].length == length
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=2e-5, rtol=1e-5)
+
+
+# ── prefill + decode == one forward, for every kind ─────────────────────────────────────────────────────────────
+
+_POSITIONAL = sorted(families()["positional"].members)
+_SPARSITY = sorted(families()["sparsity"].members)
+_FFN = sorted(families()["ffn"].members)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("positional", _POSITIONAL)
+def test_cache_matches_full_forward_for_every_positional_kind_and_kv_layout(positional, layout, gen_dir):
+    fields = _example(T.positionals(D_MODEL, kinds=[positional]))
+    spec = _spec({"n_kv_heads": LAYOUTS[layout], "positional": {"kind": positional, **fields}})
+    assert_cached_pieces_match_full_forward(_model(spec, gen_dir), VOCAB, CONTEXT)
+
+
+@pytest.mark.parametrize("sparsity", _SPARSITY)
+def test_cache_matches_full_forward_for_every_attention_pattern(sparsity, gen_dir):
+    fields = _example(T.sparsities(CONTEXT, kinds=[sparsity]))
+    spec = _spec({"sparsity": {"kind": sparsity, **fields}})
+    assert_cached_pieces_match_full_forward(_model(spec, gen_dir), VOCAB, CONTEXT)
+
+
+@pytest.mark.parametrize("ffn", _FFN)
+def test_cache_matches_full_forward_for_every_ffn_kind(ffn, gen_dir):
+    fields = _example(T.ffns(D_MODEL, kinds=[ffn], max_hidden=64))
+    spec = _spec(ffn={"kind": ffn, **fields})
+    assert_cached_pieces_match_full_forward(_model(spec, gen_dir), VOCAB, CONTEXT)
+
+
+@settings(max_examples=12, deadline=None)
+@given(T.valid_specs(train=False, max_layers=2, min_context=2, max_context=20))
+def test_cache_matches_full_forward_on_drawn_specs(gen_dir, spec):
+    m = spec.model
+    assert_cached_pieces_match_full_forward(_model(spec, gen_dir), m.vocab_size, m.context_length)
+
+
+# ── the cache itself ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cache_holds_kv_heads_and_its_bytes_equal_the_accounting(layout, gen_dir):
+    spec = _spec({"n_kv_heads": LAYOUTS[layout]})
+    model = _model(spec, gen_dir)
+    cache = model.new_cache(3, 20)
+    assert len(cache) == spec.model.n_layers
+    assert cache[0].k.shape == (3, LAYOUTS[layout], 20, spec.model.attention.head_dim)
+    assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, 20, "fp32", batch_size=3)
+    model.to(torch.bfloat16)
+    cache = model.new_cache(1, CONTEXT)
+    assert cache[0].k.dtype == torch.bfloat16
+    assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, CONTEXT, "bf16")
+    # MHA pays N_HEADS / N_KV_HEADS times the bytes of its grouped variants
+    mha = kv_cache_bytes(_spec({"n_kv_heads": 4}).model, 20, "fp32")
+    assert kv_cache_bytes(spec.model, 20, "fp32") * (4 // LAYOUTS[layout]) == mha
+
+
+def test_positions_past_the_context_are_refused(gen_dir):
+    model = _model(_spec(), gen_dir)
+    cache = model.new_cache(1, CONTEXT)
+    with torch.no_grad():
+        model(torch.zeros(1, CONTEXT - 1, dtype=torch.long), cache=cache)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="exceeds CONTEXT_LENGTH"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="exceed CONTEXT_LENGTH"):
+        model.generate(torch.zeros(1, 20, dtype=torch.long), 5)
+
+
+def test_a_single_query_against_a_longer_cache_is_not_masked_top_left(gen_dir):
+    """The bug the issue names: with is_causal=True, one new query against S cached keys sees only key 0. Here the
+    last token's logits must depend on every earlier token."""
+    model = _model(_spec({"positional": {"kind": "none"}}), gen_dir)
+    idx = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    changed = idx.clone()
+    changed[0, 5] = (idx[0, 5] + 1) % VOCAB
+    outs = []
+    with torch.no_grad():
+        for seq in (idx, changed):
+            cache = model.new_cache(1, 10)
+            model(seq[:, :9], cache=cache)
+            outs.append(model(seq[:, 9:], cache=cache))
+    assert (outs[0] - outs[1]).abs().max() > 1e-4
+
+
+# ── generate(), sampling ────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("positional", ["rope", "learned"])
+def test_greedy_generation_with_the_cache_equals_recomputing_every_step(positional, gen_dir):
+    model = _model(_spec({"positional": {"kind": positional}}), gen_dir, seed=3)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    out = model.generate(prompt, 15, temperature=0)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(15):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)  # the whole sequence each step
+    assert torch.equal(out, seq)
+
+
+def test_seeded_sampling_is_reproducible_and_the_seed_matters(gen_dir):
+    model = _model(_spec(), gen_dir)
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+
+    def run(seed, **kw):
+        return model.generate(prompt, 18, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert torch.equal(run(7), run(7))
+    assert not torch.equal(run(7), run(8))
+    assert torch.equal(run(7, top_k=1), model.generate(prompt, 18, temperature=0))  # top-1 is greedy
+
+
+def test_top_k_and_top_p_keep_the_tokens_they_promise(gen_dir):
+    module = generate(_spec(), out_dir=gen_dir).module
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    assert torch.allclose(module.next_token_probs(logits), torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    assert torch.allclose(module.next_token_probs(logits, top_k=2), torch.tensor([[2 / 3, 1 / 3, 0.0, 0.0]]))
+    # nucleus: the smallest set reaching 0.7 is {0.5, 0.25}; reaching 0.5 is {0.5}
+    assert torch.allclose(module.next_token_probs(logits, top_p=0.7), torch.tensor([[2 / 3, 1 / 3, 0.0, 0.0]]))
+    assert torch.allclose(module.next_token_probs(logits, top_p=0.5), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    cold = module.next_token_probs(logits, temperature=0.1)
+    assert cold[0, 0] > 0.99
+
+
+def test_generation_stops_at_eos(gen_dir):
+    model = _model(_spec(), gen_dir)
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    greedy = model.generate(prompt, 10, temperature=0)
+    eos = int(greedy[0, 5])  # the third generated token
+    first = (greedy[0, 3:] == eos).nonzero()[0].item()
+    stopped = model.generate(prompt, 10, temperature=0, eos_id=eos)
+    assert torch.equal(stopped, greedy[:, : 3 + first + 1])
+
+
+def test_a_copied_out_generated_file_generates_with_torch_alone(tmp_path):
+    (tmp_path / "mymodel.py").write_text(render(_spec()), encoding="utf-8")
+    code = textwrap.dedent("""
+        import sys, torch
+        sys.modules.pop("archspec", None)
+        import mymodel
+        torch.manual_seed(0)
+        m = mymodel.Model().eval()
+        out = m.generate(torch.zeros(1, 4, dtype=torch.long), 8, temperature=0)
+        assert out.shape == (1, 12), out.shape
+        assert "archspec" not in sys.modules
+        print("ok", sum(c.nbytes for c in m.new_cache(1, 12)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", str(kv_cache_bytes(_spec().model, 12, "fp32"))]
+
+
+# ── speculative decoding ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _target_and_draft(gen_dir):
+    target = _model(_spec({"n_kv_heads": 2}, n_layers=3), gen_dir, seed=11)
+    draft_spec = load_spec_dict({"name": "draft", "model": {
+        "vocab_size": VOCAB, "context_length": CONTEXT, "d_model": 16, "n_layers": 1,
+        "attention": {"n_heads": 2, "n_kv_heads": 1}}})
+    return target, _model(draft_spec, gen_dir, seed=12)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_speculative_greedy_is_token_for_token_the_target_greedy(k, gen_dir):
+    target, draft = _target_and_draft(gen_dir)
+    prompt = torch.randint(0, VOCAB, (1, 4), generator=torch.Generator().manual_seed(5))
+    alone = target.generate(prompt, 18, temperature=0)[0, 4:].tolist()
+    stats = SpeculativeStats()
+    fast = list(speculative_stream(target, draft, prompt, 18, k=k, temperature=0, stats=stats))
+    assert fast == alone
+    assert stats.target_forwards < 18 or stats.accepted == 0  # rounds happened, each adding >= 1 token
+    assert stats.target_forwards == len(stats.rounds) and sum(stats.rounds) == stats.accepted
+
+
+def test_speculative_with_the_target_as_its_own_draft_accepts_everything(gen_dir):
+    target, _ = _target_and_draft(gen_dir)
+    prompt = torch.zeros(1, 2, dtype=torch.long)
+    stats = SpeculativeStats()
+    out = list(speculative_stream(target, target, prompt, 20, k=4, temperature=0, stats=stats))
+    assert out == target.generate(prompt, 20, temperature=0)[0, 2:].tolist()
+    assert stats.acceptance_rate == 1.0
+    assert stats.target_forwards == 4  # 20 tokens = 4 rounds of 4 drafted + 1 of the target's own
+
+
+def test_speculative_sampling_keeps_the_target_distribution(gen_dir):
+    """Sampled speculative decoding must emit tokens distributed as the target's, whatever the draft proposes:
+    the first emitted token over many seeds against the target's own next-token distribution."""
+    vocab = 6
+    spec = lambda name, d, seed: _model(load_spec_dict({"name": name, "model": {  # noqa: E731
+        "vocab_size": vocab, "context_length": 8, "d_model": d, "n_layers": 1, "tie_embeddings": False,
+        "attention": {"n_heads": 2}}}), gen_dir, seed=seed)
+    target, draft = spec("t6", 16, 1), spec("d6", 8, 2)
+    with torch.no_grad():  # make both distributions far from uniform and from each other
+        target.lm_head.weight.mul_(20)
+        draft.lm_head.weight.mul_(20)
+    prompt = torch.tensor([[1, 2]])
+    module = sys.modules[type(target).__module__]
+    with torch.no_grad():
+        p = module.next_token_probs(target(prompt)[:, -1])[0]
+        q = module.next_token_probs(draft(prompt)[:, -1])[0]
+    assert (p - q).abs().sum() / 2 > 0.2  # the draft is a poor guess: the test would catch a biased acceptance
+    n = 1000
+    counts = torch.zeros(vocab)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        first = next(speculative_stream(target, draft, prompt, 2, k=1, temperature=1.0, generator=g))
+        counts[first] += 1
+    tv = (counts / n - p).abs().sum().item() / 2
+    assert tv < 0.08, (counts / n, p)  # a draft-biased rule would be ~0.25 off
