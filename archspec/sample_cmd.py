@@ -10,12 +10,14 @@ import click
 from archspec.errors import UserError, printable
 
 DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_NEW_TOKENS = 200
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source", metavar="RUN_ID|CHECKPOINT|SPEC")
 @click.option("--prompt", default="", show_default=False, help="Text to continue (default: empty, i.e. from EOS).")
-@click.option("--max-new-tokens", type=click.IntRange(1, 1 << 20), default=200, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1, 1 << 20), default=None,
+              help=f"Tokens to generate at most [default: {DEFAULT_NEW_TOKENS}, or what the context has room for].")
 @click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True,
               help="0: greedy (argmax).")
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
@@ -35,7 +37,7 @@ DEVICES = ("auto", "cpu", "cuda")
 @click.option("--registry", metavar="URL",
               help="Registry to look RUN_ID up in [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
-def sample_cmd(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
+def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
                top_p: float | None, seed: int, device: str, dtype: str, draft: str | None, draft_tokens: int,
                overrides: tuple[str, ...], registry: str | None, quiet: bool) -> None:
     """Generate text from a run (its id, run directory or checkpoint) or from a bare SPEC with random weights.
@@ -55,6 +57,8 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int, temperature: float
         dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry, overrides=overrides)
     idx = encode_prompt(loaded.tokenizer, prompt, dev)
+    if max_new_tokens is None:  # not asked for: as many as fit, up to the default
+        max_new_tokens = max(1, min(DEFAULT_NEW_TOKENS, loaded.spec.model.context_length - idx.size(1)))
     check_length(loaded.spec, idx.size(1), max_new_tokens)
     drafter = None
     if draft is not None:
@@ -77,15 +81,16 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int, temperature: float
                                     temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
                                     generator=generator, stats=stats)
     text = TextStream(loaded.tokenizer)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     t0 = time.perf_counter()
     first = None
-    count = 0
+    count, stopped = 0, False
     for token in tokens:
         count += 1
         if first is None:
             first = time.perf_counter() - t0
         if token == eos:
+            stopped = True
             break
         out.write(text.push(token))
         out.flush()
@@ -98,6 +103,8 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int, temperature: float
     line = (f"{count} tokens in {seconds:.2f} s ({count / seconds:,.1f} tok/s) · first token after "
             f"{1000 * (first or 0):.0f} ms · KV cache {kv_cache_bytes(loaded.spec.model, positions, dtype):,} bytes "
             f"({positions} positions, {dtype}) · {printable(loaded.what)}")
+    if stopped:
+        line += " · stopped at EOS"
     if drafter is not None:
         line += (f" · draft acceptance {100 * stats.acceptance_rate:.1f}% ({stats.accepted}/{stats.drafted}), "
                  f"{count / max(1, stats.target_forwards):.2f} tokens per target forward")
