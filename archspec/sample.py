@@ -158,8 +158,10 @@ def check_length(spec: Spec, prompt_tokens: int, max_new_tokens: int) -> None:
         room = limit - prompt_tokens
         fix = (f"lower --max-new-tokens to {room}" if room > 0
                else f"shorten the prompt to at most {limit - 1} tokens")
-        raise UserError(f"prompt ({prompt_tokens} token{'s' * (prompt_tokens != 1)}) + --max-new-tokens {max_new_tokens} = "
-                        f"{prompt_tokens + max_new_tokens} exceeds context_length {limit} of {spec.name}; {fix}")
+        tokens = f"{prompt_tokens} token{'s' * (prompt_tokens != 1)}"
+        total = prompt_tokens + max_new_tokens
+        raise UserError(f"prompt ({tokens}) + --max-new-tokens {max_new_tokens} = {total} exceeds context_length "
+                        f"{limit} of {spec.name}; {fix}")
 
 
 class TextStream:

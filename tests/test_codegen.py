@@ -100,8 +100,11 @@ def test_tied_and_untied_heads():
 def test_attention_uses_sdpa_without_mask_or_kv_copies(tiny):
     attn_src = tiny.source.split("class Attention")[1].split("\nclass ")[0]
     assert "is_causal=True" in attn_src and "enable_gqa=True" in attn_src
-    for forbidden in ("tril", "triu", "masked_fill", "repeat_interleave", "expand(", "attn_mask"):
+    for forbidden in ("tril", "triu", "masked_fill", "repeat_interleave", "expand("):
         assert forbidden not in attn_src
+    # The whole-sequence path (training) builds no mask; only decoding against a cache passes one (bottom-right).
+    whole_sequence = attn_src.split("if cache is None:")[1].split("else:")[0]
+    assert "is_causal=True" in whole_sequence and "attn_mask" not in whole_sequence
     mha = render(load_spec_dict({**TINY, "model": {**TINY["model"], "attention": {"n_heads": 4}}}))
     assert "enable_gqa" not in mha
 

@@ -71,7 +71,8 @@ def test_a_bpe_run_samples_by_id_and_from_its_checkpoint_alone_on_an_empty_cache
     assert f"checkpoint {trained[1] / 'checkpoint.pt'}" in err
     rc, _, err = _sample(capsys, "zzzz-unknown", "--registry", registry)
     assert rc == 2 and "no run 'zzzz-unknown'" in err
-    rc, from_dir, err = _sample(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0")
+    rc, from_dir, err = _sample(capsys, str(run_dir), "--prompt", PROMPT, "--max-new-tokens", "12",
+                                "--temperature", "0")
     assert rc == 0 and from_dir == by_id, err
 
     # Another machine: only the checkpoint file, an empty cache, and no way to read the corpus or train a tokenizer.
