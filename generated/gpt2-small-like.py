@@ -290,6 +290,10 @@ class Model(nn.Module):
         """idx (B, T) → logits (B, T, VOCAB_SIZE) (and the loss, given targets). With a `cache` (from new_cache),
         idx continues the cached sequence: its tokens sit at positions cache[0].length onwards, and their keys and
         values are added to the cache."""
+        return self.head(self.hidden_states(idx, cache), targets)
+
+    def hidden_states(self, idx: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        """idx (B, T) → the last block's output (B, T, D_MODEL): everything but the head."""
         B, T = idx.shape
         start = cache[0].length if cache else 0  # position of idx[:, 0]
         if start + T > CONTEXT_LENGTH:
@@ -299,7 +303,7 @@ class Model(nn.Module):
         x = self.emb_drop(x)
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, layer_cache)  # (B, T, D_MODEL)
-        return self.head(x, targets)
+        return x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
@@ -330,7 +334,8 @@ class Model(nn.Module):
         if T + max_new_tokens > CONTEXT_LENGTH:
             raise ValueError(f"{T} prompt + {max_new_tokens} new tokens exceed CONTEXT_LENGTH {CONTEXT_LENGTH}")
         cache = self.new_cache(B, T + max_new_tokens)
-        logits = self(idx, cache=cache)[:, -1]  # (B, VOCAB_SIZE): the prompt's last position predicts the next token
+        # Prefill: the whole prompt in one forward; only its last position's logits are needed (B, VOCAB_SIZE).
+        logits = self.head(self.hidden_states(idx, cache)[:, -1:])[:, -1]
         done = torch.zeros(B, dtype=torch.bool, device=idx.device)
         for step in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
