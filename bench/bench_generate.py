@@ -203,7 +203,6 @@ def _trained(name: str, model: dict, steps: int, work: Path):
     return load_model(str(run_dir), device="cpu")
 
 
-@torch.no_grad()
 def bench_speculative(work: Path, steps: int, k: int, new_tokens: int = 192) -> dict:
     from archspec.sample import SpeculativeStats, encode_prompt, speculative_stream
 
