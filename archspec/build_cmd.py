@@ -16,7 +16,7 @@ from archspec.cli_options import registry_option, set_option
 from archspec.console import human, make_console
 from rich.table import Table
 
-from archspec.accounting import Accounting, account
+from archspec.accounting import Accounting, account, kv_cache_bytes
 from archspec.codegen import DEFAULT_OUT, generate, render, source_label
 from archspec.errors import UserError
 from archspec.memory import check_memory
@@ -32,6 +32,8 @@ def build_json(spec, gen, acc: Accounting) -> dict:
         "spec_hash": spec_hash(spec),
         "generated": str(gen.path),
         **acc.to_dict(),
+        # one sequence of context_length, each layer's cache as its attention pattern keeps it (bf16)
+        "kv_cache_bytes_per_sequence": kv_cache_bytes(spec.model, spec.model.context_length, "bf16"),
     }
 
 
@@ -60,7 +62,7 @@ def accounting_table(spec, acc: Accounting) -> Table:
     table.caption = (
         f"FLOPs per token at T={acc.seq_len} (causal attention averages (T+1)/2 keys): forward {human(acc.flops_forward)}, "
         f"train {human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
-        f"{acc.kv_cache_bytes_per_token * m.context_length / 2**20:.1f} MiB per sequence of {m.context_length}."
+        f"{kv_cache_bytes(m, m.context_length, 'bf16') / 2**20:.1f} MiB per sequence of {m.context_length}."
     )
     table.caption_justify = "left"
     return table

@@ -13,7 +13,7 @@
    in one process and each keeps its best, since load from other work only ever slows one down.
 3. bytes: the KV cache one sequence of context_length needs, MHA vs GQA vs MQA (n_kv_heads 8, 2, 1 of llama-like):
    what `Model.new_cache` allocates against `archspec.accounting.kv_cache_bytes`, fp32 and bf16.
-4. speculative: a target (llama-like's shape with a byte vocabulary: 8 layers, d_model 512) and a draft (llama-like-tiny's shape, 2 layers, d_model 128) trained
+4. speculative: a target (12 layers, d_model 256, 9.5M parameters) and a draft (llama-like-tiny's shape, 2 layers, d_model 128) trained
    on the same corpus and byte tokenizer (`--train-steps` each, through the shared loop; checkpoints kept in
    --work-dir, reused on the next run), greedy: `archspec.sample.speculative_stream` against the target alone.
    Acceptance rate, tokens per target forward, speed-up; the outputs must be identical.
@@ -197,7 +197,7 @@ def _trained(name: str, model: dict, steps: int, work: Path):
     run_dir = work / name
     if not (run_dir / "checkpoint.pt").is_file():
         spec = load_spec_dict({"name": name, "model": model, "train": {
-            "steps": steps, "batch_size": 8, "seq_len": 256, "lr": 2e-3, "warmup_steps": 20, "eval_interval": steps,
+            "steps": steps, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup_steps": 20, "eval_interval": steps,
             "compile": False}})
         train(spec, run_dir=run_dir, progress=True)
     return load_model(str(run_dir), device="cpu")
@@ -207,8 +207,8 @@ def bench_speculative(work: Path, steps: int, k: int, new_tokens: int = 192) -> 
     from archspec.sample import SpeculativeStats, encode_prompt, speculative_stream
 
     shape = {"vocab_size": 320, "context_length": 256, "norm": {"kind": "rmsnorm"}, "tie_embeddings": True}
-    target = _trained("spec-target", {**shape, "d_model": 512, "n_layers": 8,
-                                      "attention": {"n_heads": 8, "n_kv_heads": 2}}, steps, work)
+    target = _trained("spec-target", {**shape, "d_model": 256, "n_layers": 12,
+                                      "attention": {"n_heads": 4, "n_kv_heads": 2}}, steps, work)
     draft = _trained("spec-draft", {**shape, "d_model": 128, "n_layers": 2,
                                     "attention": {"n_heads": 4, "n_kv_heads": 2}}, steps, work)
     prompt = encode_prompt(target.tokenizer, "import os\nimport sys\n\n\ndef main(argv):\n    ")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from archspec.cli import main
 
@@ -25,11 +26,12 @@ def test_build_json_is_exactly_the_contract(tmp_path, capsys):
     rc, out, err = run(capsys, "build", str(TINY), "--json", "--out", str(tmp_path), "--no-record")
     assert rc == 0
     obj = json.loads(out)  # exactly one JSON object on stdout
-    assert set(obj) == {"name", "spec_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token"}
+    assert set(obj) == {"name", "spec_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token",
+                        "kv_cache_bytes_per_sequence"}
     assert set(obj["params"]) == {"total", "active", "embedding", "by_component"}
     assert set(obj["flops_per_token"]) == {"forward", "train"}
     ints = [obj["params"][k] for k in ("total", "active", "embedding")] + list(obj["params"]["by_component"].values())
-    ints += list(obj["flops_per_token"].values()) + [obj["kv_cache_bytes_per_token"]]
+    ints += list(obj["flops_per_token"].values()) + [obj["kv_cache_bytes_per_token"], obj["kv_cache_bytes_per_sequence"]]
     assert all(type(v) is int for v in ints)
     assert obj["generated"] == str(tmp_path / "llama-like-tiny.py")
     # the generated module's parameter count equals params.total
@@ -37,6 +39,9 @@ def test_build_json_is_exactly_the_contract(tmp_path, capsys):
 
     model = import_source(Path(obj["generated"])).Model()
     assert sum(p.numel() for p in model.parameters()) == obj["params"]["total"]
+    # and the KV cache one sequence needs is what the module allocates, in bf16
+    cache = model.new_cache(1, dtype=torch.bfloat16)
+    assert sum(c.nbytes for c in cache) == obj["kv_cache_bytes_per_sequence"]
 
 
 def test_build_table_and_overrides(tmp_path, capsys):
