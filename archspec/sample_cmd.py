@@ -7,9 +7,9 @@ import time
 
 import click
 
+from archspec.cli_options import device_option, registry_option, set_option
 from archspec.errors import UserError, printable
 
-DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_NEW_TOKENS = 200
 
 
@@ -25,26 +25,25 @@ DEFAULT_NEW_TOKENS = 200
               help="Sample among the smallest set of tokens whose probability reaches p (nucleus).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
               help="Sampling seed (and the random weights of a bare SPEC).")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-              help="auto: CUDA when present, else CPU.")
+@device_option
 @click.option("--dtype", type=click.Choice(("auto", "fp32", "bf16")), default="auto", show_default=True,
               help="Weights and KV cache; auto: bf16 on a CUDA device with bf16, else fp32.")
 @click.option("--draft", metavar="RUN_OR_CHECKPOINT",
               help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies.")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Tokens the draft proposes per verify forward.")
-@click.option("--set", "overrides", multiple=True, metavar="K=V", help="Override a dotted key of a bare SPEC.")
-@click.option("--registry", metavar="URL",
-              help="Registry to look RUN_ID up in [default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db].")
+@set_option
+@registry_option
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
 def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
                top_p: float | None, seed: int, device: str, dtype: str, draft: str | None, draft_tokens: int,
-               overrides: tuple[str, ...], registry: str | None, quiet: bool) -> None:
+               overrides: tuple[str, ...], registry_url: str | None, quiet: bool) -> None:
     """Generate text from a run (its id, run directory or checkpoint) or from a bare SPEC with random weights.
 
     Tokens are printed as they come; generation stops at EOS or after --max-new-tokens. The model's own KV cache and
     sampling rule (in its generated module) do the work. A summary (tokens, tok/s, time to first token, KV cache
-    bytes; with --draft the acceptance rate) goes to stderr."""
+    bytes; with --draft the acceptance rate) goes to stderr. --set applies to a bare SPEC only; --registry is where
+    RUN_ID is looked up."""
     import torch
 
     from archspec.accounting import kv_cache_bytes
@@ -55,14 +54,14 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     dev = resolve_device(device)
     if dtype == "auto":
         dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry, overrides=overrides)
+    loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry_url, overrides=overrides)
     idx = encode_prompt(loaded.tokenizer, prompt, dev)
     if max_new_tokens is None:  # not asked for: as many as fit, up to the default
         max_new_tokens = max(1, min(DEFAULT_NEW_TOKENS, loaded.spec.model.context_length - idx.size(1)))
     check_length(loaded.spec, idx.size(1), max_new_tokens)
     drafter = None
     if draft is not None:
-        drafter = load_model(draft, device=dev, dtype=dtype, seed=seed, registry_url=registry)
+        drafter = load_model(draft, device=dev, dtype=dtype, seed=seed, registry_url=registry_url)
         if not same_tokenizer(loaded.tokenizer, drafter.tokenizer):
             raise UserError(f"--draft {printable(draft)}: its tokenizer ({drafter.tokenizer.kind}) is not the model's "
                             f"({loaded.tokenizer.kind}); a draft must share the tokenizer")
