@@ -116,8 +116,9 @@ def kv_cache_bytes(m: ModelSpec, seq_len: int, dtype: str = "bf16", batch_size: 
     """Bytes of the KV cache `batch_size` sequences of `seq_len` tokens need, each layer's cache as its attention
     pattern keeps it (dense: every position; a window: its positions). Equals the generated model's
     `sum(c.nbytes for c in model.new_cache(batch_size, seq_len))` at that dtype (tested)."""
-    positions = m.attention.sparsity.cache_positions(seq_len)
-    return batch_size * m.n_layers * positions * m.attention.kv_cache_elements_per_token() * BYTES_PER_ELEMENT[dtype]
+    per_sequence = sum(b.attention.sparsity.cache_positions(seq_len) * b.attention.kv_cache_elements_per_token()
+                       for b in m.blocks())
+    return batch_size * per_sequence * BYTES_PER_ELEMENT[dtype]
 
 
 def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attention: bool = False,
