@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import find, given, settings
+from hypothesis import assume, find, given, settings
 
 from archspec import testing as T
 from archspec.accounting import kv_cache_bytes
@@ -100,6 +100,9 @@ def test_cache_matches_full_forward_for_every_ffn_kind(ffn, gen_dir):
 @given(T.valid_specs(train=False, max_layers=2, min_context=2, max_context=20))
 def test_cache_matches_full_forward_on_drawn_specs(gen_dir, spec):
     m = spec.model
+    # An FFN with a capacity (tokens dropped per forward call) routes a sequence differently from one token at a
+    # time; the promise is for dropless routing, what generation uses.
+    assume(all(getattr(b.ffn, "capacity_factor", None) is None for b in m.blocks()))
     assert_cached_pieces_match_full_forward(_model(spec, gen_dir), m.vocab_size, m.context_length)
 
 
