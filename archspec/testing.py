@@ -397,7 +397,7 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
             ffn = draw(ffns(d_model, ffn_kinds, max_hidden))
             if ffn and "kind" not in ffn:  # merged onto the model's FFN: an omitted kind would inherit that kind,
                 ffn = {"kind": family("ffn").default, **ffn}  # not the default one these fields were drawn for
-            group["ffn"] = ffn or {"hidden_dim": draw(st.integers(1, max_hidden))}
+            group["ffn"] = ffn or {"kind": family("ffn").default, "hidden_dim": draw(st.integers(1, max_hidden))}
         if "norm" in parts:
             group["norm"] = draw(norms(norm_kinds, d_model)) or {"eps": 1e-4}
         out[names[0]] = group
