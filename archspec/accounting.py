@@ -13,7 +13,8 @@ over the model. Conventions (DESIGN.md):
   sequence length T, query t sees t+1 keys, so the mean over a sequence is (T + 1) / 2. `full_attention=True`
   counts all T keys (what a math-path kernel actually multiplies, since it computes the masked half too).
   Train = 3 × forward (backward ≈ 2 × forward).
-- KV cache bytes per token = Σ over layers of 2 (K and V) · n_kv_heads · head_dim · bytes per element.
+- KV cache bytes per token = Σ over layers of 2 (K and V) · n_kv_heads · head_dim · bytes per element. Per sequence
+  at context_length, each layer holds what its pattern needs (`cached_positions`: a window layer at most its window).
 - Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
   `by_block` gives each distinct block configuration with its layers.
 """
@@ -41,6 +42,8 @@ class Accounting:
     flops_by_component: dict[str, int] = field(default_factory=dict)  # forward, per token
     buffer_elements: int = 0  # non-persistent buffers (position tables), not parameters
     by_block: list[dict[str, Any]] = field(default_factory=list)  # per distinct block configuration (per layer group)
+    kv_cache_bytes_per_sequence: int = 0  # one sequence at context_length, each layer's real cache
+    attention_keys: float = 0.0  # mean keys per query at seq_len, averaged over layers (each pattern's exact sum / T)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,8 +55,11 @@ class Accounting:
                 # per layer group (distinct block configuration), figures per layer; only when layers differ
                 **({"by_layer_group": [dict(b) for b in self.by_block]} if len(self.by_block) > 1 else {}),
             },
-            "flops_per_token": {"forward": self.flops_forward, "train": self.flops_train},
+            "flops_per_token": {"forward": self.flops_forward, "train": self.flops_train,
+                                # forward attention scores·values (QKᵀ, AV) at the pattern's exact key count
+                                "attention": self.flops_by_component.get("attention_scores", 0)},
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "kv_cache_bytes_per_sequence": self.kv_cache_bytes_per_sequence,
         }
 
 
@@ -105,7 +111,10 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
 
 def attention_keys(m: ModelSpec, seq_len: int, full_attention: bool = False) -> float:
     """Mean number of keys each query attends to (see the module docstring)."""
-    return float(seq_len) if full_attention else m.attention.sparsity.keys(seq_len)
+    if full_attention:
+        return float(seq_len)
+    blocks = m.blocks()  # each layer's own pattern (per-layer variation), averaged over layers
+    return sum(float(b.attention.sparsity.keys(seq_len)) for b in blocks) / len(blocks)
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, dtype: str = "bf16") -> int:
@@ -119,6 +128,12 @@ def kv_cache_bytes(m: ModelSpec, seq_len: int, dtype: str = "bf16", batch_size: 
     per_sequence = sum(b.attention.sparsity.cache_positions(seq_len) * b.attention.kv_cache_elements_per_token()
                        for b in m.blocks())
     return batch_size * per_sequence * BYTES_PER_ELEMENT[dtype]
+
+
+def kv_cache_bytes_per_sequence(m: ModelSpec, dtype: str = "bf16") -> int:
+    """One sequence at context_length, each layer's cache as its attention pattern needs it."""
+    per_layer = sum(b.attention.kv_cache_elements_per_sequence(m.context_length) for b in m.blocks())
+    return per_layer * BYTES_PER_ELEMENT[dtype]
 
 
 def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attention: bool = False,
@@ -141,6 +156,8 @@ def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attentio
         flops_forward=forward,
         flops_train=3 * forward,
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(m, kv_dtype),
+        kv_cache_bytes_per_sequence=kv_cache_bytes_per_sequence(m, kv_dtype),
+        attention_keys=attention_keys(m, seq_len, full_attention),
         seq_len=seq_len,
         flops_by_component=flops,
         buffer_elements=sum(u.buffer_elements(m) for u in m.units()),

@@ -45,7 +45,8 @@ def accounting_table(spec, acc: Accounting) -> Table:
         "lm_head": flops["lm_head"] if "lm_head" in acc.by_component else 0,
     }
     rows = [(name, n, flops_of.get(name, 0)) for name, n in acc.by_component.items()]
-    rows.insert([r[0] for r in rows].index("attention") + 1, ("attention scores·values", 0, flops["attention_scores"]))
+    rows.insert([r[0] for r in rows].index("attention") + 1,
+                (f"attention scores·values ({acc.attention_keys:,.1f} keys/query)", 0, flops["attention_scores"]))
     if "lm_head" not in acc.by_component:
         rows.append(("lm_head (tied to embedding)", 0, flops["lm_head"]))
 
@@ -60,7 +61,8 @@ def accounting_table(spec, acc: Accounting) -> Table:
     table.add_row("non-embedding", f"{acc.total - acc.embedding:,}", f"{100 * (acc.total - acc.embedding) / acc.total:.1f}%", "", "")
     m = spec.model
     table.caption = (
-        f"FLOPs per token at T={acc.seq_len} (causal attention averages (T+1)/2 keys): forward {human(acc.flops_forward)}, "
+        f"FLOPs per token at T={acc.seq_len} ({m.attention.sparsity.describe(m)}: {acc.attention_keys:,.1f} keys per "
+        f"query on average, the exact sum over positions): forward {human(acc.flops_forward)}, "
         f"train {human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
         f"{kv_cache_bytes(m, m.context_length, 'bf16') / 2**20:.1f} MiB per sequence of {m.context_length}."
     )

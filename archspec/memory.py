@@ -117,7 +117,9 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -
     qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
     # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
     # fp32 log-sum-exp per head
-    return (qkv + m.attention.positional.saved_elements(m) + q) * mm + a.n_heads * 4  # positional is model-wide
+    # A sparse pattern on CPU takes the blockwise path (FlexAttention on CUDA keeps what SDPA keeps): its tiles.
+    sparse = a.sparsity.saved_elements(m) if device == "cpu" else 0
+    return (qkv + m.attention.positional.saved_elements(m) + q + sparse) * mm + a.n_heads * 4  # positional: model-wide
 
 
 def _ffn_saved(m: ModelSpec, mm: int, b=None) -> int:

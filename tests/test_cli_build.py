@@ -29,7 +29,7 @@ def test_build_json_is_exactly_the_contract(tmp_path, capsys):
     assert set(obj) == {"name", "spec_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token",
                         "kv_cache_bytes_per_sequence"}
     assert set(obj["params"]) == {"total", "active", "embedding", "by_component"}
-    assert set(obj["flops_per_token"]) == {"forward", "train"}
+    assert set(obj["flops_per_token"]) == {"forward", "train", "attention"}
     ints = [obj["params"][k] for k in ("total", "active", "embedding")] + list(obj["params"]["by_component"].values())
     ints += list(obj["flops_per_token"].values()) + [obj["kv_cache_bytes_per_token"], obj["kv_cache_bytes_per_sequence"]]
     assert all(type(v) is int for v in ints)

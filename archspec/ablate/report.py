@@ -47,6 +47,7 @@ class VariantResult:
     flops_train_per_token: int
     kv_cache_bytes_per_token: int
     runs: list[RunResult]
+    attention_flops_per_token: int | None = None  # forward QKᵀ and AV per token, at the pattern's key count
 
     @property
     def finals(self) -> list[float]:
@@ -113,6 +114,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
     """The table's cells as strings: one source for the rich table, the HTML table and tests."""
     baseline = next((v for v in variants if v.index == baseline_index), None)
     show_kv = len({v.kv_cache_bytes_per_token for v in variants}) > 1
+    show_attention = len({v.attention_flops_per_token for v in variants}) > 1  # e.g. attention patterns
     rows = []
     for v in variants:
         c = compare(v, baseline) if baseline is not None else Comparison(None, None, None)
@@ -129,6 +131,9 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
         }
+        if show_attention:
+            a = v.attention_flops_per_token
+            row["attn FLOPs/tok"] = human(a) if a is not None else "-"
         if show_kv:
             row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
         stats = v.extra_stats()
@@ -150,6 +155,7 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
         out.append({
             "index": v.index, "label": v.label, "params_total": v.params_total, "params_active": v.params_active,
             "flops_train_per_token": v.flops_train_per_token, "kv_cache_bytes_per_token": v.kv_cache_bytes_per_token,
+            "attention_flops_per_token": v.attention_flops_per_token,
             "tokens_per_s": v.tokens_per_s, "n": len(v.finals), "final_val_losses": v.finals,
             "mean": v.mean, "std": v.std if len(v.finals) > 1 else None, "delta": c.delta, "se": c.se,
             "verdict": "baseline" if v.index == baseline_index else (

@@ -224,5 +224,6 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             params_total=int(acc_d["params"]["total"]), params_active=int(acc_d["params"]["active"]),
             flops_train_per_token=int(acc_d["flops_per_token"]["train"]),
             kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
+            attention_flops_per_token=acc_d["flops_per_token"].get("attention"),  # None for runs recorded before
         ))
     return variants, baseline_index

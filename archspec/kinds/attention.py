@@ -72,6 +72,11 @@ class AttentionSpec(Strict):
     def kv_cache_elements_per_token(self) -> int:
         return 2 * self.n_kv_heads * self.head_dim  # K and V
 
+    def kv_cache_elements_per_sequence(self, context_length: int) -> int:
+        """K and V of one sequence at `context_length`, as this layer's cache holds them: a window layer keeps at most
+        its window (the pattern's `cached_positions`)."""
+        return self.kv_cache_elements_per_token() * self.sparsity.cached_positions(context_length)
+
     # ── codegen ──
     @property
     def layout(self) -> str:

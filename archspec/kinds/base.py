@@ -130,6 +130,10 @@ class KindUnit(Strict):
 
     family: ClassVar[str]
     template: ClassVar[str | None] = None
+    # Helper code several kinds share (template files beside the unit's module, e.g. the blockwise attention every
+    # sparse pattern calls): codegen renders each file once per generated module, however many units name it, before
+    # the bodies of the family's units.
+    shared_templates: ClassVar[tuple[str, ...]] = ()
 
     # spec
     def fill_defaults(self, m: "ModelSpec") -> None:
@@ -155,6 +159,10 @@ class KindUnit(Strict):
     def template_path(cls) -> Path:
         kind = cls.model_fields["kind"].default
         return Path(inspect.getfile(cls)).with_name(cls.template or f"{kind}.py.j2")
+
+    @classmethod
+    def shared_template_paths(cls) -> list[Path]:
+        return [Path(inspect.getfile(cls)).with_name(name) for name in cls.shared_templates]
 
     # HF transformers interop (archspec.kinds.hf; the model-level assembly is archspec.hf)
     hf_block: ClassVar[str | None] = None  # the HF building block this kind is, in HF's words; None: HF has none
@@ -236,13 +244,30 @@ class SparsityKind(KindUnit):
     e.g. a rolling buffer of a window's positions; the dense default is `KVCache`, see model.py.j2) and `decode` (the
     lines in Attention.forward that, given `cache` and this step's `q`, `k`, `v` for T new positions starting at
     `cache.length`, store k and v and produce `y`). A cache has `length` (positions seen), `append(k, v)`,
-    `truncate(length)` (speculative decoding rolls back rejected drafts) and `nbytes`."""
+    `truncate(length)` (speculative decoding rolls back rejected drafts) and `nbytes`.
+
+    A sparse pattern's template defines its predicate `mask_mod(b, h, q_idx, kv_idx)` and a `SparsePattern` (from the
+    shared `sparsity/sparse_attention.py.j2`, named in `shared_templates`) saying what the fast paths need; its
+    `attend` calls `sparse_attention(q, k, v, PATTERN, ...)`, which picks FlexAttention on CUDA and the blockwise
+    path everywhere else, and its `decode` calls `sparse_decode` over a cache of every position (a rolling buffer
+    for windows is not written yet, so `cache_positions` stays all while `cached_positions` says what the pattern
+    needs)."""
 
     family: ClassVar[str] = "sparsity"
 
     def keys(self, seq_len: int) -> float:
         """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""
         raise NotImplementedError
+
+    def saved_elements(self, m: "ModelSpec") -> int:
+        """Elements per token each layer's attention keeps for backward on the CPU path beyond SDPA's q, k, v, output
+        and log-sum-exp, in the matmul dtype (archspec.memory). Dense: none."""
+        return 0
+
+    def cached_positions(self, context_length: int) -> int:
+        """Most positions a layer's KV cache must hold to decode anywhere in a sequence of `context_length` tokens:
+        all of them for dense attention; a window layer holds at most its window."""
+        return context_length
 
     def cache_positions(self, seq_len: int) -> int:
         """Positions a layer's KV cache holds after `seq_len` tokens (dense: all; a sliding window: the window).

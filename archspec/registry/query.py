@@ -447,8 +447,11 @@ ACCOUNTING_FIELDS = {
     "flops_per_token.forward": "flops.forward",
     "flops_per_token.train": "flops.train",
     "flops.seq_len": "flops.seq_len",
+    "flops.attention": "flops.attention",
+    "flops_per_token.attention": "flops.attention",
     "kv_cache_bytes": "kv_cache_bytes",
     "kv_cache_bytes_per_token": "kv_cache_bytes",
+    "kv_cache_bytes_per_sequence": "kv_cache_bytes_per_sequence",
 }
 SPEC_KEY_ROOTS = ("model", "train", "name")  # params.<spec key>: spec keys always start with one of these
 METRIC_AGGREGATES = {"min": "min", "max": "max", "last": "last"}  # and "best": min or max by the metric's direction

@@ -1,0 +1,52 @@
+"""Sliding-window attention (Longformer's local attention; Mistral): each query sees the last `window` positions."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Literal
+
+from pydantic import Field
+
+from archspec.kinds.base import Const, SparsityKind, lit_int, register
+from archspec.kinds.limits import MAX_CONTEXT
+from archspec.kinds.sparsity.blockwise import blockwise_saved_elements, chunk_for
+
+
+def window_keys(seq_len: int, window: int) -> int:
+    """Σ over queries t = 0..T-1 of min(t + 1, window): the keys a causal window of `window` positions holds."""
+    m = min(seq_len, window)
+    return m * (m + 1) // 2 + (seq_len - m) * window
+
+
+@register
+class SlidingWindowSparsity(SparsityKind):
+    kind: Literal["sliding_window"] = "sliding_window"  # query i sees keys j with i - window < j <= i
+    window: int = Field(256, ge=1, le=MAX_CONTEXT,
+                        description="positions each query sees, itself included (HF Mistral's sliding_window)")
+
+    shared_templates = ("sparse_attention.py.j2",)
+
+    def keys(self, seq_len: int) -> Fraction:
+        return Fraction(window_keys(seq_len, self.window), seq_len)
+
+    def cached_positions(self, context_length: int) -> int:
+        return min(self.window, context_length)  # a rolling buffer of the window
+
+    def constants(self, m) -> list[Const]:
+        return [Const("WINDOW", lit_int(self.window), "query i sees keys j with i - WINDOW < j <= i")]
+
+    def describe(self, m) -> str:
+        return f"sliding-window attention ({self.window} positions)"
+
+    def template_context(self, m):
+        return {"chunk": lit_int(chunk_for(self.window - 1, 1))}
+
+    def saved_elements(self, m) -> int:
+        return blockwise_saved_elements(m, 0, self.window - 1, 1)
+
+    @classmethod
+    def strategy_overrides(cls, ctx):
+        from hypothesis import strategies as st
+
+        # Windows shorter than, equal to and longer than the sequence (the last: dense in effect).
+        return {"window": st.integers(1, ctx["context_length"] + 2)}
