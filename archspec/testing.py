@@ -394,18 +394,20 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
         group: dict[str, Any] = {"select": draw(selections(n_layers))}
         parts = draw(st.sampled_from([("ffn",), ("norm",), ("ffn", "norm")]))
         if "ffn" in parts:
+            # kind written: fields merge onto the model-wide FFN, which may be another kind
             ffn = draw(ffns(d_model, ffn_kinds, max_hidden))
             if ffn and "kind" not in ffn:  # merged onto the model's FFN: an omitted kind would inherit that kind,
                 ffn = {"kind": family("ffn").default, **ffn}  # not the default one these fields were drawn for
             group["ffn"] = ffn or {"kind": family("ffn").default, "hidden_dim": draw(st.integers(1, max_hidden))}
         if "norm" in parts:
-            group["norm"] = draw(norms(norm_kinds, d_model)) or {"eps": 1e-4}
+            group["norm"] = {"kind": family("norm").default, **draw(norms(norm_kinds, d_model))}
         out[names[0]] = group
     if not out or draw(st.booleans()):
         grouped = [k for k in divisors(n_heads)]
         attention = draw(st.fixed_dictionaries({}, optional={
             "n_kv_heads": st.sampled_from(grouped),
-            "sparsity": sparsities(context_length, sparsity_kinds),
+            "sparsity": sparsities(context_length, sparsity_kinds).map(
+                lambda d: {"kind": family("sparsity").default, **d}),
             "qkv_bias": st.booleans(),
             "out_bias": st.booleans(),
         }))
