@@ -14,6 +14,9 @@ Usage:
     logits, loss = model(idx, targets)   # targets (B, T): the token that follows each position, i.e. for a
                                          # window w of T+1 tokens, idx = w[:-1] and targets = w[1:]; -100 is
                                          # ignored. loss is the mean next-token cross-entropy.
+    out = model.eval().generate(idx, max_new_tokens=50, temperature=0.8, top_k=50)  # (B, T + 50), KV-cached
+    for token in model.stream(idx, 50, temperature=0):  # (B, 1) each, as soon as it is chosen (greedy)
+        ...
 """
 
 from __future__ import annotations
@@ -84,9 +87,51 @@ class Positions(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.pos_emb.weight, mean=0.0, std=INIT_STD)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """x (B, T, D_MODEL) holds positions start .. start + T - 1 (start > 0: continuing a cached sequence)."""
         T = x.size(1)
-        return x + self.pos_emb(torch.arange(T, device=x.device))  # (B, T, D_MODEL)
+        return x + self.pos_emb(torch.arange(start, start + T, device=x.device))  # (B, T, D_MODEL)
+
+
+# ── KV cache (generation) ───────────────────────────────────────────────────────────────────────────────────
+
+
+class KVCache:
+    """One layer's keys and values for the positions generated so far, so each new token costs one position's
+    forward, not the whole sequence's. Holds the layer's K/V heads (N_KV_HEADS, not N_HEADS: GQA and MQA shrink it),
+    preallocated for `max_len` positions."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, device=None, dtype=None):
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, n_kv_heads, max_len, head_dim)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions stored: the position of the next token
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store T new positions' k, v (B, n_kv_heads, T, head_dim); return every stored position's."""
+        end = self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache full: {end} positions, room for {self.k.size(2)}")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, n_kv_heads, end, head_dim) each
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on (speculative decoding drops rejected draft tokens)."""
+        self.length = min(self.length, length)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+def causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor | None:
+    """(T, S) boolean mask for the last T of S positions: query i sits at position S - T + i and sees keys
+    0 .. S - T + i (causality aligned bottom-right). None for a single query, which sees every key."""
+    if T == 1:
+        return None
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)  # (T, S)
 
 
 # ── attention ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -103,6 +148,17 @@ class SparsePattern:
 
     def __init__(self, mask_mod, n_global: int, lookback: int, chunk: int) -> None:
         self.mask_mod, self.n_global, self.lookback, self.chunk = mask_mod, n_global, lookback, chunk
+
+
+def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
+                  start: int) -> torch.Tensor:
+    """Generation: T queries at positions start.. against every cached key 0..start+T-1, masked by the pattern's
+    predicate (the mask is T × (start + T): small while decoding)."""
+    T, S = q.size(2), k.size(2)
+    q_idx = torch.arange(start, start + T, device=q.device)[:, None]  # (T, 1)
+    kv_idx = torch.arange(S, device=q.device)[None, :]  # (1, S)
+    mask = pattern.mask_mod(None, None, q_idx, kv_idx)  # (T, S) bool
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
 
 
 _TILE_BIASES: dict = {}  # (pattern, T, chunk, dtype, device) → each tile's additive mask (eager calls only)
@@ -246,14 +302,25 @@ class Attention(nn.Module):
         nn.init.zeros_(self.qkv_proj.bias)
         nn.init.zeros_(self.o_proj.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
+        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions."""
+        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None
+                ) -> torch.Tensor:
+        """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
         q, k, v = qkv.split([N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM], dim=-1)
         q = q.view(B, T, N_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
         k = k.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         v = v.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        y = sparse_attention(q, k, v, GLOBAL_LOCAL, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
+        if cache is None:  # the whole sequence at once (training, evaluation)
+            y = sparse_attention(q, k, v, GLOBAL_LOCAL, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
+        else:  # generation: this step's T positions against every position cached so far
+            start = cache.length  # position of this step's first query
+            k, v = cache.append(k, v)  # (B, N_KV_HEADS, start + T, HEAD_DIM): every position so far (no rolling buffer)
+            y = sparse_decode(q, k, v, GLOBAL_LOCAL, start)  # (B, N_HEADS, T, HEAD_DIM): the pattern's mask at these positions
         y = y.transpose(1, 2).reshape(B, T, N_HEADS * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
@@ -299,10 +366,40 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.resid_drop(self.attn(self.attn_norm(x)))  # (B, T, D_MODEL)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None
+                ) -> torch.Tensor:
+        x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
+
+
+# ── sampling ────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None) -> torch.Tensor:
+    """Logits (B, V) → the distribution to sample the next token from (B, V): logits / temperature, then only the
+    top_k most likely tokens, then only the smallest set of them whose probability reaches top_p (nucleus)."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)  # (B, V)
+    if top_p is not None and top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+        # Drop a token when the tokens ranked above it already reach top_p (the most likely one always stays).
+        sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Logits (B, V) → next token (B, 1); temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(next_token_probs(logits, temperature, top_k, top_p), 1, generator=generator)
 
 
 # ── model ───────────────────────────────────────────────────────────────────────────────────────────────────
@@ -329,16 +426,24 @@ class Model(nn.Module):
             block.reset_parameters()
         self.final_norm.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None):
+        """idx (B, T) → logits (B, T, VOCAB_SIZE) (and the loss, given targets). With a `cache` (from new_cache),
+        idx continues the cached sequence: its tokens sit at positions cache[0].length onwards, and their keys and
+        values are added to the cache."""
+        return self.head(self.hidden_states(idx, cache), targets)
+
+    def hidden_states(self, idx: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        """idx (B, T) → the last block's output (B, T, D_MODEL): everything but the head."""
         B, T = idx.shape
-        if T > CONTEXT_LENGTH:
-            raise ValueError(f"sequence length {T} exceeds CONTEXT_LENGTH {CONTEXT_LENGTH}")
+        start = cache[0].length if cache else 0  # position of idx[:, 0]
+        if start + T > CONTEXT_LENGTH:
+            raise ValueError(f"sequence length {start + T} exceeds CONTEXT_LENGTH {CONTEXT_LENGTH}")
         x = self.tok_emb(idx)  # (B, T, D_MODEL)
-        x = self.positions(x)  # (B, T, D_MODEL)
+        x = self.positions(x, start)  # (B, T, D_MODEL)
         x = self.emb_drop(x)
-        for block in self.blocks:
-            x = block(x)  # (B, T, D_MODEL)
-        return self.head(x, targets)
+        for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
+            x = block(x, layer_cache)  # (B, T, D_MODEL)
+        return x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
@@ -349,3 +454,43 @@ class Model(nn.Module):
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
         loss = F.cross_entropy(logits.float().view(B * T, VOCAB_SIZE), targets.reshape(B * T), ignore_index=-100)
         return logits, loss
+
+    # ── generation ──
+
+    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None
+                  ) -> list[KVCache]:
+        """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
+        device, in its dtype unless told. Its size: sum(c.nbytes for c in cache)."""
+        weight = self.tok_emb.weight
+        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype or weight.dtype) for block in self.blocks]
+
+    @torch.no_grad()
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+        """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen.
+        One forward over the prompt fills the KV cache (prefill); then each step runs only the newest token.
+        Stops early once every row has produced eos_id (a finished row repeats it). Call model.eval() first."""
+        B, T = idx.shape
+        if T + max_new_tokens > CONTEXT_LENGTH:
+            raise ValueError(f"{T} prompt + {max_new_tokens} new tokens exceed CONTEXT_LENGTH {CONTEXT_LENGTH}")
+        cache = self.new_cache(B, T + max_new_tokens)
+        # Prefill: the whole prompt in one forward; only its last position's logits are needed (B, VOCAB_SIZE).
+        logits = self.head(self.hidden_states(idx, cache)[:, -1:])[:, -1]
+        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        for step in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
+            if eos_id is not None:
+                token = token.masked_fill(done[:, None], eos_id)
+                done |= token[:, 0] == eos_id
+            yield token
+            if step == max_new_tokens - 1 or done.all():
+                return
+            logits = self(token, cache=cache)[:, -1]  # (B, VOCAB_SIZE)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, eos_id: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
+        return torch.cat([idx, *new], dim=1)
