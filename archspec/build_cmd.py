@@ -31,9 +31,9 @@ def build_json(spec, gen, acc: Accounting) -> dict:
         "name": spec.name,
         "spec_hash": spec_hash(spec),
         "generated": str(gen.path),
+        # to_dict() includes kv_cache_bytes_per_sequence: one sequence of context_length, each layer holding what its
+        # pattern needs (a window layer at most its window), bf16
         **acc.to_dict(),
-        # one sequence of context_length, each layer's cache as its attention pattern keeps it (bf16)
-        "kv_cache_bytes_per_sequence": kv_cache_bytes(spec.model, spec.model.context_length, "bf16"),
     }
 
 
