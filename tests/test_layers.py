@@ -232,3 +232,44 @@ def test_memory_plan_counts_each_layer_with_its_own_components():
     assert memory.block_saved_per_token(uniform.model, 24, "cpu", False) == memory.block_saved_per_token(
         uniform.model, 24, "cpu", False, uniform.model.blocks()[0])
     assert memory.plan_memory(spec).total > 0
+
+
+# ── found in review ─────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_rope_needs_one_head_width_across_layers():
+    with pytest.raises(UserError) as info:
+        load_spec_dict(with_layers({"g": {"select": [1], "attention": {"n_heads": 2}}}))
+    assert any(ln.startswith("model.layers: every layer must have one head_dim under rope") for ln in info.value.problems)
+    learned = with_layers({"g": {"select": [1], "attention": {"n_heads": 2}}})
+    learned["model"]["attention"]["positional"] = {"kind": "learned"}
+    load_spec_dict(learned)  # a learned table does not care
+
+
+def test_a_groups_own_kind_rules_run_at_its_path():
+    raw = with_layers({"g": {"select": [1], "ffn": {"kind": "moe", "n_experts": 4, "top_k": 8}}})
+    with pytest.raises(UserError) as info:
+        load_spec_dict(raw)
+    assert any(ln.startswith("model.layers.g.ffn.top_k:") for ln in info.value.problems), info.value.problems
+
+
+def test_group_merges_onto_what_was_written_not_onto_derived_values():
+    a = with_layers({"g": {"select": [1], "attention": {"n_kv_heads": 4}}})
+    a["model"]["attention"].update(bias=True, out_bias=False)
+    b = with_layers({"g": {"select": [1], "attention": {"n_kv_heads": 4}}})
+    b["model"]["attention"].update(qkv_bias=True, out_bias=False)
+    sa, sb = load_spec_dict(a), load_spec_dict(b)
+    assert [blk.attention.qkv_bias for blk in sa.model.blocks()] == [True] * 4
+    assert spec_hash(sa) == spec_hash(sb)
+
+
+def test_select_refuses_booleans():
+    with pytest.raises(UserError):
+        load_spec_dict(with_layers({"g": {"select": [True], "ffn": {"hidden_dim": 8}}}))
+
+
+def test_rope_buffers_follow_the_layers_head_width(tmp_path):
+    raw = with_layers({"all": {"select": {}, "attention": {"n_heads": 2}}})
+    spec = load_spec_dict(raw)
+    model = generate(spec, out_dir=tmp_path).Model()
+    assert account(spec).buffer_elements == sum(b.numel() for b in model.buffers())

@@ -31,7 +31,7 @@ from typing import Any
 
 from typing import Annotated, Union
 
-from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
 from archspec.kinds import AttentionSpec, family, registry_version
 from archspec.kinds.base import Problem, Strict
@@ -57,7 +57,7 @@ def _selection_form(value: Any) -> str | None:
 # A list or a range, told apart by shape, so an error names the form the user wrote (the tag is dropped from paths).
 SELECTION_TAGS = ("list", "range")
 Selection = Annotated[
-    Union[Annotated[list[int], Tag("list")], Annotated[LayerRange, Tag("range")]],
+    Union[Annotated[list[StrictInt], Tag("list")], Annotated[LayerRange, Tag("range")]],
     Discriminator(_selection_form, custom_error_type="selection",
                   custom_error_message="expected a list of layer indices or {start, stop, step}"),
 ]
@@ -204,8 +204,9 @@ def _error_path(component: str, loc: tuple) -> tuple:
 # ── resolution ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-def resolve(m: Any) -> tuple[list[BlockSpec], list[Problem]]:
-    """Every layer's components, and the problems of the groups (each at its own path)."""
+def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSpec], list[Problem]]:
+    """Every layer's components, and the problems of the groups (each at its own path). `written`: what the user set
+    on each model-wide component, taken before derived defaults were filled in (a group's fields merge onto that)."""
     base = {c: getattr(m, c) for c in COMPONENTS}
     uniform = BlockSpec(**base)
     if not m.layers:
@@ -229,7 +230,7 @@ def resolve(m: Any) -> tuple[list[BlockSpec], list[Problem]]:
     by_value: dict[tuple[str, str], Any] = {(c, unit_json(base[c])): base[c] for c in COMPONENTS}  # equal → shared
     reported: set = set()
     for c in COMPONENTS:
-        base_user = user_dict(base[c])
+        base_user = written[c] if written is not None else user_dict(base[c])
         for i in range(m.n_layers):
             setters = [n for n in sorted(m.layers) if i in selected[n] and getattr(m.layers[n], c)]
             if not setters:

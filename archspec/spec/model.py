@@ -16,7 +16,8 @@ from archspec.kinds import AttentionSpec, family
 from archspec.kinds.base import Strict, bind, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
-from archspec.spec.layers import COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve
+from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
+                                  user_dict)
 from archspec.spec.train import TrainSpec
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -52,10 +53,11 @@ class ModelSpec(Strict):
     def _fill_derived_defaults(self) -> "ModelSpec":
         # Defaults that depend on other fields are written into the spec, so that writing them explicitly gives the
         # same canonical JSON (and hash). Inconsistent values are left alone for archspec.spec.rules to report.
+        written = {c: user_dict(getattr(self, c)) for c in COMPONENTS} if self.layers else None
         self.attention.fill_defaults(self.d_model)
         for unit in (self.norm, self.attention.positional, self.attention.sparsity, self.ffn):
             unit.fill_defaults(self)
-        self._blocks, self._layer_problems = resolve(self)
+        self._blocks, self._layer_problems = resolve(self, written)
         return self
 
     @model_serializer(mode="wrap")

@@ -26,10 +26,26 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     out += m.layer_problems()  # per-layer groups: selections, overlaps that disagree, merged fields
     out += attention_problems(att, m.d_model, p_att)
     if not m.layer_problems():
+        # A layer group's own components get the same rules as the model-wide ones, at the group's path.
+        checked: set[int] = set()
         for block, layers in m.block_groups():
-            if block.attention is not att:
-                group = next(n for n in sorted(m.layers) if m.layers[n].attention and _selects(m, n, layers[0]))
-                out += attention_problems(block.attention, m.d_model, ("model", "layers", group, "attention"))
+            for c, unit, wide in (("attention", block.attention, att), ("norm", block.norm, m.norm),
+                                  ("ffn", block.ffn, m.ffn), ("attention", block.attention.sparsity, att.sparsity)):
+                if unit is wide or id(unit) in checked:
+                    continue
+                checked.add(id(unit))
+                group = next((n for n in sorted(m.layers) if getattr(m.layers[n], c) and _selects(m, n, layers[0])),
+                             None)
+                if group is None:
+                    continue
+                where = ("model", "layers", group, c)
+                if unit is block.attention:
+                    out += attention_problems(unit, m.d_model, where)
+                else:
+                    out += [(where + p[len(_wide_path(c, unit)):] if p[:len(_wide_path(c, unit))] ==
+                             _wide_path(c, unit) else p, msg, v)
+                            for p, msg, v in unit.problems(m, where + (("sparsity",) if unit is block.attention.sparsity
+                                                                       else ()))]
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
         out += unit.problems(m, path)
 
@@ -91,6 +107,13 @@ def attention_problems(att, d_model: int, p_att: tuple) -> list[Problem]:
             out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // "
                         "n_heads when not given: raise n_heads or set head_dim)", att.head_dim))
     return out
+
+
+def _wide_path(component: str, unit) -> tuple:
+    """Where a kind's own rules report for the model-wide unit (they are rewritten to the group's path)."""
+    if component == "attention":
+        return ("model", "attention", "sparsity")
+    return ("model", component)
 
 
 def _selects(m, group: str, layer: int) -> bool:

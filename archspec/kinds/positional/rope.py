@@ -51,11 +51,13 @@ class RopePositional(PositionalKind):
         hd = m.attention.head_dim
         if hd is not None and hd % 2:
             out.append((("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd))
-        else:
-            odd = sorted({a.head_dim for a in m.attentions() if a.head_dim is not None and a.head_dim % 2})
-            if odd:  # a layer group's head_dim
-                out.append((("model", "layers"), f"head_dim must be even for rope (rotates pairs), got {odd[0]}",
-                            odd[0]))
+        elif m.layers and not m.layer_problems():
+            # One rotary table serves every layer: a layer group may not change the head width under rope.
+            widths = sorted({b.attention.head_dim for b in m.blocks()})
+            if len(widths) > 1:
+                out.append((("model", "layers"), f"every layer must have one head_dim under rope (one rotary table "
+                            f"serves all layers), got {widths}; keep n_heads·head_dim per layer, or set head_dim",
+                            widths))
         s = self.scaling
         if s is not None and s.kind == "llama3" and s.high_freq_factor <= s.low_freq_factor:
             out.append(((*path, "scaling", "high_freq_factor"),
@@ -86,7 +88,8 @@ class RopePositional(PositionalKind):
         return (a.n_heads + a.n_kv_heads) * a.head_dim  # the rotated q and k (new tensors; v stays a view)
 
     def buffer_elements(self, m) -> int:
-        return 2 * m.context_length * m.attention.head_dim  # cos and sin tables
+        head_dim = m.blocks()[0].attention.head_dim if not m.layer_problems() else m.attention.head_dim
+        return 2 * m.context_length * head_dim  # cos and sin tables (one head width: see problems)
 
     @classmethod
     def strategy_overrides(cls, ctx):
