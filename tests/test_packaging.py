@@ -17,13 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "archspec"
 # Files the package reads at run time by path rather than by import.
-DATA_SUFFIXES = {".j2", ".mako"}
 
 
 def _package_files() -> set[str]:
     out = set()
     for p in PACKAGE.rglob("*"):
-        if p.is_file() and "__pycache__" not in p.parts and (p.suffix == ".py" or p.suffix in DATA_SUFFIXES):
+        # every file of the package, whatever its suffix (a README beside a module is documentation users read)
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
             out.add(p.relative_to(ROOT).as_posix())
     return out
 
