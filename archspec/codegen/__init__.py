@@ -12,7 +12,6 @@ import ast
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import re
 import sys
@@ -31,6 +30,7 @@ from archspec.kinds import Const, family, lit_float, lit_int
 from archspec.kinds import attention as _attention_unit
 from archspec.memory import available_memory_bytes, check_memory, memory_estimate_bytes  # noqa: F401 (moved there)
 from archspec.spec import Spec, model_json, spec_hash
+from archspec.spec.layers import unit_json
 
 ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
 
@@ -180,9 +180,10 @@ def _merge_constants(configs: list[Config]) -> list[Const]:
 
 
 def _distinct(units: list[Any]) -> list[Any]:
+    """One of each configuration, in order of first use (equal by canonical JSON)."""
     out: dict[str, Any] = {}
     for u in units:
-        out.setdefault(json.dumps(u.model_dump(mode="json"), sort_keys=True), u)
+        out.setdefault(unit_json(u), u)
     return list(out.values())
 
 

@@ -98,13 +98,6 @@ class ModelSpec(Strict):
                 seen.setdefault(id(unit), unit)
         return list(seen.values())
 
-    def attentions(self) -> list[AttentionSpec]:
-        """The distinct attention configurations across layers (the model-wide one first)."""
-        out = {id(self.attention): self.attention}
-        for b in (self._blocks or []):
-            out.setdefault(id(b.attention), b.attention)
-        return list(out.values())
-
     def unit_paths(self) -> list[tuple[tuple[str, ...], object]]:
         return [(("model", "norm"), self.norm), (("model", "attention", "positional"), self.attention.positional),
                 (("model", "attention", "sparsity"), self.attention.sparsity), (("model", "ffn"), self.ffn)]

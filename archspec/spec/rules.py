@@ -41,11 +41,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
                 where = ("model", "layers", group, c)
                 if unit is block.attention:
                     out += attention_problems(unit, m.d_model, where)
-                else:
-                    out += [(where + p[len(_wide_path(c, unit)):] if p[:len(_wide_path(c, unit))] ==
-                             _wide_path(c, unit) else p, msg, v)
-                            for p, msg, v in unit.problems(m, where + (("sparsity",) if unit is block.attention.sparsity
-                                                                       else ()))]
+                else:  # a kind reports at the path it is given
+                    out += unit.problems(m, where + (("sparsity",) if unit is block.attention.sparsity else ()))
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
         out += unit.problems(m, path)
 
@@ -107,13 +104,6 @@ def attention_problems(att, d_model: int, p_att: tuple) -> list[Problem]:
             out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // "
                         "n_heads when not given: raise n_heads or set head_dim)", att.head_dim))
     return out
-
-
-def _wide_path(component: str, unit) -> tuple:
-    """Where a kind's own rules report for the model-wide unit (they are rewritten to the group's path)."""
-    if component == "attention":
-        return ("model", "attention", "sparsity")
-    return ("model", component)
 
 
 def _selects(m, group: str, layer: int) -> bool:
