@@ -57,8 +57,15 @@ class World:
         dist.all_reduce(tensor)  # a sum: gloo has no AVG
         return tensor / self.size
 
-    def close(self) -> None:
+    def close(self, synchronize: bool = True) -> None:
+        """Destroy the process group this process created. `synchronize` (the normal end) first waits for every rank,
+        so no rank tears its gloo pairs down while a peer still talks to it; after a failure a peer may never arrive,
+        so it is skipped. Drop the model and optimizer (whose DTensors and DDP reducer hold the group) before calling
+        this: a group destroyed at interpreter exit aborts the process (`terminate called without an active
+        exception`)."""
         if self.owns_group and dist.is_initialized():
+            if synchronize:
+                dist.barrier()
             dist.destroy_process_group()
 
 

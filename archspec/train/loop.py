@@ -10,6 +10,7 @@ Around it (`run`): metrics every step, evaluation every `eval_interval` steps, c
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -703,12 +704,17 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     if steps is not None:
         spec = with_steps(spec, steps)
     world = init_world(device)
+    trainer, finished = None, False
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
                           progress=progress, cache=cache, world=world, init_from=init_from)
         result = trainer.run()
+        finished = True
     finally:
-        world.close()
+        if world.distributed:  # the model and optimizer hold the process group: release them before destroying it
+            trainer = None
+            gc.collect()
+        world.close(synchronize=finished)
     if json_out and world.is_main:
         print(json.dumps(result.to_json(), sort_keys=True), flush=True)
     return result

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Under torchrun: "first" trains 3 steps and saves a sharded checkpoint (as a run interrupted after a checkpoint would
 # leave it), recording the losses and the full weights and AdamW moments; "resume" continues that run to the end.
 WORKER = textwrap.dedent("""
-    import json, os, sys
+    import gc, json, os, sys
     import torch
     from archspec.spec import load_spec_dict
     from archspec.train.loop import Trainer, train
@@ -42,7 +42,10 @@ WORKER = textwrap.dedent("""
         params = {k: v.full_tensor() for k, v in trainer.model.state_dict().items()}
         moments = {n: trainer.optimizer.state[p]["exp_avg"].full_tensor() for n, p in trainer.model.named_parameters()}
         kinds = sorted({type(p).__name__ for p in trainer.model.parameters()})
-        trainer.world.close()
+        world = trainer.world
+        del trainer
+        gc.collect()  # FSDP's DTensors hold the process group: release them before destroying it
+        world.close()
         if rank == 0:
             torch.save({"params": params, "moments": moments}, f"{out}/full.pt")
             json.dump({"losses": losses, "param_types": kinds}, open(f"{out}/first.json", "w"))
