@@ -3,7 +3,7 @@
 Every model is built here from a tiny config, every parameter re-drawn (norm weights around 1, biases non-zero, so
 a mapping that only works at the default init fails), saved with `save_pretrained` (safetensors), imported, and
 compared in fp32 with eager attention on both sides: parameter counts equal, logits within 1e-4 at T = context
-length (no sliding window is in play: the types that have one are refused until archspec has the kind). Then
+length, longer than every sliding window in the cases (Mistral, Ministral, Qwen2 and Qwen2-MoE layer patterns). Then
 exported back, loaded with `AutoModelForCausalLM.from_pretrained` (logits equal again) and imported once more:
 the spec and every weight come back exactly. No downloads.
 """
@@ -84,6 +84,32 @@ CASES = {
     "mistral": lambda: transformers.MistralConfig(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, sliding_window=None, **_NO_IDS),
+    # Mistral v0.1: every layer slides, a window of 7 positions (the query included) over T = 32
+    "mistral_window": lambda: transformers.MistralConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=7, **_NO_IDS),
+    # Qwen2 with sliding layers from max_window_layers on: a per-layer pattern (a layer group on our side)
+    "qwen2_mixed": lambda: transformers.Qwen2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
+        max_window_layers=1, **_NO_IDS),
+    # Ministral: layer_types as written, one window for the sliding layers
+    "ministral": lambda: transformers.MinistralConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,  # its head_dim has no default
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **_NO_IDS),
+    # Mixtral: top-2 of 4 experts, renormalised, fused gate_up_proj, with a sliding window
+    "mixtral": lambda: transformers.MixtralConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=9, router_aux_loss_coef=0.02, **_NO_IDS),
+    # Qwen2-MoE: shared expert with its sigmoid gate, raw top-k gates (norm_topk_prob false), dense layers from
+    # decoder_sparse_step and mlp_only_layers (layers 1 and 2 are MoE), q/k/v bias, layer 0 slides
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=4, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0, 3],
+        use_sliding_window=True, sliding_window=6, max_window_layers=1, **_NO_IDS),
 }
 
 
@@ -157,15 +183,31 @@ def test_old_format_rope_theta_and_rope_scaling_are_read(tmp_path, capsys):
     torch.testing.assert_close(_logits(ours, idx), _hf_logits(hf, idx), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("model", [
-    {"norm": {"kind": "layernorm"}, "attention": {"n_heads": 4, "bias": True, "positional": {"kind": "learned"}},
-     "ffn": {"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 40}},
-    {"attention": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "qk_norm": {"eps": 1e-5},
-                   "positional": {"kind": "rope", "theta": 1000.0, "scaling": {"kind": "linear", "factor": 3.0}}},
-     "norm": {"kind": "rmsnorm", "eps": 1e-5}, "ffn": {"kind": "glu", "activation": "gelu", "hidden_dim": 24},
-     "tie_embeddings": False},
-], ids=["gpt2-like", "qwen3-like"])
-def test_archspec_to_hf_to_archspec_is_lossless(model, tmp_path, capsys):
+_MOE = {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hidden_dim": 16}, "aux_loss_coef": 0.03}
+
+
+@pytest.mark.parametrize("model,model_type", [
+    ({"norm": {"kind": "layernorm"}, "attention": {"n_heads": 4, "bias": True, "positional": {"kind": "learned"}},
+      "ffn": {"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 40}}, "gpt2"),
+    ({"attention": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "qk_norm": {"eps": 1e-5},
+                    "positional": {"kind": "rope", "theta": 1000.0, "scaling": {"kind": "linear", "factor": 3.0}}},
+      "norm": {"kind": "rmsnorm", "eps": 1e-5}, "ffn": {"kind": "glu", "activation": "gelu", "hidden_dim": 24},
+      "tie_embeddings": False}, "qwen3"),
+    # per-layer: windows on layers 0 and 2 only (Ministral's layer_types)
+    ({"n_layers": 3, "attention": {"n_heads": 4, "n_kv_heads": 2},
+      "layers": {"local": {"select": {"step": 2}, "attention": {"sparsity": {"kind": "sliding_window", "window": 5}}}}},
+     "ministral"),
+    # per-layer: q/k/v bias, MoE layers with a gated shared expert, a dense layer, a window on the last layer
+    ({"n_layers": 3, "attention": {"n_heads": 4, "qkv_bias": True},
+      "ffn": {**_MOE, "n_shared_experts": 1, "shared_hidden_dim": 12, "shared_gate": True, "renormalize": False},
+      "layers": {"dense": {"select": [1], "ffn": {"kind": "glu", "hidden_dim": 40}},
+                 "window": {"select": [2], "attention": {"sparsity": {"kind": "sliding_window", "window": 4}}}}},
+     "qwen2_moe"),
+    # every layer MoE and sliding: Mixtral
+    ({"attention": {"n_heads": 4, "n_kv_heads": 1, "sparsity": {"kind": "sliding_window", "window": 6}},
+      "ffn": _MOE}, "mixtral"),
+], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like"])
+def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
     spec = load_spec_dict({"name": "mine", "model": {"vocab_size": V, "context_length": C, "d_model": 32,
@@ -175,6 +217,7 @@ def test_archspec_to_hf_to_archspec_is_lossless(model, tmp_path, capsys):
     save_weights(tmp_path / "mine.pt", canonical_dict(spec), spec_hash(spec), ours.state_dict())
     out = tmp_path / "hf"
     assert main(["export-hf", str(tmp_path / "mine.pt"), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["model_type"] == model_type
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
     assert _numel(hf) == _numel(ours)
     idx = torch.randint(0, V, (2, C), generator=torch.Generator().manual_seed(4))
@@ -182,6 +225,25 @@ def test_archspec_to_hf_to_archspec_is_lossless(model, tmp_path, capsys):
     spec2, state2, _, _ = _import(tmp_path, out, name="back", capsys=capsys)
     assert canonical_dict(spec2)["model"] == canonical_dict(spec)["model"]
     assert all(torch.equal(state2["model"][k], v) for k, v in ours.state_dict().items())
+
+
+def test_moe_load_balancing_loss_matches_hf(tmp_path, capsys):
+    """aux_loss_coef = top_k · router_aux_loss_coef: with one MoE layer the loss is HF's, term for term."""
+    config = transformers.MixtralConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=None, router_aux_loss_coef=0.02, **_NO_IDS)
+    hf = transformers.MixtralForCausalLM._from_config(config, attn_implementation="eager")
+    _randomise(hf, 11)
+    hf.save_pretrained(tmp_path / "src")
+    spec, _, ours, _ = _import(tmp_path, tmp_path / "src", capsys=capsys)
+    assert spec.model.ffn.aux_loss_coef == 0.04
+    idx = torch.randint(0, V, (3, C), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = config.router_aux_loss_coef * hf.eval()(input_ids=idx, output_router_logits=True).aux_loss
+        ours.eval()(idx)
+    assert want > 0.02  # n · Σ f_i P_i ≥ 1 per assignment: not trivially zero
+    torch.testing.assert_close(ours.auxiliary_losses()["moe_aux"], want, atol=1e-6, rtol=1e-5)
 
 
 # ── refusals: by field name, exit 2, nothing written ────────────────────────────────────────────────────────────
@@ -201,11 +263,22 @@ REFUSED = {
              "rope_type 'yarn'"),
     "softcapping": (lambda: _set(_llama_config(), final_logit_softcapping=30.0), "final_logit_softcapping"),
     "unknown_type": (lambda: _set(_llama_config(), model_type="bert"), "model_type: 'bert'"),
-    "mixtral": (lambda: _set(_llama_config(), model_type="mixtral"), "model_type: 'mixtral' needs"),
-    "mistral_window": (lambda: _set(CASES["mistral"]().to_dict(), sliding_window=8), "sliding_window: 8"),
-    "qwen2_mixed_layers": (lambda: {k: v for k, v in _set(CASES["qwen2"]().to_dict(), use_sliding_window=True,
-                                                          sliding_window=8, max_window_layers=1).items()
-                                    if k != "layer_types"}, "layer_types"),
+    "qwen3_moe": (lambda: _set(_llama_config(), model_type="qwen3_moe"), "model_type: 'qwen3_moe' needs"),
+    # MoE options archspec does not have: router jitter (Mixtral), a z-loss key no transformers type reads
+    "mixtral_jitter": (lambda: _set(CASES["mixtral"]().to_dict(), router_jitter_noise=0.1), "router_jitter_noise"),
+    "moe_unknown_option": (lambda: _set(CASES["mixtral"]().to_dict(), router_z_loss_coef=0.001),
+                           "router_z_loss_coef"),
+    "moe_sparse_step_zero": (lambda: _set(CASES["qwen2_moe"]().to_dict(), decoder_sparse_step=0),
+                             "decoder_sparse_step: 0"),
+    "moe_only_layers_out_of_range": (lambda: _set(CASES["qwen2_moe"]().to_dict(), mlp_only_layers=[0, 9]),
+                                     "mlp_only_layers: [9]"),
+    # Mistral ignores layer_types (every layer slides alike): a file that has them is not read as if it did
+    "mistral_layer_types": (lambda: _set(CASES["mistral_window"]().to_dict(),
+                                         layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+    # a sliding layer whose window transformers switches off (use_sliding_window false): no usable window
+    "qwen2_sliding_without_window": (lambda: _set(CASES["qwen2"]().to_dict(), sliding_window=8,
+                                                  layer_types=["sliding_attention", "full_attention"]),
+                                     "layer_types: 'sliding_attention' layers, but use_sliding_window is false"),
     "dropouts_differ": (lambda: _set(CASES["gpt2"]().to_dict(), attn_pdrop=0.1), "dropout rates differ"),
     "cross_attention": (lambda: _set(CASES["gpt2"]().to_dict(), add_cross_attention=True), "add_cross_attention"),
 }
@@ -240,12 +313,32 @@ def test_a_config_alone_gives_a_spec_and_refuses_to_overwrite(tmp_path, capsys):
     ({"norm": {"kind": "layernorm", "bias": False}, "attention": {"n_heads": 4, "positional": {"kind": "learned"}},
       "ffn": {"kind": "mlp"}}, "model.norm.bias"),
     ({"attention": {"n_heads": 4, "qkv_bias": False, "out_bias": True}}, "model.attention.out_bias"),
-], ids=["sinusoidal", "nope", "gpt2-without-norm-bias", "out-bias-only"])
+    ({"attention": {"n_heads": 4}, "ffn": {**_MOE, "capacity_factor": 1.25}}, "model.ffn.capacity_factor"),
+    ({"attention": {"n_heads": 4}, "ffn": {**_MOE, "z_loss_coef": 0.001}}, "model.ffn.z_loss_coef"),
+    ({"attention": {"n_heads": 4}, "ffn": {**_MOE, "expert": {"kind": "mlp", "hidden_dim": 16}}},
+     "model.ffn.expert.kind"),
+    ({"attention": {"n_heads": 4, "qkv_bias": True}, "ffn": {**_MOE, "n_shared_experts": 1}},
+     "model.ffn.shared_gate"),
+    # per layer: the refusal names the layer group (as the stored, canonical spec names it) and its layers
+    ({"attention": {"n_heads": 4}, "layers": {"eps": {"select": [1], "norm": {"eps": 1e-3}}}}, "model.layers.norm_1.norm (layer 1)"),
+    ({"attention": {"n_heads": 4}, "layers": {"heads": {"select": [1], "attention": {"n_kv_heads": 2}}}},
+     "model.layers.attention_1.attention (layer 1)"),
+    ({"attention": {"n_heads": 4}, "layers": {"wide": {"select": [0], "ffn": {"hidden_dim": 64}}}},
+     "model.layers.ffn_1.ffn (layer 1)"),
+    ({"n_layers": 3, "attention": {"n_heads": 4, "sparsity": {"kind": "sliding_window", "window": 4}},
+      "layers": {"wider": {"select": [2], "attention": {"sparsity": {"window": 8}}}}},
+     "model.layers.attention_1.attention.sparsity (layer 2): needs sliding_window = 8"),
+    ({"attention": {"n_heads": 4}, "layers": {"g": {"select": [1], "attention": {"sparsity": {"kind": "global_local",
+                                                                                         "window": 4}}}}},
+     "model.layers.attention_1.attention.sparsity.kind (layer 1)"),
+], ids=["sinusoidal", "nope", "gpt2-without-norm-bias", "out-bias-only", "moe-capacity", "moe-z-loss", "moe-mlp-experts",
+        "moe-ungated-shared-expert", "layer-norm-eps", "layer-heads", "layer-ffn-width", "layer-windows-differ",
+        "layer-global-local"])
 def test_export_refuses_what_hf_cannot_express(model, field, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
     spec = load_spec_dict({"name": "x", "model": {"vocab_size": V, "context_length": C, "d_model": 32,
-                                                  "n_layers": 1, **model}})
+                                                  "n_layers": 2, **model}})
     save_weights(tmp_path / "x.pt", canonical_dict(spec), spec_hash(spec),
                  generate(spec, write=False).Model().state_dict())
     code = main(["export-hf", str(tmp_path / "x.pt"), "-o", str(tmp_path / "out")])
@@ -301,3 +394,48 @@ def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
             ref.rms_norm_eps, ref.num_key_value_heads, getattr(ref, "head_dim", None) or 64 // 4, ref.hidden_act)
         assert m.attention.positional.theta == ref.rope_parameters["rope_theta"]
     assert m.tie_embeddings == ref.tie_word_embeddings
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "ministral"])
+def test_absent_keys_take_the_defaults_transformers_takes_moe_and_windows(model_type):
+    """The same for the MoE types and Ministral: experts, top-k, renormalisation, expert and shared widths, the
+    window, rope theta (Mixtral's default is 1e6) and which layers are MoE are what transformers builds."""
+    from archspec.hf import spec_from_config
+
+    sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 40,
+             "vocab_size": 96, "max_position_embeddings": 8192, "num_key_value_heads": 2, "head_dim": 16}
+    ref = transformers.AutoConfig.for_model(model_type, **sizes)
+    m = load_spec_dict(spec_from_config({"model_type": model_type, **sizes}, "config.json", "x")).model
+    assert m.attention.positional.theta == ref.rope_parameters["rope_theta"]
+    assert (m.norm.eps, m.tie_embeddings) == (ref.rms_norm_eps, ref.tie_word_embeddings)
+    window = ref.sliding_window if model_type != "qwen2_moe" else None  # qwen2_moe: use_sliding_window false
+    sparsity = m.attention.sparsity
+    assert (sparsity.kind, getattr(sparsity, "window", None)) == (("sliding_window", window) if window else ("dense", None))
+    if model_type == "ministral":
+        return
+    experts = ref.num_local_experts if model_type == "mixtral" else ref.num_experts
+    hidden = ref.intermediate_size if model_type == "mixtral" else ref.moe_intermediate_size
+    f = m.ffn
+    assert (f.kind, f.n_experts, f.top_k, f.expert.hidden_dim, f.expert.activation) == (
+        "moe", experts, ref.num_experts_per_tok, hidden, ref.hidden_act)
+    assert f.renormalize == (model_type == "mixtral" or ref.norm_topk_prob)
+    assert f.aux_loss_coef == pytest.approx(ref.router_aux_loss_coef * ref.num_experts_per_tok)
+    if model_type == "qwen2_moe":
+        assert (f.n_shared_experts, f.shared_hidden_dim, f.shared_gate) == (1, ref.shared_expert_intermediate_size, True)
+        assert m.attention.qkv_bias == ref.qkv_bias and not m.attention.out_bias
+
+
+@pytest.mark.parametrize("case", ["qwen2_mixed", "qwen2_moe"])
+def test_older_files_without_layer_types_slide_the_layers_transformers_slides(case):
+    """Files from before `layer_types`: use_sliding_window + max_window_layers, by each type's own rule (Qwen2: layers
+    from max_window_layers on; Qwen2-MoE: even layers below it)."""
+    from archspec.hf import spec_from_config
+
+    for first in range(4):
+        data = {k: v for k, v in CASES[case]().to_dict().items() if k != "layer_types"}
+        data["max_window_layers"] = first
+        want = type(CASES[case]())(**{k: v for k, v in data.items() if k not in ("model_type", "transformers_version")})
+        m = load_spec_dict(spec_from_config(data, "config.json", "x")).model
+        got = ["sliding_attention" if b.attention.sparsity.kind == "sliding_window" else "full_attention"
+               for b in m.blocks()]
+        assert got == want.layer_types, (first, got, want.layer_types)

@@ -21,7 +21,8 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
     """Spec (and weights) from a transformers config.json or model directory.
 
     Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
-    Model types: gpt2, llama (rope llama3/linear scaling), mistral (no sliding window), qwen2, qwen3."""
+    Model types: gpt2, llama (rope llama3/linear scaling), mistral (sliding window), ministral, qwen2, qwen3,
+    mixtral, qwen2_moe (per-layer patterns and dense layers as layer groups)."""
     from archspec.hf import import_hf
 
     out = import_hf(path, spec_out, checkpoint_out, name)
@@ -41,7 +42,8 @@ def export_hf_cmd(source: str, out_dir: str, registry_url: str | None, json_out:
     """A transformers model directory (config.json, model.safetensors, tokenizer) from a run or a checkpoint.
 
     `AutoModelForCausalLM.from_pretrained(DIR)` loads it and computes the same logits. What no transformers model
-    type expresses (sinusoidal or no positions, sparse patterns, per-layer variation, ...) is refused by name."""
+    type expresses (sinusoidal or no positions, global_local/block_sparse, capacity-limited MoE, a per-layer mix no
+    type has, ...) is refused by name."""
     from archspec.hf import export_hf
 
     out = export_hf(source, out_dir, registry_url)

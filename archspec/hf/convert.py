@@ -8,7 +8,9 @@ dropout, embeddings, final norm, LM head and the layer prefixes. Nothing here na
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from collections import Counter
 from typing import Any
 
 import torch
@@ -27,6 +29,8 @@ _INERT_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq)$")
 # The families a block is made of, in the order their `to_hf` run (the attention's q/k norm reads the norm's eps).
 _FAMILIES = (("norm", ("model", "norm")), ("positional", ("model", "attention", "positional")),
              ("sparsity", ("model", "attention", "sparsity")), ("ffn", ("model", "ffn")))
+# The block component (archspec.spec.layers.COMPONENTS) that holds each family; positional is model-wide.
+_COMPONENT = {"norm": "norm", "positional": "attention", "sparsity": "attention", "ffn": "ffn"}
 
 
 def hf_type(model_type: Any, source: str) -> HFType:
@@ -61,10 +65,14 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     cfg = HFConfig(data, hf, source)
     for check in hf.check:
         check(cfg)
-    units: dict[str, dict[str, Any]] = {}
+    per_layer: dict[str, list[dict[str, Any]]] = {}
+    n_layers = cfg.take("n_layers", int)
     for fam, _ in _FAMILIES:
-        block = hf.pick[fam](cfg) if fam in hf.pick else hf.blocks[fam]
-        units[fam] = _unit_class(fam, block, cfg).from_hf(cfg)
+        words = hf.pick[fam](cfg) if fam in hf.pick else hf.blocks[fam]
+        words = [words] * n_layers if isinstance(words, str) else list(words)
+        by_word = {w: _unit_class(fam, w, cfg).from_hf(cfg) for w in dict.fromkeys(words)}
+        per_layer[fam] = [by_word[w] for w in words]
+    units, groups = _model_wide_and_groups(per_layer)
     attention = AttentionSpec.from_hf(cfg)
     attention.update(positional=units["positional"], sparsity=units["sparsity"])
     model = {
@@ -73,6 +81,8 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         "norm": units["norm"], "attention": attention, "ffn": units["ffn"],
         "tie_embeddings": cfg.take("tie", bool), "dropout": _dropout(cfg),
     }
+    if groups:
+        model["layers"] = groups
     unread = sorted(set(data) - cfg.taken - COMMON_INERT - hf.inert)
     if unread:
         raise HFUnsupported(
@@ -80,6 +90,25 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
             "with them may compute something else, so nothing was imported",
             [f"{k}: {printable(repr(data[k]), 80)}" for k in unread])
     return {"name": name, "model": model}
+
+
+def _model_wide_and_groups(per_layer: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each family's unit most layers use is model-wide (ties: the earliest); the layers of each other unit are a
+    layer group (archspec.spec.layers) setting it."""
+    wide: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    for fam, units in per_layer.items():
+        keys = [json.dumps(u, sort_keys=True) for u in units]
+        counts = Counter(keys)
+        base = next(k for k in keys if counts[k] == max(counts.values()))
+        wide[fam] = units[keys.index(base)]
+        component = _COMPONENT[fam]
+        for n, key in enumerate((k for k in dict.fromkeys(keys) if k != base), 1):
+            unit = units[keys.index(key)]
+            groups[f"{component}_{n}" if component == fam else f"{component}_{fam}_{n}"] = {
+                "select": [i for i, k in enumerate(keys) if k == key],
+                component: {fam: unit} if component != fam else unit}
+    return wide, groups
 
 
 def _dropout(cfg: HFConfig) -> float:
@@ -96,14 +125,19 @@ def _dropout(cfg: HFConfig) -> float:
 
 def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
     """The first transformers type (EXPORT_ORDER) that expresses `spec`, and its config dict. Refuses by field name
-    what no type expresses."""
+    (the layer group's, for a per-layer setting) what no type expresses."""
     m = spec.model
-    if getattr(m, "layers", None):
-        raise HFUnsupported("model.layers: per-layer variation: no transformers model type archspec writes has it")
+    base = _attention_fields(m.attention)
+    for i, block in enumerate(m.blocks()):
+        if _attention_fields(block.attention) != base:
+            raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: attention settings that differ "
+                                "by layer (heads, widths, biases, q/k norm): every transformers model type archspec "
+                                "writes has one for every layer")
     for fam, path in _FAMILIES:
-        unit = _unit_at(m, path)
-        if unit.hf_block is None:
-            raise HFUnsupported(f"{'.'.join(path)}.kind: {unit.kind!r} has no transformers equivalent")
+        for i, unit in enumerate(_layer_units(m, fam)):
+            if unit.hf_block is None:
+                raise HFUnsupported(f"{_named(m, path, i, '.kind')}: {unit.kind!r} has no transformers "
+                                    "equivalent")
     reasons = []
     for hf in EXPORT_ORDER:
         try:
@@ -113,6 +147,11 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
     raise HFUnsupported("no transformers model type expresses this spec", reasons)
 
 
+def _attention_fields(attention: AttentionSpec) -> dict[str, Any]:
+    """An attention's settings other than its pattern and positions (which their own families map)."""
+    return attention.model_dump(mode="json", exclude={"sparsity", "positional"})
+
+
 def _unit_at(m: ModelSpec, path: tuple[str, ...]):
     node: Any = m
     for key in path[1:]:
@@ -120,13 +159,65 @@ def _unit_at(m: ModelSpec, path: tuple[str, ...]):
     return node
 
 
+def _layer_units(m: ModelSpec, fam: str) -> list:
+    """Family `fam`'s unit in each layer (positions are model-wide)."""
+    path = dict(_FAMILIES)[fam]
+    return [_unit_at(block, ("model", *path[1:])) if fam != "positional" else m.attention.positional
+            for block in m.blocks()]
+
+
+def _where(m: ModelSpec, path: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """The spec path that sets the unit at `path` (("model", "attention", "sparsity"), ...) for layer `i`: the
+    model-wide field, or the layer group that overrides it there."""
+    from archspec.spec.layers import layer_indices, unit_json
+
+    if unit_json(_unit_at(m.blocks()[i], ("model", *path[1:]))) == unit_json(_unit_at(m, path)):
+        return path
+    for name in sorted(m.layers):
+        group = m.layers[name]
+        if getattr(group, path[1]) and i in layer_indices(group.select, m.n_layers, ())[0]:
+            return ("model", "layers", name, *path[1:])
+    return path
+
+
+def _named(m: ModelSpec, path: tuple[str, ...], i: int, field: str = "") -> str:
+    """`_where` as text, with the group's layers (group names in a stored spec are canonical: attention_1, ...)."""
+    from archspec.spec.layers import layer_indices
+
+    where = _where(m, path, i)
+    text = ".".join(where) + field
+    if where[1] == "layers":
+        layers = layer_indices(m.layers[where[2]].select, m.n_layers, ())[0]
+        text += f" (layer{'s' * (len(layers) > 1)} {', '.join(map(str, layers))})"
+    return text
+
+
+class _Recording(dict):
+    """A config being written that remembers which keys a unit set."""
+
+    def __init__(self, base: dict[str, Any]):
+        super().__init__(base)
+        self.written: dict[str, Any] = {}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.written[key] = value
+
+
 def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
     m = spec.model
     for fam, path in _FAMILIES:
-        block, want = _unit_at(m, path).hf_block, hf.blocks[fam]
-        if block not in (want if isinstance(want, tuple) else (want,)):
-            raise HFUnsupported(f"{'.'.join(path)}: {_unit_at(m, path).kind!r} is HF's {block!r}; "
-                                f"{hf.model_type} has {want!r}")
+        units = _layer_units(m, fam)
+        want = hf.blocks[fam] if isinstance(hf.blocks[fam], tuple) else (hf.blocks[fam],)
+        for i, unit in enumerate(units):
+            if unit.hf_block not in want:
+                raise HFUnsupported(f"{_named(m, path, i)}: {unit.kind!r} is HF's {unit.hf_block!r}; "
+                                    f"{hf.model_type} has {hf.blocks[fam]!r}")
+        words = [u.hf_block for u in units]
+        if len(set(words)) > 1 and fam not in hf.place:
+            i = next(i for i, w in enumerate(words) if w != _unit_at(m, path).hf_block)
+            raise HFUnsupported(f"{_named(m, path, i)}: {words[i]!r} in some layers, {words[0 if i else -1]!r}"
+                                f" in others: {hf.model_type} has one {fam} for every layer")
     k = hf.keys
     out: dict[str, Any] = {"model_type": hf.model_type, "architectures": [hf.architecture], **hf.fixed,
                            k["vocab_size"]: m.vocab_size, k["context_length"]: m.context_length,
@@ -137,16 +228,40 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
     if m.dropout and not hf.dropout_keys:
         raise HFUnsupported(f"model.dropout: {m.dropout}: {hf.model_type} has no dropout")
     for fam, path in _FAMILIES:
-        _unit_at(m, path).to_hf(m, out, hf, path)
+        units = _layer_units(m, fam)
+        if fam in hf.place:
+            hf.place[fam](out, [u.hf_block for u in units])
+        # Each distinct unit writes its fields; two layers' units that need one key to hold two values are refused.
+        written: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        for i in _first_layers(units):
+            where = _where(m, path, i)
+            config = _Recording(out)
+            units[i].to_hf(m, config, hf, where)
+            for key, value in config.written.items():
+                if key in written and written[key][0] != value:
+                    raise HFUnsupported(f"{_named(m, path, i)}: needs {key} = {value!r}, but "
+                                        f"{'.'.join(written[key][1])} needs {written[key][0]!r}: {hf.model_type} has "
+                                        f"one {key} for every layer")
+                written.setdefault(key, (value, where))
+        out.update({key: value for key, (value, _) in written.items()})
     m.attention.to_hf(m, out, hf)
     return out
+
+
+def _first_layers(units: list) -> list[int]:
+    """The first layer of each distinct unit (equal layers share one unit object)."""
+    seen: dict[int, int] = {}
+    for i, unit in enumerate(units):
+        seen.setdefault(id(unit), i)
+    return list(seen.values())
 
 
 # ── weights ──────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
 def _prefixed(weights: list[HFWeight], ours: str, hf: str) -> list[HFWeight]:
-    return [dataclasses.replace(w, ours=ours + w.ours, hf=tuple(hf + n for n in w.hf)) for w in weights]
+    return [dataclasses.replace(w, ours=tuple(ours + n for n in w.our_names) if not isinstance(w.ours, str)
+                                else ours + w.ours, hf=tuple(hf + n for n in w.hf)) for w in weights]
 
 
 def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
@@ -155,10 +270,10 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
     base = f"{n['base']}."
     out = [HFWeight("tok_emb.weight", (f"{base}{n['embed']}.weight",))]
     out += _prefixed(m.attention.positional.hf_weights(m, hf), "", base)
-    for i in range(m.n_layers):
+    for i, block in enumerate(m.blocks()):
         ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."
-        for our_name, role, unit in (("attn_norm", "attn_norm", m.norm), ("attn", "attn", m.attention),
-                                     ("ffn_norm", "ffn_norm", m.norm), ("ffn", "ffn", m.ffn)):
+        for our_name, role, unit in (("attn_norm", "attn_norm", block.norm), ("attn", "attn", block.attention),
+                                     ("ffn_norm", "ffn_norm", block.norm), ("ffn", "ffn", block.ffn)):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
     out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")
     if not m.tie_embeddings:
@@ -170,7 +285,7 @@ def state_to_hf(m: ModelSpec, hf: HFType, state: dict[str, torch.Tensor]) -> dic
     """Our state_dict → HF's names and layouts (a tied LM head is HF's embeddings: stored once)."""
     out: dict[str, torch.Tensor] = {}
     for w in weight_map(m, hf):
-        out.update(w.to_hf(state[w.ours]))
+        out.update(w.to_hf([state[name] for name in w.our_names]))
     return out
 
 
@@ -183,13 +298,14 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
     used: set[str] = set()
     theirs: dict[str, str] = {}
     for w in weight_map(m, hf):
-        theirs[w.ours] = " + ".join(w.hf)
+        for ours in w.our_names:
+            theirs[ours] = " + ".join(w.hf)
         if any(name not in tensors for name in w.hf):
             missing += [name for name in w.hf if name not in tensors]
             continue
         used.update(w.hf)
         try:
-            out[w.ours] = w.to_ours([tensors[name] for name in w.hf]).to(torch.float32)
+            out.update({k: v.to(torch.float32) for k, v in w.to_ours([tensors[name] for name in w.hf]).items()})
         except RuntimeError as e:  # parts that cannot be stacked (shapes from a different config)
             raise HFUnsupported(f"{source}: {', '.join(w.hf)}: {str(e).splitlines()[0][:200]}") from None
     if missing:

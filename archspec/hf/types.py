@@ -2,8 +2,10 @@
 words; each kind unit says which one it is), its config keys, its defaults (what transformers assumes when a key is
 absent), its module names, and the keys that do not change what the model computes.
 
-A type whose building block no registered kind provides (sliding-window attention, a mixture of experts) is
-refused by name when a config needs it; it works as soon as a kind with that `hf_block` is registered.
+A type whose building block no registered kind provides is refused by name when a config needs it; it works as soon
+as a kind with that `hf_block` is registered. Where a type lets the block differ by layer (`layer_types`,
+Qwen2-MoE's dense layers), its `pick` reads the per-layer words (transformers' own rule, reproduced exactly) and its
+`place` writes them back; the assembly turns a per-layer mix into layer groups.
 """
 
 from __future__ import annotations
@@ -50,35 +52,114 @@ def _gpt2_checks(cfg: HFConfig) -> None:
         raise cfg.refuse("n_ctx", f"{n_ctx} differs from n_positions; archspec has one context length")
 
 
-def _one_pattern(cfg: HFConfig) -> str:
-    """Qwen2/Qwen3: `layer_types` (5.x) or use_sliding_window + max_window_layers (older) say which layers slide."""
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' words in `layer_types`
+
+
+def _layer_types(cfg: HFConfig, derived, window_off) -> list[str]:
+    """Which layers slide, as transformers decides: `layer_types` (5.x) when the config has it, else derived from
+    use_sliding_window and max_window_layers (`derived(i, max_window_layers)`). transformers ignores sliding_window
+    unless use_sliding_window is set (it then uses `window_off`: None, or Qwen2-MoE's 0), so a sliding layer without
+    it would have no window: refused."""
     n_layers = cfg.take("n_layers", int)
     layer_types = cfg.take("layer_types", list, default=None)
-    sliding = cfg.take("use_sliding_window", bool, default=False)
-    window = cfg.take("sliding_window", int, default=None)
-    first = cfg.take("max_window_layers", int, default=n_layers)
+    use = cfg.take("use_sliding_window", bool, default=False)
+    written = cfg.take("sliding_window", int, default=None)
+    window = written if use else window_off
+    first = cfg.take("max_window_layers", int)
     if layer_types is None:
-        layer_types = ["sliding_attention" if sliding and window and i >= first else "full_attention"
-                       for i in range(n_layers)]
+        layer_types = [SLIDING if use and window is not None and derived(i, first) else FULL for i in range(n_layers)]
     if len(layer_types) != n_layers:
         raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    kinds = set(layer_types)
-    if len(kinds) > 1:
-        raise cfg.refuse("layer_types", f"a per-layer mix of {sorted(kinds)}: no archspec spec expresses it yet")
-    return kinds.pop()
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    if SLIDING in layer_types and not window:
+        raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but use_sliding_window is {str(use).lower()} and "
+                         f"sliding_window {window!r}: transformers would give them no usable window")
+    return layer_types
+
+
+def _qwen2_pattern(cfg: HFConfig) -> list[str]:
+    """Qwen2/Qwen3: layers from max_window_layers on slide (when derived)."""
+    return _layer_types(cfg, lambda i, first: i >= first, None)
+
+
+def _qwen2_moe_pattern(cfg: HFConfig) -> list[str]:
+    """Qwen2-MoE: even-numbered layers below max_window_layers slide (when derived)."""
+    return _layer_types(cfg, lambda i, first: (i + 1) % 2 == 1 and i < first, 0)
+
+
+def _ministral_pattern(cfg: HFConfig) -> list[str]:
+    """Ministral: `layer_types`, else every layer slides when sliding_window is set."""
+    n_layers = cfg.take("n_layers", int)
+    window = cfg.take("sliding_window", int, default=None)
+    layer_types = cfg.take("layer_types", list, default=None)
+    if layer_types is None:
+        layer_types = [SLIDING if window is not None else FULL] * n_layers
+    if len(layer_types) != n_layers:
+        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    if SLIDING in layer_types and not window:
+        raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but sliding_window is {window!r}: transformers "
+                         "would give them no usable window")
+    return layer_types
+
+
+def _place_layer_types(out: dict, words: list[str]) -> None:
+    """Export: the per-layer pattern as `layer_types` (transformers 5.x reads it as written)."""
+    out["layer_types"] = list(words)
+    out["use_sliding_window"] = SLIDING in words
+
+
+def _place_ministral_layer_types(out: dict, words: list[str]) -> None:
+    out["layer_types"] = list(words)
 
 
 def _mistral_pattern(cfg: HFConfig) -> str:
-    """A window at least as long as the context hides no key: full attention, the same function."""
+    """One pattern for every layer (Mistral and Mixtral have no layer_types). A window at least as long as the
+    context hides no key: full attention, the same function."""
     window = cfg.take("sliding_window", int, default=None)
-    return "sliding_attention" if window and window < cfg.take("context_length", int) else "full_attention"
+    return SLIDING if window and window < cfg.take("context_length", int) else FULL
 
 
-_one_pattern.fields = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
+def _qwen2_moe_ffn(cfg: HFConfig) -> list[str]:
+    """Qwen2-MoE: a layer is a sparse MoE block unless listed in mlp_only_layers, when num_experts > 0 and
+    (i + 1) % decoder_sparse_step == 0; else a dense gated MLP of intermediate_size. Keys a kind of layer that the
+    model does not have would read are marked read: they change nothing."""
+    n_layers = cfg.take("n_layers", int)
+    n_experts = cfg.take("n_experts", int)
+    step = cfg.take("decoder_sparse_step", int)
+    if step < 1:
+        raise cfg.refuse("decoder_sparse_step", f"{step}: must be at least 1")
+    only = cfg.take("mlp_only_layers", list, default=[])
+    bad = [i for i in only if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
+    if bad:
+        raise cfg.refuse("mlp_only_layers", f"{bad!r}: expected layer indices in 0..{n_layers - 1}")
+    words = ["sparse_moe" if i not in only and n_experts > 0 and (i + 1) % step == 0 else "gated_mlp"
+             for i in range(n_layers)]
+    if "gated_mlp" not in words:
+        cfg.mark(cfg.key("ffn_hidden"))
+    if "sparse_moe" not in words:
+        cfg.mark(*(cfg.key(role) for role in ("top_k", "expert_hidden", "shared_hidden", "aux_loss_coef")),
+                 cfg.hf.facts["renormalize"])
+    return words
+
+
+def _place_qwen2_moe_ffn(out: dict, words: list[str]) -> None:
+    out["decoder_sparse_step"] = 1
+    out["mlp_only_layers"] = [i for i, w in enumerate(words) if w != "sparse_moe"]
+
+
+_qwen2_pattern.fields = _qwen2_moe_pattern.fields = ("layer_types", "use_sliding_window", "sliding_window",
+                                                     "max_window_layers")
 _mistral_pattern.fields = ("sliding_window",)
+_ministral_pattern.fields = ("layer_types", "sliding_window")
+_qwen2_moe_ffn.fields = ("num_experts", "mlp_only_layers", "decoder_sparse_step")
 
 
-_ONE_PATTERN = ("full_attention", "sliding_attention")  # one pattern for every layer, the config says which
+_PATTERNS = (FULL, SLIDING)  # the config says which, per layer or for every layer
 
 _LLAMA_KEYS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
                "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
@@ -126,31 +207,33 @@ LLAMA = HFType(
 
 QWEN2 = HFType(
     model_type="qwen2", architecture="Qwen2ForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "sparsity": _ONE_PATTERN}, pick={"sparsity": _one_pattern}, keys=_LLAMA_KEYS,
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_LLAMA_KEYS,
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-              "max_position_embeddings": 32768},
+              "max_position_embeddings": 32768, "max_window_layers": 28},
     names=_LLAMA_NAMES,
     facts={"qkv_bias": True, "out_bias": False},  # bias on q, k, v only
     dropout_keys=("attention_dropout",),
     fixed={"use_sliding_window": False, "sliding_window": None},
+    place={"sparsity": _place_layer_types},
     check=(_common_checks,),
 )
 
 QWEN3 = HFType(
     model_type="qwen3", architecture="Qwen3ForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "sparsity": _ONE_PATTERN}, pick={"sparsity": _one_pattern}, keys=_LLAMA_KEYS,
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_LLAMA_KEYS,
     defaults={**QWEN2.defaults, "head_dim": 128},
     names=_LLAMA_NAMES,
     facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "qk_norm": True},
     dropout_keys=("attention_dropout",),
     fixed={"use_sliding_window": False, "sliding_window": None},
+    place={"sparsity": _place_layer_types},
     check=(_common_checks,),
 )
 
 MISTRAL = HFType(
     model_type="mistral", architecture="MistralForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "sparsity": _ONE_PATTERN}, pick={"sparsity": _mistral_pattern}, keys=_LLAMA_KEYS,
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _mistral_pattern}, keys=_LLAMA_KEYS,
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
               "max_position_embeddings": 4096 * 32, "sliding_window": 4096},
@@ -160,16 +243,65 @@ MISTRAL = HFType(
     check=(_common_checks,),
 )
 
-TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL)}
+MINISTRAL = HFType(  # Mistral's layers with a per-layer pattern (`layer_types`) and one window for the sliding ones
+    model_type="ministral", architecture="MinistralForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _ministral_pattern}, keys=_LLAMA_KEYS,
+    defaults=MISTRAL.defaults, names=_LLAMA_NAMES,
+    dropout_keys=("attention_dropout",),
+    fixed={"sliding_window": None},
+    place={"sparsity": _place_ministral_layer_types},
+    check=(_common_checks,),
+)
+
+_MOE_KEYS = {**_LLAMA_KEYS, "top_k": "num_experts_per_tok", "aux_loss_coef": "router_aux_loss_coef"}
+_MOE_NAMES = {**_LLAMA_NAMES, "router": "gate"}
+
+MIXTRAL = HFType(
+    model_type="mixtral", architecture="MixtralForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS, "ffn": "sparse_moe"}, pick={"sparsity": _mistral_pattern},
+    keys={**_MOE_KEYS, "n_experts": "num_local_experts", "expert_hidden": "intermediate_size"},
+    defaults={**_LLAMA_DEFAULTS, "rope_theta": 1e6, "rms_norm_eps": 1e-5, "vocab_size": 32000, "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32, "sliding_window": None,
+              "num_experts_per_tok": 2, "num_local_experts": 8, "router_aux_loss_coef": 0.001},
+    names={**_MOE_NAMES, "ffn": "block_sparse_moe", "expert_gate": "w1", "expert_up": "w3", "expert_down": "w2"},
+    facts={"renormalize": True},  # top-k gates renormalised; no shared expert, no biases
+    dropout_keys=("attention_dropout",),
+    fixed={"sliding_window": None, "router_jitter_noise": 0.0},
+    check=(_common_checks, _must_be("router_jitter_noise", 0.0, "archspec's router has no jitter noise")),
+)
+
+QWEN2_MOE = HFType(
+    model_type="qwen2_moe", architecture="Qwen2MoeForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS, "ffn": ("sparse_moe", "gated_mlp")},
+    pick={"sparsity": _qwen2_moe_pattern, "ffn": _qwen2_moe_ffn},
+    keys={**_MOE_KEYS, "n_experts": "num_experts", "expert_hidden": "moe_intermediate_size",
+          "shared_hidden": "shared_expert_intermediate_size"},
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "max_position_embeddings": 32768, "max_window_layers": 28, "decoder_sparse_step": 1,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4,
+              "num_experts": 60, "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "qkv_bias": True},
+    names=_MOE_NAMES,
+    # q/k/v bias by its own key, never an output bias; one shared expert, always on, gated by sigmoid(x · w)
+    facts={"qkv_bias": "qkv_bias", "out_bias": False, "renormalize": "norm_topk_prob", "shared_expert": True,
+           "shared_gate": True},
+    dropout_keys=("attention_dropout",),
+    fixed={"use_sliding_window": False, "sliding_window": None},
+    place={"sparsity": _place_layer_types, "ffn": _place_qwen2_moe_ffn},
+    check=(_common_checks,),
+)
+
+TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
+                                                              QWEN2_MOE)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
-# can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL)
+# can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
+# ministral (a pattern per layer); mixtral before qwen2_moe).
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING = {
-    "mixtral": "a mixture-of-experts FFN kind with HF interop (sparse MoE blocks)",
-    "qwen2_moe": "a mixture-of-experts FFN kind with a shared expert, and per-layer FFN kinds "
-                 "(decoder_sparse_step, mlp_only_layers)",
-    "qwen3_moe": "a mixture-of-experts FFN kind and per-layer FFN kinds (decoder_sparse_step, mlp_only_layers)",
+    "qwen3_moe": "its MoE HF mapping (experts without a shared expert, q/k norm; decoder_sparse_step, "
+                 "mlp_only_layers), which is not written yet",
 }

@@ -28,7 +28,10 @@ class HFType:
 
     blocks: family → the HF building block this type uses ("norm": "rms_norm", "positional": "rotary", ...), or
         the words it can use where its config decides which, `pick` naming the callable (HFConfig) → word that
-        decides (Mistral's sliding_window).
+        decides (Mistral's sliding_window): one word for every layer, or a list, one per layer (Qwen2's layer_types,
+        Qwen2-MoE's mlp_only_layers).
+    place: family → the callable (config out, one word per layer) that writes a per-layer mix of that family's
+        blocks into a config on export (layer_types, mlp_only_layers). A family without one: every layer alike.
     keys: role → config key ("d_model": "hidden_size", "norm_eps": "rms_norm_eps", ...).
     defaults: the value transformers uses when a key is absent from config.json (None: required).
     names: role → module name inside HF's model ("q": "q_proj", "attn_norm": "input_layernorm", ...).
@@ -53,7 +56,8 @@ class HFType:
     check: tuple[Callable[["HFConfig"], None], ...] = ()
     dropout_keys: tuple[str, ...] = ()
     fixed: dict[str, Any] = field(default_factory=dict)
-    pick: dict[str, Callable[["HFConfig"], str]] = field(default_factory=dict)
+    pick: dict[str, Callable[["HFConfig"], str | list[str]]] = field(default_factory=dict)
+    place: dict[str, Callable[[dict[str, Any], list[str]], None]] = field(default_factory=dict)
 
 
 class HFConfig:
@@ -119,24 +123,52 @@ def put_fact(out: dict[str, Any], hf: HFType, name: str, value: bool, path: tupl
 
 @dataclass(frozen=True)
 class HFWeight:
-    """One of our parameters and its HF counterpart(s), each named inside its own module (the assembly adds the
-    layer prefixes). Several HF names: ours is their concatenation along dim 0, in that order (a fused qkv).
-    `transpose`: HF stores it (in, out) (GPT-2's Conv1D)."""
+    """Our parameter(s) and their HF counterpart(s), each named inside its own module (the assembly adds the layer
+    prefixes). One side may hold several tensors that are the other side's one, concatenated along `dim` in order:
+    several HF names, ours their concatenation (q_proj, k_proj, v_proj → our fused qkv_proj); several of ours
+    (`ours` a tuple), HF's their concatenation (our experts' gate_proj and up_proj → HF's fused gate_up_proj).
+    `sizes`: each part's length along `dim`. `stack`: the HF tensors are ours' slices along a new dimension `dim`
+    instead (one matrix per expert in HF's files, ours stacked (n_experts, out, in)). `transpose`: HF stores it
+    (in, out) (GPT-2's Conv1D)."""
 
-    ours: str
+    ours: str | tuple[str, ...]
     hf: tuple[str, ...]
-    sizes: tuple[int, ...] | None = None  # rows of each HF part when several
+    sizes: tuple[int, ...] | None = None
     transpose: bool = False
+    dim: int = 0
+    stack: bool = False
 
-    def to_hf(self, tensor: Any) -> dict[str, Any]:
-        parts = tensor.split(list(self.sizes), dim=0) if len(self.hf) > 1 else (tensor,)
+    @property
+    def our_names(self) -> tuple[str, ...]:
+        return (self.ours,) if isinstance(self.ours, str) else tuple(self.ours)
+
+    def to_hf(self, tensors: list[Any]) -> dict[str, Any]:
+        """Ours (in `our_names` order) → {HF name: tensor}."""
+        import torch
+
+        whole = torch.cat(list(tensors), dim=self.dim) if len(tensors) > 1 else tensors[0]
+        if self.stack:
+            parts = whole.unbind(self.dim)
+        else:
+            parts = whole.split(list(self.sizes), dim=self.dim) if len(self.hf) > 1 else (whole,)
         return {name: (p.t() if self.transpose else p).contiguous() for name, p in zip(self.hf, parts)}
 
-    def to_ours(self, tensors: list[Any]) -> Any:
+    def to_ours(self, tensors: list[Any]) -> dict[str, Any]:
+        """HF's (in `hf` order) → {our name: tensor}."""
         import torch
 
         parts = [t.t() if self.transpose else t for t in tensors]
-        return (torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]).contiguous()
+        if self.stack:
+            whole = torch.stack(parts, dim=self.dim)
+        else:
+            whole = torch.cat(parts, dim=self.dim) if len(parts) > 1 else parts[0]
+        names = self.our_names
+        if len(names) > 1:
+            if whole.ndim <= self.dim or whole.shape[self.dim] != sum(self.sizes):
+                raise RuntimeError(f"expected {sum(self.sizes)} along dim {self.dim} to split into {', '.join(names)},"
+                                   f" got shape {tuple(whole.shape)}")
+            return {n: p.contiguous() for n, p in zip(names, whole.split(list(self.sizes), dim=self.dim))}
+        return {names[0]: whole.contiguous()}
 
 
 def linear(ours: str, hf: str, bias: bool, conv1d: bool) -> list[HFWeight]:

@@ -37,9 +37,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, Problem, kind_union, lit_bool, lit_float, lit_int, register
+from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
 from archspec.kinds.ffn.glu import GLUSpec
 from archspec.kinds.ffn.mlp import MLPSpec
+from archspec.kinds.hf import HFUnsupported, HFWeight, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 MAX_EXPERTS = 1024
@@ -173,6 +175,77 @@ class MoESpec(FFNKind):
             "drop_policy": self.drop_policy,
         }
 
+    # ── HF transformers interop (archspec.kinds.hf) ──────────────────────────────────────────────────────────────
+    # Mixtral's and Qwen2-MoE's sparse MoE blocks: router `gate` (softmax in fp32, top-k, gates renormalised or
+    # not), routed experts that are gated MLPs without biases; Qwen2-MoE adds one shared expert (a gated MLP) scaled
+    # by sigmoid(shared_expert_gate(x)). Both dropless, no z-loss. In memory transformers 5.x fuses the experts
+    # (gate_up_proj (E, 2·hidden, D)); its files keep one matrix per expert and projection (what save_pretrained
+    # writes and the hub holds: Mixtral's experts.<e>.w1 (gate), w3 (up), w2 (down); Qwen2-MoE's
+    # experts.<e>.gate_proj, up_proj, down_proj), which is what is read and written here.
+    # Load balancing: transformers' loss counts each token's top_k assignments (Σ_i f_i = top_k) where ours counts
+    # fractions of assignments (Σ_i f_i = 1), so α here = top_k · router_aux_loss_coef: per layer, the same loss.
+    hf_block = "sparse_moe"
+
+    @classmethod
+    def from_hf(cls, cfg):
+        from typing import get_args
+
+        from archspec.kinds.ffn.activations import Activation
+
+        top_k = cfg.take("top_k", int)
+        out: dict[str, Any] = {
+            "kind": "moe", "n_experts": cfg.take("n_experts", int), "top_k": top_k,
+            "expert": {"kind": "glu", "hidden_dim": cfg.take("expert_hidden", int),
+                       "activation": activations.from_hf(cfg, get_args(Activation)), "bias": cfg.fact("expert_bias")},
+            "renormalize": cfg.fact("renormalize"),
+            "aux_loss_coef": cfg.take("aux_loss_coef", float) * top_k,
+        }
+        if cfg.fact("shared_expert"):
+            out.update(n_shared_experts=1, shared_hidden_dim=cfg.take("shared_hidden", int),
+                       shared_gate=cfg.fact("shared_gate"))
+        return out
+
+    def to_hf(self, m, out, hf, path):
+        where = ".".join(path)
+        if self.expert.kind != "glu":
+            raise HFUnsupported(f"{where}.expert.kind: {self.expert.kind!r} cannot be expressed as {hf.model_type} "
+                                "(its experts are gated MLPs: glu)")
+        if self.capacity_factor is not None:
+            raise HFUnsupported(f"{where}.capacity_factor: {self.capacity_factor}: {hf.model_type}'s experts take every "
+                                "token routed to them (dropless: capacity_factor null)")
+        if self.z_loss_coef:
+            raise HFUnsupported(f"{where}.z_loss_coef: {self.z_loss_coef}: {hf.model_type} has no router z-loss")
+        if self.n_shared_experts > 1:
+            raise HFUnsupported(f"{where}.n_shared_experts: {self.n_shared_experts}: {hf.model_type} has one shared "
+                                f"expert (n_shared_experts: 1 with shared_hidden_dim: {self.shared_hidden_dim} "
+                                "computes the same)")
+        put_fact(out, hf, "shared_expert", self.n_shared_experts > 0, (*path, "n_shared_experts"))
+        put_fact(out, hf, "shared_gate", self.shared_gate, (*path, "shared_gate"))
+        put_fact(out, hf, "expert_bias", self.expert.bias, (*path, "expert", "bias"))
+        put_fact(out, hf, "renormalize", self.renormalize, (*path, "renormalize"))
+        keys = hf.keys
+        out[keys["n_experts"]] = self.n_experts
+        out[keys["top_k"]] = self.top_k
+        out[keys["expert_hidden"]] = self.expert.hidden_dim
+        out[keys["activation"]] = activations.TO_HF[self.expert.activation]
+        if self.n_shared_experts:
+            out[keys["shared_hidden"]] = self.shared_hidden_dim
+        out[keys["aux_loss_coef"]] = _per_token_coef(self.aux_loss_coef, self.top_k)
+
+    def hf_weights(self, m, hf):
+        names = hf.names
+        out = [HFWeight("router.weight", (f"{names['router']}.weight",))]
+        out += [HFWeight(f"experts.{proj}_proj",
+                         tuple(f"experts.{e}.{names.get(f'expert_{proj}', f'{proj}_proj')}.weight"
+                               for e in range(self.n_experts)), stack=True)
+                for proj in ("gate", "up", "down")]
+        if self.n_shared_experts:
+            out += [HFWeight(f"shared_expert.{p}_proj.weight", (f"shared_expert.{p}_proj.weight",))
+                    for p in ("gate", "up", "down")]
+        if self.shared_gate:
+            out.append(HFWeight("shared_expert_gate.weight", ("shared_expert_gate.weight",)))
+        return out
+
     # ── testing ──────────────────────────────────────────────────────────────────────────────────────────────────
 
     @classmethod
@@ -210,6 +283,16 @@ class MoESpec(FFNKind):
             return out
 
         return build()
+
+
+def _per_token_coef(coef: float, top_k: int) -> float:
+    """transformers' router_aux_loss_coef for our aux_loss_coef: coef / top_k, nudged to the float whose product
+    with top_k gives coef back where one exists, so that export then import is lossless."""
+    value = coef / top_k
+    for candidate in (value, math.nextafter(value, math.inf), math.nextafter(value, -math.inf)):
+        if candidate * top_k == coef:
+            return candidate
+    return value
 
 
 def capacity(capacity_factor: float, tokens: int, top_k: int, n_experts: int) -> int:

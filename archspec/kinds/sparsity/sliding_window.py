@@ -44,6 +44,22 @@ class SlidingWindowSparsity(SparsityKind):
     def saved_elements(self, m) -> int:
         return blockwise_saved_elements(m, 0, self.window - 1, 1)
 
+    # ── HF transformers interop (archspec.kinds.hf) ──
+    # transformers' sliding layers mask keys with kv_idx > q_idx - sliding_window (masking_utils.sliding_window_overlay):
+    # the query itself and the sliding_window - 1 before it, as here. Which layers slide is the model type's (Mistral:
+    # all of them; Qwen2: layer_types); the window is one config key for every sliding layer.
+    hf_block = "sliding_attention"
+
+    @classmethod
+    def from_hf(cls, cfg):
+        window = cfg.take("sliding_window", int)
+        if window < 1:
+            raise cfg.refuse("sliding_window", f"{window}: a window holds at least the query itself")
+        return {"kind": "sliding_window", "window": window}
+
+    def to_hf(self, m, out, hf, path):
+        out["sliding_window"] = self.window
+
     @classmethod
     def strategy_overrides(cls, ctx):
         from hypothesis import strategies as st
