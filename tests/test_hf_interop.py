@@ -104,11 +104,11 @@ CASES = {
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         sliding_window=9, router_aux_loss_coef=0.02, **_NO_IDS),
     # Qwen2-MoE: shared expert with its sigmoid gate, raw top-k gates (norm_topk_prob false), dense layers from
-    # decoder_sparse_step and mlp_only_layers (layers 1 and 2 are MoE), q/k/v bias, layer 0 slides
+    # decoder_sparse_step 2 (layers 1 and 3) less mlp_only_layers (3): layer 1 alone is MoE; q/k/v bias; layer 0 slides
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-        num_experts=4, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0, 3],
+        num_experts=4, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3],
         use_sliding_window=True, sliding_window=6, max_window_layers=1, **_NO_IDS),
 }
 
@@ -270,6 +270,9 @@ REFUSED = {
                            "router_z_loss_coef"),
     "moe_sparse_step_zero": (lambda: _set(CASES["qwen2_moe"]().to_dict(), decoder_sparse_step=0),
                              "decoder_sparse_step: 0"),
+    "ministral_layer_type": (lambda: _set(CASES["ministral"]().to_dict(),
+                                          layer_types=["chunked_attention", "full_attention", "full_attention"]),
+                             "layer_types: 'chunked_attention'"),
     "moe_only_layers_out_of_range": (lambda: _set(CASES["qwen2_moe"]().to_dict(), mlp_only_layers=[0, 9]),
                                      "mlp_only_layers: [9]"),
     # Mistral ignores layer_types (every layer slides alike): a file that has them is not read as if it did

@@ -215,9 +215,10 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                                     f"{hf.model_type} has {hf.blocks[fam]!r}")
         words = [u.hf_block for u in units]
         if len(set(words)) > 1 and fam not in hf.place:
-            i = next(i for i, w in enumerate(words) if w != _unit_at(m, path).hf_block)
-            raise HFUnsupported(f"{_named(m, path, i)}: {words[i]!r} in some layers, {words[0 if i else -1]!r}"
-                                f" in others: {hf.model_type} has one {fam} for every layer")
+            wide = _unit_at(m, path).hf_block
+            i = next(i for i, w in enumerate(words) if w != wide)
+            raise HFUnsupported(f"{_named(m, path, i)}: HF's {words[i]!r} here, {wide!r} in the other layers: "
+                                f"{hf.model_type} has one {fam} for every layer")
     k = hf.keys
     out: dict[str, Any] = {"model_type": hf.model_type, "architectures": [hf.architecture], **hf.fixed,
                            k["vocab_size"]: m.vocab_size, k["context_length"]: m.context_length,
