@@ -110,6 +110,11 @@ CASES = {
         num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
         num_experts=4, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3],
         use_sliding_window=True, sliding_window=6, max_window_layers=1, **_NO_IDS),
+    # Qwen3-MoE: q/k norm, routed experts only (renormalised), layer 1 dense, every layer slides
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[1], use_sliding_window=True, sliding_window=10, **_NO_IDS),
 }
 
 
@@ -263,11 +268,14 @@ REFUSED = {
              "rope_type 'yarn'"),
     "softcapping": (lambda: _set(_llama_config(), final_logit_softcapping=30.0), "final_logit_softcapping"),
     "unknown_type": (lambda: _set(_llama_config(), model_type="bert"), "model_type: 'bert'"),
-    "qwen3_moe": (lambda: _set(_llama_config(), model_type="qwen3_moe"), "model_type: 'qwen3_moe' needs"),
+    "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v3"), "model_type: 'deepseek_v3'"),
     # MoE options archspec does not have: router jitter (Mixtral), a z-loss key no transformers type reads
     "mixtral_jitter": (lambda: _set(CASES["mixtral"]().to_dict(), router_jitter_noise=0.1), "router_jitter_noise"),
     "moe_unknown_option": (lambda: _set(CASES["mixtral"]().to_dict(), router_z_loss_coef=0.001),
                            "router_z_loss_coef"),
+    # transformers 5.x saves Qwen3-MoE's num_experts as num_local_experts: both spellings, two values
+    "moe_two_expert_counts": (lambda: _set(CASES["qwen3_moe"]().to_dict(), num_experts=8),
+                              "num_local_experts: 4, but num_experts (the same setting) is 8"),
     "moe_sparse_step_zero": (lambda: _set(CASES["qwen2_moe"]().to_dict(), decoder_sparse_step=0),
                              "decoder_sparse_step: 0"),
     "ministral_layer_type": (lambda: _set(CASES["ministral"]().to_dict(),
@@ -399,7 +407,7 @@ def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
     assert m.tie_embeddings == ref.tie_word_embeddings
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "ministral"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe", "ministral"])
 def test_absent_keys_take_the_defaults_transformers_takes_moe_and_windows(model_type):
     """The same for the MoE types and Ministral: experts, top-k, renormalisation, expert and shared widths, the
     window, rope theta (Mixtral's default is 1e6) and which layers are MoE are what transformers builds."""
@@ -411,7 +419,7 @@ def test_absent_keys_take_the_defaults_transformers_takes_moe_and_windows(model_
     m = load_spec_dict(spec_from_config({"model_type": model_type, **sizes}, "config.json", "x")).model
     assert m.attention.positional.theta == ref.rope_parameters["rope_theta"]
     assert (m.norm.eps, m.tie_embeddings) == (ref.rms_norm_eps, ref.tie_word_embeddings)
-    window = ref.sliding_window if model_type != "qwen2_moe" else None  # qwen2_moe: use_sliding_window false
+    window = ref.sliding_window if model_type in ("mixtral", "ministral") else None  # qwen: use_sliding_window off
     sparsity = m.attention.sparsity
     assert (sparsity.kind, getattr(sparsity, "window", None)) == (("sliding_window", window) if window else ("dense", None))
     if model_type == "ministral":

@@ -22,7 +22,7 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
 
     Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
     Model types: gpt2, llama (rope llama3/linear scaling), mistral (sliding window), ministral, qwen2, qwen3,
-    mixtral, qwen2_moe (per-layer patterns and dense layers as layer groups)."""
+    mixtral, qwen2_moe, qwen3_moe (per-layer patterns and dense layers as layer groups)."""
     from archspec.hf import import_hf
 
     out = import_hf(path, spec_out, checkpoint_out, name)

@@ -121,7 +121,14 @@ def _mistral_pattern(cfg: HFConfig) -> str:
     """One pattern for every layer (Mistral and Mixtral have no layer_types). A window at least as long as the
     context hides no key: full attention, the same function."""
     window = cfg.take("sliding_window", int, default=None)
-    return SLIDING if window and window < cfg.take("context_length", int) else FULL
+    return SLIDING if window is not None and window < cfg.take("context_length", int) else FULL
+
+
+def _qwen3_moe_pattern(cfg: HFConfig) -> str:
+    """Qwen3-MoE: one pattern for every layer, as Mistral's, but sliding_window counts only with use_sliding_window."""
+    use = cfg.take("use_sliding_window", bool, default=False)
+    window = cfg.take("sliding_window", int, default=None)
+    return SLIDING if use and window is not None and window < cfg.take("context_length", int) else FULL
 
 
 def _qwen2_moe_ffn(cfg: HFConfig) -> list[str]:
@@ -155,6 +162,7 @@ def _place_qwen2_moe_ffn(out: dict, words: list[str]) -> None:
 _qwen2_pattern.fields = _qwen2_moe_pattern.fields = ("layer_types", "use_sliding_window", "sliding_window",
                                                      "max_window_layers")
 _mistral_pattern.fields = ("sliding_window",)
+_qwen3_moe_pattern.fields = ("use_sliding_window", "sliding_window")
 _ministral_pattern.fields = ("layer_types", "sliding_window")
 _qwen2_moe_ffn.fields = ("num_experts", "mlp_only_layers", "decoder_sparse_step")
 
@@ -165,6 +173,7 @@ _LLAMA_KEYS = {"vocab_size": "vocab_size", "context_length": "max_position_embed
                "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
                "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn_hidden": "intermediate_size",
                "activation": "hidden_act", "norm_eps": "rms_norm_eps", "tie": "tie_word_embeddings"}
+_QWEN_KEYS = {**_LLAMA_KEYS, "window_switch": "use_sliding_window"}  # a window counts only when this is set
 _LLAMA_NAMES = {"base": "model", "embed": "embed_tokens", "layers": "layers", "attn": "self_attn", "ffn": "mlp",
                 "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "final_norm": "norm"}
 _LLAMA_BLOCKS = {"norm": "rms_norm", "positional": "rotary", "sparsity": "full_attention", "ffn": "gated_mlp"}
@@ -207,7 +216,7 @@ LLAMA = HFType(
 
 QWEN2 = HFType(
     model_type="qwen2", architecture="Qwen2ForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_LLAMA_KEYS,
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_QWEN_KEYS,
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
               "max_position_embeddings": 32768, "max_window_layers": 28},
@@ -221,7 +230,7 @@ QWEN2 = HFType(
 
 QWEN3 = HFType(
     model_type="qwen3", architecture="Qwen3ForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_LLAMA_KEYS,
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _qwen2_pattern}, keys=_QWEN_KEYS,
     defaults={**QWEN2.defaults, "head_dim": 128},
     names=_LLAMA_NAMES,
     facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "qk_norm": True},
@@ -269,6 +278,7 @@ MIXTRAL = HFType(
     dropout_keys=("attention_dropout",),
     fixed={"sliding_window": None, "router_jitter_noise": 0.0},
     check=(_common_checks, _must_be("router_jitter_noise", 0.0, "archspec's router has no jitter noise")),
+    aliases={"num_experts": "num_local_experts"},
 )
 
 QWEN2_MOE = HFType(
@@ -276,7 +286,7 @@ QWEN2_MOE = HFType(
     blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS, "ffn": ("sparse_moe", "gated_mlp")},
     pick={"sparsity": _qwen2_moe_pattern, "ffn": _qwen2_moe_ffn},
     keys={**_MOE_KEYS, "n_experts": "num_experts", "expert_hidden": "moe_intermediate_size",
-          "shared_hidden": "shared_expert_intermediate_size"},
+          "shared_hidden": "shared_expert_intermediate_size", "window_switch": "use_sliding_window"},
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
               "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
               "max_position_embeddings": 32768, "max_window_layers": 28, "decoder_sparse_step": 1,
@@ -292,16 +302,34 @@ QWEN2_MOE = HFType(
     check=(_common_checks,),
 )
 
+QWEN3_MOE = HFType(
+    model_type="qwen3_moe", architecture="Qwen3MoeForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS, "ffn": ("sparse_moe", "gated_mlp")},
+    pick={"sparsity": _qwen3_moe_pattern, "ffn": _qwen2_moe_ffn},
+    keys={**_MOE_KEYS, "n_experts": "num_experts", "expert_hidden": "moe_intermediate_size",
+          "window_switch": "use_sliding_window"},
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "max_position_embeddings": 32768, "decoder_sparse_step": 1, "moe_intermediate_size": 768,
+              "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": False, "router_aux_loss_coef": 0.001},
+    names=_MOE_NAMES,
+    # Qwen3's attention (q/k norm, attention_bias on all four projections); routed experts only, no shared expert
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "qk_norm": True, "renormalize": "norm_topk_prob"},
+    dropout_keys=("attention_dropout",),
+    fixed={"use_sliding_window": False, "sliding_window": None},
+    place={"ffn": _place_qwen2_moe_ffn},
+    inert=frozenset({"max_window_layers"}),  # in released configs, read by no Qwen3-MoE layer (one pattern for all)
+    aliases={"num_local_experts": "num_experts"},  # transformers 5.x saves num_experts under this name
+    check=(_common_checks,),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE)}
+                                                              QWEN2_MOE, QWEN3_MOE)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
 # ministral (a pattern per layer); mixtral before qwen2_moe).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE)
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
-PENDING = {
-    "qwen3_moe": "its MoE HF mapping (experts without a shared expert, q/k norm; decoder_sparse_step, "
-                 "mlp_only_layers), which is not written yet",
-}
+PENDING: dict[str, str] = {}

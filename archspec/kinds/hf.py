@@ -32,6 +32,8 @@ class HFType:
         Qwen2-MoE's mlp_only_layers).
     place: family → the callable (config out, one word per layer) that writes a per-layer mix of that family's
         blocks into a config on export (layer_types, mlp_only_layers). A family without one: every layer alike.
+    aliases: another spelling → the key it stands for (transformers' attribute_map: Qwen3-MoE's files say
+        num_local_experts for num_experts).
     keys: role → config key ("d_model": "hidden_size", "norm_eps": "rms_norm_eps", ...).
     defaults: the value transformers uses when a key is absent from config.json (None: required).
     names: role → module name inside HF's model ("q": "q_proj", "attn_norm": "input_layernorm", ...).
@@ -58,6 +60,7 @@ class HFType:
     fixed: dict[str, Any] = field(default_factory=dict)
     pick: dict[str, Callable[["HFConfig"], str | list[str]]] = field(default_factory=dict)
     place: dict[str, Callable[[dict[str, Any], list[str]], None]] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 class HFConfig:
@@ -65,8 +68,16 @@ class HFConfig:
     keys nobody read: no field is silently ignored."""
 
     def __init__(self, data: dict[str, Any], hf: HFType, source: str):
-        self.data, self.hf, self.source = data, hf, source
+        self.hf, self.source = hf, source
         self.taken: set[str] = set()
+        self.data = dict(data)
+        for alias, key in hf.aliases.items():  # another spelling transformers reads as `key` (its attribute_map)
+            if alias in self.data:
+                self.taken.add(alias)
+                value = self.data.pop(alias)
+                if self.data.get(key, value) != value:
+                    raise self.refuse(alias, f"{value!r}, but {key} (the same setting) is {self.data[key]!r}")
+                self.data[key] = value
 
     def key(self, role: str) -> str:
         return self.hf.keys.get(role, role)

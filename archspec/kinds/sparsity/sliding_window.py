@@ -59,6 +59,8 @@ class SlidingWindowSparsity(SparsityKind):
 
     def to_hf(self, m, out, hf, path):
         out["sliding_window"] = self.window
+        if "window_switch" in hf.keys:  # Qwen's use_sliding_window: without it transformers ignores the window
+            out[hf.keys["window_switch"]] = True
 
     @classmethod
     def strategy_overrides(cls, ctx):
