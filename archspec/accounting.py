@@ -123,17 +123,15 @@ def kv_cache_bytes_per_token(m: ModelSpec, dtype: str = "bf16") -> int:
 
 def kv_cache_bytes(m: ModelSpec, seq_len: int, dtype: str = "bf16", batch_size: int = 1) -> int:
     """Bytes of the KV cache `batch_size` sequences of `seq_len` tokens need, each layer's cache as its attention
-    pattern keeps it (dense: every position; a window: its positions). Equals the generated model's
+    pattern keeps it (dense: every position; a window: at most its window, a ring buffer). Equals the generated model's
     `sum(c.nbytes for c in model.new_cache(batch_size, seq_len))` at that dtype (tested)."""
-    per_sequence = sum(b.attention.sparsity.cache_positions(seq_len) * b.attention.kv_cache_elements_per_token()
-                       for b in m.blocks())
+    per_sequence = sum(b.attention.kv_cache_elements_per_sequence(seq_len) for b in m.blocks())
     return batch_size * per_sequence * BYTES_PER_ELEMENT[dtype]
 
 
 def kv_cache_bytes_per_sequence(m: ModelSpec, dtype: str = "bf16") -> int:
     """One sequence at context_length, each layer's cache as its attention pattern needs it."""
-    per_layer = sum(b.attention.kv_cache_elements_per_sequence(m.context_length) for b in m.blocks())
-    return per_layer * BYTES_PER_ELEMENT[dtype]
+    return kv_cache_bytes(m, m.context_length, dtype)
 
 
 def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attention: bool = False,

@@ -24,7 +24,7 @@ from torch import nn
 from archspec import codegen
 from archspec.errors import UserError, printable
 from archspec.spec import Spec, load_spec, load_spec_dict
-from archspec.train.checkpoint import FILENAME, load_checkpoint
+from archspec.train.checkpoint import FILENAME, WEIGHTS_FORMAT, load_any
 from archspec.train.tokenizer import (TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_tokenizer_file,
                                       tokenizer_from_state)
 
@@ -84,8 +84,9 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
 
 def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
                registry_url: str | None = None, overrides: tuple[str, ...] = ()) -> Loaded:
-    """The model and tokenizer SOURCE names (see `resolve_source`). A bare spec gets random weights drawn with
-    `seed` (a smoke test of the spec); its tokenizer is the one its recipe asks for."""
+    """The model and tokenizer SOURCE names (see `resolve_source`): a training checkpoint, or a weights checkpoint
+    (`archspec import-hf --checkpoint`: the model and its transformers tokenizer files). A bare spec gets random
+    weights drawn with `seed` (a smoke test of the spec); its tokenizer is the one its recipe asks for."""
     kind, path = resolve_source(source, registry_url)
     if kind == "spec":
         spec = load_spec(path, overrides)
@@ -97,7 +98,8 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
     else:
         if overrides:
             raise UserError("--set applies to a spec; a checkpoint's model is the one it was trained as")
-        state = load_checkpoint(path)
+        state = load_any(path)
+        weights_only = state["format"] == WEIGHTS_FORMAT
         try:
             spec = load_spec_dict(state["spec"], origin=f"{path} (its spec)")
         except UserError as e:
@@ -109,8 +111,12 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
         except (RuntimeError, KeyError) as e:
             raise UserError(f"{path}: model weights do not fit the spec they were saved with",
                             str(e).strip().splitlines()[:10]) from None
-        tokenizer = _checkpoint_tokenizer(path, state, spec)
-        what = f"checkpoint {path} (step {state['step']})"
+        if weights_only:
+            tokenizer = _weights_tokenizer(path, state["tokenizer"])
+            what = f"weights checkpoint {path}" + (f" (from {state['source']})" if state["source"] != str(path) else "")
+        else:
+            tokenizer = _checkpoint_tokenizer(path, state, spec)
+            what = f"checkpoint {path} (step {state['step']})"
     if tokenizer.vocab_size > spec.model.vocab_size:
         raise UserError(f"{what}: the {tokenizer.kind} tokenizer has {tokenizer.vocab_size} ids but the model only "
                         f"{spec.model.vocab_size}")
@@ -143,25 +149,85 @@ def _checkpoint_tokenizer(path: Path, state: dict, spec: Spec) -> Tokenizer:
                     "cannot be rebuilt without its corpus")
 
 
+class FileTokenizer:
+    """A transformers tokenizer as a weights checkpoint carries it (tokenizer.json and its companions, stored by
+    `archspec import-hf`): prompts are encoded as the model's own tokenizer encodes them (its post-processor adds a
+    BOS where the model expects one); generation stops at the EOS token its tokenizer_config.json or
+    special_tokens_map.json names (none named: no stop before --max-new-tokens)."""
+
+    kind = "hf"
+
+    def __init__(self, hf_tokenizer, eos_id: int | None, identity: str):
+        self._hf, self.eos_id, self.identity = hf_tokenizer, eos_id, identity
+        self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(self, texts: list[str]) -> list:
+        import numpy as np
+
+        return [np.asarray(e.ids, dtype=np.int64) for e in self._hf.encode_batch(texts, add_special_tokens=True)]
+
+    def decode(self, ids) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _weights_tokenizer(path: Path, files: dict[str, str]) -> Tokenizer:
+    import hashlib
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if "tokenizer.json" not in files:
+        raise UserError(f"{path}: a weights checkpoint without a tokenizer (import-hf stores tokenizer.json when it "
+                        "lies beside the config); sampling needs the model's tokenizer")
+    try:
+        hf = HFTokenizer.from_str(files["tokenizer.json"])
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise UserError(f"{path}: its tokenizer.json does not load: {printable(str(e), 200)}") from None
+    eos_id = None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            eos = json.loads(files.get(name, "{}")).get("eos_token")
+        except (ValueError, AttributeError):
+            raise UserError(f"{path}: its {name} is not a JSON object") from None
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and hf.token_to_id(eos) is not None:
+            eos_id = hf.token_to_id(eos)
+            break
+    identity = hashlib.sha256(files["tokenizer.json"].encode("utf-8")).hexdigest()
+    return FileTokenizer(hf, eos_id, identity)  # type: ignore[return-value]
+
+
 # ── prompts and limits ───────────────────────────────────────────────────────────────────────────────────────────
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str, device: str | torch.device = "cpu") -> torch.Tensor:
     """(1, T) ids. An empty prompt starts from EOS, which is what precedes every document in training."""
     ids = tokenizer.encode_batch([text])[0].tolist() if text else []
-    return torch.tensor([ids or [tokenizer.eos_id]], dtype=torch.long, device=device)
+    if not ids:
+        if tokenizer.eos_id is None:
+            raise UserError("an empty prompt starts from EOS, and this tokenizer names none: pass --prompt")
+        ids = [tokenizer.eos_id]
+    return torch.tensor([ids], dtype=torch.long, device=device)
 
 
 def check_length(spec: Spec, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a prompt + max_new_tokens past context_length, unless the model can run past it (every layer windowed,
+    relative positions: `past_context_refusal`), whose caches then roll."""
+    from archspec.kinds.attention import past_context_refusal
+
     limit = spec.model.context_length
     if prompt_tokens + max_new_tokens > limit:
+        why = past_context_refusal(spec.model)
+        if why is None:
+            return
         room = limit - prompt_tokens
         fix = (f"lower --max-new-tokens to {room}" if room > 0
                else f"shorten the prompt to at most {limit - 1} tokens")
         tokens = f"{prompt_tokens} token{'s' * (prompt_tokens != 1)}"
         total = prompt_tokens + max_new_tokens
         raise UserError(f"prompt ({tokens}) + --max-new-tokens {max_new_tokens} = {total} exceeds context_length "
-                        f"{limit} of {spec.name}; {fix}")
+                        f"{limit} of {spec.name}; {fix} (only a model whose every layer attends within a window, "
+                        f"with relative or no positions, generates past its context: {why})")
 
 
 class TextStream:
@@ -205,7 +271,8 @@ class SpeculativeStats:
 def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
     if a.kind != b.kind:
         return False
-    return a.kind == "byte" or a._hf.to_str() == b._hf.to_str()  # type: ignore[attr-defined]
+    return a.kind == "byte" or (a._hf.to_str() == b._hf.to_str()  # type: ignore[attr-defined]
+                                and a.eos_id == b.eos_id)
 
 
 @torch.no_grad()
@@ -229,7 +296,8 @@ def speculative_stream(target: nn.Module, draft: nn.Module, idx: torch.Tensor, m
     device = idx.device
     tokens = idx[0].tolist()
     limit = len(tokens) + max_new_tokens
-    t_cache, d_cache = target.new_cache(1, limit), draft.new_cache(1, limit)
+    # Each round may take back up to k positions: a window layer keeps k more than its window so that it still can.
+    t_cache, d_cache = target.new_cache(1, limit, rollback=k), draft.new_cache(1, limit, rollback=k)
     if len(tokens) > 1:  # prefill with all but the last prompt token; each round feeds what a cache lacks
         target(idx[:, :-1], cache=t_cache)
         draft(idx[:, :-1], cache=d_cache)

@@ -38,15 +38,18 @@ DEFAULT_NEW_TOKENS = 200
 def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
                top_p: float | None, seed: int, device: str, dtype: str, draft: str | None, draft_tokens: int,
                overrides: tuple[str, ...], registry_url: str | None, quiet: bool) -> None:
-    """Generate text from a run (its id, run directory or checkpoint) or from a bare SPEC with random weights.
+    """Generate text from a run (its id, run directory or checkpoint), a weights checkpoint (import-hf), or a bare
+    SPEC with random weights.
 
     Tokens are printed as they come; generation stops at EOS or after --max-new-tokens. The model's own KV cache and
-    sampling rule (in its generated module) do the work. A summary (tokens, tok/s, time to first token, KV cache
-    bytes; with --draft the acceptance rate) goes to stderr. --set applies to a bare SPEC only; --registry is where
-    RUN_ID is looked up."""
+    sampling rule (in its generated module) do the work. Prompt + --max-new-tokens must fit context_length, unless
+    every layer attends within a window and positions are relative (RoPE) or absent: such a model's caches roll and
+    it generates past its context. A summary (tokens, tok/s, time to first token, KV cache bytes; with --draft the
+    acceptance rate) goes to stderr. --set applies to a bare SPEC only; --registry is where RUN_ID is looked up."""
     import torch
 
     from archspec.accounting import kv_cache_bytes
+    from archspec.kinds.attention import past_context_refusal
     from archspec.sample import (SpeculativeStats, TextStream, check_length, encode_prompt, load_model, same_tokenizer,
                                  speculative_stream)
     from archspec.train.distributed import resolve_device
@@ -56,8 +59,10 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry_url, overrides=overrides)
     idx = encode_prompt(loaded.tokenizer, prompt, dev)
-    if max_new_tokens is None:  # not asked for: as many as fit, up to the default
-        max_new_tokens = max(1, min(DEFAULT_NEW_TOKENS, loaded.spec.model.context_length - idx.size(1)))
+    past_context = past_context_refusal(loaded.spec.model) is None  # every layer windowed, relative positions
+    if max_new_tokens is None:  # not asked for: the default, or as many as fit in the context
+        room = DEFAULT_NEW_TOKENS if past_context else loaded.spec.model.context_length - idx.size(1)
+        max_new_tokens = max(1, min(DEFAULT_NEW_TOKENS, room))
     check_length(loaded.spec, idx.size(1), max_new_tokens)
     drafter = None
     if draft is not None:
@@ -102,6 +107,9 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     line = (f"{count} tokens in {seconds:.2f} s ({count / seconds:,.1f} tok/s) · first token after "
             f"{1000 * (first or 0):.0f} ms · KV cache {kv_cache_bytes(loaded.spec.model, positions, dtype):,} bytes "
             f"({positions} positions, {dtype}) · {printable(loaded.what)}")
+    if idx.size(1) + count > loaded.spec.model.context_length:
+        line += (f" · past context_length {loaded.spec.model.context_length}: every layer attends within a window, "
+                 "whose KV cache rolls")
     if stopped:
         line += " · stopped at EOS"
     if drafter is not None:

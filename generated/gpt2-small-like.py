@@ -152,8 +152,9 @@ class Attention(nn.Module):
         nn.init.zeros_(self.qkv_proj.bias)
         nn.init.zeros_(self.o_proj.bias)
 
-    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
-        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions."""
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
+        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
+        of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None
@@ -317,12 +318,15 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None
-                  ) -> list[KVCache]:
+    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
+                  rollback: int = 0) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
-        device, in its dtype unless told. Its size: sum(c.nbytes for c in cache)."""
+        device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
+        its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
+        (a window layer keeps that many more; speculative decoding needs the draft length)."""
         weight = self.tok_emb.weight
-        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype or weight.dtype) for block in self.blocks]
+        dtype = dtype or weight.dtype
+        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -143,22 +143,94 @@ def causal_mask(T: int, S: int, device: torch.device) -> torch.Tensor | None:
 
 class SparsePattern:
     """Which keys each query sees: `mask_mod` decides; `n_global` leading positions may be seen from anywhere (later
-    queries only: attention stays causal); every other visible key lies in a band reaching `lookback` positions
-    before the first query of its chunk, `chunk` queries that start at a multiple of `chunk`."""
+    queries only: attention stays causal); every other visible key lies within the `reach` positions that end at the
+    query (itself included), and in a band reaching `lookback` positions before the first query of its chunk, `chunk`
+    queries that start at a multiple of `chunk`."""
 
-    def __init__(self, mask_mod, n_global: int, lookback: int, chunk: int) -> None:
+    def __init__(self, mask_mod, n_global: int, lookback: int, chunk: int, reach: int) -> None:
         self.mask_mod, self.n_global, self.lookback, self.chunk = mask_mod, n_global, lookback, chunk
+        self.reach = reach
 
 
-def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                  start: int) -> torch.Tensor:
-    """Generation: T queries at positions start.. against every cached key 0..start+T-1, masked by the pattern's
-    predicate (the mask is T × (start + T): small while decoding)."""
-    T, S = q.size(2), k.size(2)
-    q_idx = torch.arange(start, start + T, device=q.device)[:, None]  # (T, 1)
-    kv_idx = torch.arange(S, device=q.device)[None, :]  # (1, S)
-    mask = pattern.mask_mod(None, None, q_idx, kv_idx)  # (T, S) bool
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
+class RollingKVCache:
+    """A sparse layer's keys and values for generation, holding only what its pattern can still show a later query:
+    the pattern's `n_global` leading positions, kept for good, then a ring buffer of the last `reach` positions (plus
+    `rollback`), in which each new position overwrites the oldest. A window layer's cache thus stays its window
+    however long the sequence grows. N_KV_HEADS heads (not N_HEADS), like KVCache; `max_len` positions at most."""
+
+    def __init__(self, pattern: SparsePattern, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 rollback: int = 0, device=None, dtype=None) -> None:
+        self.pattern, self.max_len = pattern, max_len
+        size = min(pattern.n_global + pattern.reach + rollback, max_len)  # slots; a short sequence never wraps
+        self.n_global = min(pattern.n_global, size)  # slot p < n_global holds position p
+        self.ring = size - self.n_global  # position p >= n_global lives in slot n_global + (p - n_global) % ring
+        shape = (batch_size, n_kv_heads, size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, n_kv_heads, slots, head_dim)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = torch.full((size,), -1, dtype=torch.long, device=device)  # each slot's position; -1: empty
+        self.length = 0  # positions seen: the position of the next token
+        self.oldest = self.n_global  # the oldest position the ring still holds
+
+    def _slots(self, positions: torch.Tensor) -> torch.Tensor:
+        ring = positions - self.n_global
+        return torch.where(ring < 0, positions, self.n_global + ring.remainder(max(self.ring, 1)))
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write T new positions' k, v (B, n_kv_heads, T, head_dim): the globals among them, and as many of the
+        newest as the ring holds (older ones would be overwritten by the newer within this very write)."""
+        start, end, device = self.length, self.length + k.size(2), self.k.device
+        globals_end = max(start, min(end, self.n_global))  # positions start .. globals_end - 1 are global
+        first = min(end, max(start, self.n_global, end - self.ring))  # the oldest this write puts in the ring
+        positions = torch.cat([torch.arange(start, globals_end, device=device),
+                               torch.arange(first, end, device=device)])  # (n,)
+        slots = self._slots(positions)
+        self.k.index_copy_(2, slots, k.index_select(2, positions - start))
+        self.v.index_copy_(2, slots, v.index_select(2, positions - start))
+        self.pos.index_copy_(0, slots, positions)
+        self.length, self.oldest = end, max(self.oldest, end - self.ring)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This step's q (B, N_HEADS, T, D) and k, v (B, N_KV_HEADS, T, D), positions `length` onwards: store k, v and
+        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new."""
+        start, T = self.length, q.size(2)
+        end = start + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
+        if start == 0:  # prefill: positions 0..T-1, as in training (the sparse fast path)
+            y = sparse_attention(q, k, v, self.pattern)  # (B, N_HEADS, T, D)
+            self._store(k, v)
+            return y
+        # The first query sees keys from start - reach + 1 on (and the globals). When this step's writes evict none of
+        # those (one token at a time does not), write first and attend over the slots alone; else over slots + new.
+        write_first = end - self.ring <= max(self.n_global, start - self.pattern.reach + 1)
+        if write_first:
+            self._store(k, v)
+            keys, values, kv_pos = self.k, self.v, self.pos  # (B, N_KV_HEADS, slots, D), (slots,)
+        else:
+            keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, N_KV_HEADS, slots + T, D)
+            kv_pos = torch.cat([self.pos, torch.arange(start, end, device=q.device)])  # (slots + T,)
+        q_idx = torch.arange(start, end, device=q.device)[:, None]  # (T, 1)
+        mask = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, keys); empty slots out
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
+        if not write_first:
+            self._store(k, v)
+        return y  # (B, N_HEADS, T, D)
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on (speculative decoding drops rejected drafts). The ring must still hold
+        what a query at `length` sees: a cache made with `rollback` r can go back r positions after any step."""
+        if length >= self.length:
+            return
+        needed = max(self.n_global, length - self.pattern.reach + 1)  # the oldest position a query at `length` sees
+        if needed < length and self.oldest > needed:
+            raise ValueError(f"cannot roll back to position {length}: the ring already dropped positions before "
+                             f"{self.oldest} (make the cache with a larger rollback)")
+        self.pos.masked_fill_(self.pos >= length, -1)
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
 
 
 _TILE_BIASES: dict = {}  # (pattern, T, chunk, dtype, device) → each tile's additive mask (eager calls only)
@@ -282,7 +354,7 @@ def global_local_mask(b, h, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.
 
 
 # A chunk of 16 queries gathers the N_GLOBAL keys and the band reaching LOCAL_WINDOW - 1 positions back.
-GLOBAL_LOCAL = SparsePattern(global_local_mask, n_global=N_GLOBAL, lookback=LOCAL_WINDOW - 1, chunk=16)
+GLOBAL_LOCAL = SparsePattern(global_local_mask, n_global=N_GLOBAL, lookback=LOCAL_WINDOW - 1, chunk=16, reach=LOCAL_WINDOW)
 
 
 class Attention(nn.Module):
@@ -302,9 +374,11 @@ class Attention(nn.Module):
         nn.init.zeros_(self.qkv_proj.bias)
         nn.init.zeros_(self.o_proj.bias)
 
-    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
-        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions."""
-        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
+        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
+        of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
+        # the N_GLOBAL first positions and the last LOCAL_WINDOW (a ring buffer), however long the sequence
+        return RollingKVCache(GLOBAL_LOCAL, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
@@ -318,9 +392,7 @@ class Attention(nn.Module):
         if cache is None:  # the whole sequence at once (training, evaluation)
             y = sparse_attention(q, k, v, GLOBAL_LOCAL, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against every position cached so far
-            start = cache.length  # position of this step's first query
-            k, v = cache.append(k, v)  # (B, N_KV_HEADS, start + T, HEAD_DIM): every position so far (no rolling buffer)
-            y = sparse_decode(q, k, v, GLOBAL_LOCAL, start)  # (B, N_HEADS, T, HEAD_DIM): the pattern's mask at these positions
+            y = cache.attend(q, k, v)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
         y = y.transpose(1, 2).reshape(B, T, N_HEADS * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
@@ -457,12 +529,15 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None
-                  ) -> list[KVCache]:
+    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
+                  rollback: int = 0) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
-        device, in its dtype unless told. Its size: sum(c.nbytes for c in cache)."""
+        device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
+        its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
+        (a window layer keeps that many more; speculative decoding needs the draft length)."""
         weight = self.tok_emb.weight
-        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype or weight.dtype) for block in self.blocks]
+        dtype = dtype or weight.dtype
+        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

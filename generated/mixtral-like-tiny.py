@@ -90,11 +90,12 @@ class Rotary(nn.Module):
         self.register_buffer("sin", sin, persistent=False)  # (CONTEXT_LENGTH, HEAD_DIM)
 
     @staticmethod
-    def tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
-        positions = torch.arange(CONTEXT_LENGTH, dtype=torch.float32, device=device)
-        angles = torch.outer(positions, inv_freq)  # (CONTEXT_LENGTH, HEAD_DIM / 2)
-        angles = torch.cat([angles, angles], dim=-1)  # (CONTEXT_LENGTH, HEAD_DIM)
+        positions = torch.arange(start, end, dtype=torch.float32, device=device)
+        angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
+        angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
         return angles.cos(), angles.sin()
 
     def _apply(self, fn, recurse=True):
@@ -106,6 +107,8 @@ class Rotary(nn.Module):
 
     def forward(self, T: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The angles of positions start .. start + T - 1 (start > 0: continuing a cached sequence)."""
+        if start + T > self.cos.size(0):  # past the table (a windowed model generating past its context): computed
+            return self.tables(self.cos.device, start, start + T)  # (T, HEAD_DIM) each
         return self.cos[start : start + T], self.sin[start : start + T]  # (T, HEAD_DIM) each
 
 
@@ -178,8 +181,9 @@ class Attention(nn.Module):
         # o_proj writes the residual stream: scaled by 1/sqrt(2·N_LAYERS) so its variance does not grow with depth.
         nn.init.normal_(self.o_proj.weight, mean=0.0, std=INIT_STD / math.sqrt(2 * N_LAYERS))
 
-    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
-        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions."""
+    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
+        """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
+        of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
@@ -431,12 +435,15 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None
-                  ) -> list[KVCache]:
+    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
+                  rollback: int = 0) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
-        device, in its dtype unless told. Its size: sum(c.nbytes for c in cache)."""
+        device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
+        its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
+        (a window layer keeps that many more; speculative decoding needs the draft length)."""
         weight = self.tok_emb.weight
-        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype or weight.dtype) for block in self.blocks]
+        dtype = dtype or weight.dtype
+        return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -8,6 +8,7 @@ every family (so a kind that lands later is checked without touching this file).
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import torch
 from hypothesis import assume, find, given, settings
 
 from archspec import testing as T
-from archspec.accounting import kv_cache_bytes
+from archspec.accounting import account, kv_cache_bytes
 from archspec.codegen import generate, render
 from archspec.kinds import families
 from archspec.sample import SpeculativeStats, speculative_stream
@@ -280,3 +281,148 @@ def test_speculative_sampling_keeps_the_target_distribution(gen_dir):
         counts[first] += 1
     tv = (counts / n - p).abs().sum().item() / 2
     assert tv < 0.08, (counts / n, p)  # a draft-biased rule would be ~0.25 off
+
+
+# ── rolling buffers: a window layer caches what its pattern can still see ───────────────────────────────────────
+
+# Patterns with a bounded cache, each with the positions it keeps (the accounting's `cached_positions`).
+ROLLING = {
+    "sliding_window": ({"kind": "sliding_window", "window": 5}, 5),
+    "global_local": ({"kind": "global_local", "window": 4, "n_global": 2}, 2 + 4),
+    "block_sparse": ({"kind": "block_sparse", "block_size": 3, "n_blocks_back": 1, "global_first_block": True},
+                     3 + 2 * 3),
+    "block_sparse_local": ({"kind": "block_sparse", "block_size": 3, "n_blocks_back": 1, "global_first_block": False},
+                           2 * 3),
+}
+
+
+def _mixed_spec(sparsity: dict, *, positional: str = "rope", every_layer: bool = False, context: int = CONTEXT):
+    """Three layers: with `every_layer`, all of them use `sparsity`; else layers 0 and 2 do and layer 1 is dense (a
+    per-layer group), so a model's cache mixes ring buffers and full caches."""
+    attention = {"n_heads": 4, "n_kv_heads": 2, "positional": {"kind": positional}}
+    model = {"vocab_size": VOCAB, "context_length": context, "d_model": D_MODEL, "n_layers": 3,
+             "tie_embeddings": False}
+    if every_layer:
+        attention["sparsity"] = sparsity
+    else:
+        model["layers"] = {"windowed": {"select": [0, 2], "attention": {"sparsity": sparsity}}}
+    return load_spec_dict({"name": "rolling", "model": {**model, "attention": attention}})
+
+
+def _lively(model):
+    """A random untied head scaled up: at init, greedy decoding soon repeats one token (every later step then agrees
+    with any draft and with any cache bug that keeps the argmax); these logits keep changing with the context."""
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+    return model
+
+
+def _pieces(model, idx, prefill: int, cache) -> torch.Tensor:
+    """Logits of idx fed through `cache`: `prefill` tokens, then 3 at once, then one at a time."""
+    length = idx.size(1)
+    cuts = sorted({0, prefill, min(length, prefill + 3), *range(min(length, prefill + 3), length + 1)})
+    with torch.no_grad():
+        return torch.cat([model(idx[:, a:b], cache=cache) for a, b in zip(cuts, cuts[1:])], dim=1)
+
+
+@pytest.mark.parametrize("prefill", [2, 11], ids=["prompt-shorter-than-window", "prompt-longer-than-window"])
+@pytest.mark.parametrize("pattern", ROLLING)
+def test_rolling_cache_holds_the_window_and_gives_the_full_forward_logits(pattern, prefill, gen_dir):
+    sparsity, kept = ROLLING[pattern]
+    spec = _mixed_spec(sparsity)
+    model = _model(spec, gen_dir)
+    idx = torch.randint(0, VOCAB, (2, CONTEXT), generator=torch.Generator().manual_seed(4))
+    cache = model.new_cache(2, CONTEXT)
+    assert [c.k.size(2) for c in cache] == [kept, CONTEXT, kept]  # ring buffers around the dense layer's full cache
+    assert [block.attn.new_cache(1, 4).k.size(2) for block in model.blocks] == [min(kept, 4), 4, min(kept, 4)]
+    # The bytes are the accounting's, per layer: at context_length (build --json) and at any length.
+    assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, CONTEXT, "fp32", batch_size=2)
+    assert sum(c.nbytes for c in model.new_cache(1)) == account(spec, kv_dtype="fp32").kv_cache_bytes_per_sequence
+    with torch.no_grad():
+        full = model(idx)
+    rolled = _pieces(model, idx, prefill, cache)
+    # The ring buffers wrapped (the window's oldest slots were overwritten), yet the logits are the full forward's,
+    # and those of a cache that never drops a position (rollback as long as the sequence: the full-cache path).
+    assert cache[0].length == CONTEXT and cache[0].oldest > cache[0].n_global
+    torch.testing.assert_close(rolled, full, atol=2e-5, rtol=1e-5)
+    never_drops = model.new_cache(2, CONTEXT, rollback=CONTEXT)
+    assert never_drops[0].k.size(2) == CONTEXT
+    torch.testing.assert_close(rolled, _pieces(model, idx, prefill, never_drops), atol=2e-5, rtol=1e-5)
+
+
+def test_rolling_cache_takes_back_what_its_rollback_allows_and_refuses_more(gen_dir):
+    spec = _mixed_spec(ROLLING["sliding_window"][0], every_layer=True)
+    model = _model(spec, gen_dir)
+    idx = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache(1, 20, rollback=3)
+        assert cache[0].k.size(2) == 5 + 3
+        model(idx[:, :12], cache=cache)
+        model(torch.randint(0, VOCAB, (1, 4)), cache=cache)  # 4 wrong tokens at positions 12..15
+        for c in cache:
+            c.truncate(12)  # take all 4 back: 4 <= rollback + 1
+        torch.testing.assert_close(model(idx[:, 12:], cache=cache), full[:, 12:], atol=2e-5, rtol=1e-5)
+        plain = model.new_cache(1, 20)
+        model(idx[:, :12], cache=plain)
+        model(idx[:, 12:15], cache=plain)
+        with pytest.raises(ValueError, match="cannot roll back to position 12"):
+            plain[0].truncate(12)
+
+
+@pytest.mark.parametrize("positional", ["rope", "none"])
+def test_a_windowed_model_generates_past_its_context_as_a_full_forward_would(positional, gen_dir):
+    context = 12
+    spec = _mixed_spec({"kind": "sliding_window", "window": 4}, positional=positional, every_layer=True,
+                       context=context)
+    model = _lively(_model(spec, gen_dir, seed=2))
+    prompt = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    out = model.generate(prompt, 30, temperature=0)  # 37 positions, three times the context
+    assert out.shape == (2, 37) and len(set(out[0, 12:].tolist())) > 3  # not one token repeated
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(30):  # the whole sequence each step, no cache: positions past the table computed
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+    cache = model.new_cache(1, 37)
+    assert all(c.k.size(2) == 4 for c in cache)  # the window, however long the sequence
+
+
+@pytest.mark.parametrize("why, spec", [
+    ("layer 1 has dense causal attention", lambda: _mixed_spec({"kind": "sliding_window", "window": 4},
+                                                               context=12)),
+    ("absolute", lambda: _mixed_spec({"kind": "sliding_window", "window": 4}, positional="learned",
+                                     every_layer=True, context=12)),
+    ("global", lambda: _mixed_spec({"kind": "global_local", "window": 4, "n_global": 1}, every_layer=True,
+                                   context=12)),
+])
+def test_a_model_that_cannot_run_past_its_context_refuses_with_the_reason(why, spec, gen_dir):
+    from archspec.errors import UserError
+    from archspec.kinds.attention import past_context_refusal
+    from archspec.sample import check_length
+
+    spec = spec()
+    assert why in (past_context_refusal(spec.model) or "")
+    model = _model(spec, gen_dir)
+    with pytest.raises(ValueError, match="exceed CONTEXT_LENGTH 12"):
+        model.generate(torch.zeros(1, 7, dtype=torch.long), 6)
+    with pytest.raises(UserError, match=f"exceeds context_length 12 of rolling; lower --max-new-tokens to 5 .*{why}"):
+        check_length(spec, 7, 6)
+    check_length(spec, 7, 5)
+
+
+def test_speculative_decoding_with_window_models_rolls_back_within_the_ring(gen_dir):
+    """Target and draft attend within windows: each round's rejected drafts are taken back from ring buffers (made
+    with rollback = k), and generation runs past both contexts; greedy output is still the target's alone."""
+    target = _lively(_model(_mixed_spec({"kind": "sliding_window", "window": 5}, every_layer=True, context=16),
+                            gen_dir, seed=21))
+    draft = copy.deepcopy(target)  # the target with a noisy head: it guesses some tokens right and others wrong
+    with torch.no_grad():
+        draft.lm_head.weight.add_(torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(9)))
+    prompt = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(8))
+    alone = target.generate(prompt, 30, temperature=0)[0, 6:].tolist()
+    assert len(set(alone)) > 5
+    for k in (2, 5):
+        stats = SpeculativeStats()
+        assert list(speculative_stream(target, draft, prompt, 30, k=k, temperature=0, stats=stats)) == alone
+        assert 0 < stats.accepted < stats.drafted  # some drafts were kept, others rejected and rolled back

@@ -125,7 +125,7 @@ def test_blockwise_path_equals_reference_in_float64(name, T_, blocks, tmp_path):
     pattern = getattr(module, const)
     if blocks is not None:
         chunk = blocks * fields.get("block_size", 4)
-        pattern = module.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, chunk)
+        pattern = module.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, chunk, pattern.reach)
     g = torch.Generator().manual_seed(T_)
     q, k, v = (torch.randn(2, h, T_, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (6, 2, 2))
     y = module.blockwise_attention(q, k, v, pattern)
@@ -204,7 +204,7 @@ def test_blockwise_path_multiplies_only_its_tiles(tmp_path):
     module = _module(spec, tmp_path).module
     q, k, v = (torch.randn(1, H, T_, D) for _ in range(3))
     counter = FlopCounterMode(display=False)
-    pattern = module.SparsePattern(module.sliding_window_mask, 0, w - 1, 16)
+    pattern = module.SparsePattern(module.sliding_window_mask, 0, w - 1, 16, w)
     with counter:
         module.blockwise_attention(q, k, v, pattern)
     tile_keys = 16 + (w - 1)

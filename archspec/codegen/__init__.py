@@ -291,6 +291,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "final_norm": norm_cfgs[0].cls,
         "shared": _shared_code(m.units()),
         "tie_embeddings": bool(m.tie_embeddings),
+        "past_context": _attention_unit.past_context_refusal(m) is None,
     }
 
 

@@ -72,10 +72,10 @@ class AttentionSpec(Strict):
     def kv_cache_elements_per_token(self) -> int:
         return 2 * self.n_kv_heads * self.head_dim  # K and V
 
-    def kv_cache_elements_per_sequence(self, context_length: int) -> int:
-        """K and V of one sequence at `context_length`, as this layer's cache holds them: a window layer keeps at most
+    def kv_cache_elements_per_sequence(self, seq_len: int) -> int:
+        """K and V of one sequence of `seq_len` tokens, as this layer's cache holds them: a window layer keeps at most
         its window (the pattern's `cached_positions`)."""
-        return self.kv_cache_elements_per_token() * self.sparsity.cached_positions(context_length)
+        return self.kv_cache_elements_per_token() * self.sparsity.cached_positions(seq_len)
 
     # ── codegen ──
     @property
@@ -148,6 +148,19 @@ class AttentionSpec(Strict):
         if self.qk_norm is not None:
             out += [HFWeight("q_norm.weight", ("q_norm.weight",)), HFWeight("k_norm.weight", ("k_norm.weight",))]
         return out
+
+
+def past_context_refusal(m: Any) -> str | None:
+    """Why model `m` cannot run past its context_length, or None when it can: when every layer looks back at most a
+    window (`SparsityKind.max_lookback`) and positions reach attention only as offsets (`PositionalKind.relative`),
+    each layer's cache rolls and no query meets an offset it did not meet in training."""
+    positional = m.attention.positional
+    if not type(positional).relative:
+        return f"its positions are absolute ({positional.describe(m)})"
+    for i, b in enumerate(m.blocks()):
+        if b.attention.sparsity.max_lookback() is None:
+            return f"layer {i} has {b.attention.sparsity.describe(m)}, not a window"
+    return None
 
 
 bind("positional", AttentionSpec, "positional")

@@ -224,6 +224,10 @@ class PositionalKind(KindUnit):
 
     family: ClassVar[str] = "positional"
     head_dim_multiple: ClassVar[int] = 1  # e.g. 2 where pairs of dimensions are rotated
+    # Whether positions reach attention only as offsets between query and key (RoPE; none), not as absolute positions
+    # (a learned or sinusoidal table). With windowed attention, such a model meets nothing new past context_length;
+    # its template must then compute positions past the table (see SparsityKind.max_lookback).
+    relative: ClassVar[bool] = False
 
     def params(self, m: "ModelSpec") -> int:
         return 0
@@ -240,18 +244,18 @@ class SparsityKind(KindUnit):
     turn `q` (B, N_HEADS, T, HEAD_DIM), `k`, `v` (B, N_KV_HEADS, T, HEAD_DIM) into `y` (B, N_HEADS, T, HEAD_DIM).
 
     Generation (a KV cache) has two optional hooks; without them a layer caches every position (dense):
-    `new_cache` (the body of `Attention.new_cache(batch_size, max_len, device, dtype)`: return this layer's cache,
-    e.g. a rolling buffer of a window's positions; the dense default is `KVCache`, see model.py.j2) and `decode` (the
-    lines in Attention.forward that, given `cache` and this step's `q`, `k`, `v` for T new positions starting at
-    `cache.length`, store k and v and produce `y`). A cache has `length` (positions seen), `append(k, v)`,
-    `truncate(length)` (speculative decoding rolls back rejected drafts) and `nbytes`.
+    `new_cache` (the body of `Attention.new_cache(batch_size, max_len, device, dtype, rollback)`: return this layer's
+    cache; the dense default is `KVCache`, see model.py.j2) and `decode` (the lines in Attention.forward that, given
+    `cache` and this step's `q`, `k`, `v` for T new positions starting at `cache.length`, store k and v and produce
+    `y`). A cache has `length` (positions seen), `truncate(length)` (speculative decoding takes back rejected drafts:
+    up to `rollback` positions) and `nbytes` (its K and V, which `cached_positions` prices).
 
     A sparse pattern's template defines its predicate `mask_mod(b, h, q_idx, kv_idx)` and a `SparsePattern` (from the
     shared `sparsity/sparse_attention.py.j2`, named in `shared_templates`) saying what the fast paths need; its
     `attend` calls `sparse_attention(q, k, v, PATTERN, ...)`, which picks FlexAttention on CUDA and the blockwise
-    path everywhere else, and its `decode` calls `sparse_decode` over a cache of every position (a rolling buffer
-    for windows is not written yet, so `cache_positions` stays all while `cached_positions` says what the pattern
-    needs)."""
+    path everywhere else; its `new_cache` returns a `RollingKVCache(PATTERN, ...)`, which keeps the pattern's
+    `n_global` leading positions and a ring buffer of the last `reach` positions (what `cached_positions` says), and
+    its `decode` is `y = cache.attend(q, k, v)`."""
 
     family: ClassVar[str] = "sparsity"
 
@@ -265,14 +269,17 @@ class SparsityKind(KindUnit):
         return 0
 
     def cached_positions(self, context_length: int) -> int:
-        """Most positions a layer's KV cache must hold to decode anywhere in a sequence of `context_length` tokens:
-        all of them for dense attention; a window layer holds at most its window."""
+        """Positions a layer's KV cache holds for a sequence of `context_length` tokens (what `new_cache` allocates,
+        rollback aside): all of them for dense attention; a window layer at most its window. The accounting prices
+        the cache from it (tested against the generated cache's `nbytes`)."""
         return context_length
 
-    def cache_positions(self, seq_len: int) -> int:
-        """Positions a layer's KV cache holds after `seq_len` tokens (dense: all; a sliding window: the window).
-        The accounting prices one sequence's cache from it; it must equal what `new_cache` allocates."""
-        return seq_len
+    def max_lookback(self) -> int | None:
+        """When every key a query sees lies within the last `max_lookback()` positions (the query included), that
+        number; None when some key may be seen from any distance (dense attention, global keys). A model whose every
+        layer has one, and whose positions reach attention only as offsets (`PositionalKind.relative`), can generate
+        past context_length: each cache rolls, and no query meets an offset longer than those of training."""
+        return None
 
 
 class FFNKind(KindUnit):

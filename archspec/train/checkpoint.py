@@ -402,6 +402,20 @@ def load_weights(path: str | os.PathLike) -> dict[str, Any]:
         state = _training_state(path, state)
         return {"format": state["format"], "spec_hash": state["spec_hash"], "spec": state["spec"],
                 "model": state["model"], "tokenizer": {}, "source": str(path)}
+    return _weights_state(path, state)
+
+
+def load_any(path: str | os.PathLike) -> dict[str, Any]:
+    """A training checkpoint as `load_checkpoint` returns it, or a weights checkpoint as `load_weights` does (its
+    "format" is WEIGHTS_FORMAT), read once: for readers of the model that take either (`archspec sample`)."""
+    path = resolve(path)
+    state = _read(path)
+    if isinstance(state, dict) and state.get("format") == WEIGHTS_FORMAT:
+        return _weights_state(path, state)
+    return _training_state(path, state)
+
+
+def _weights_state(path: Path, state: Any) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != WEIGHTS_FORMAT:
         raise UserError(f"{path}: not an archspec checkpoint (expected format {WEIGHTS_FORMAT!r} or {FORMAT!r})")
     missing = [k for k in WEIGHTS_REQUIRED if k not in state]

@@ -162,3 +162,81 @@ def test_a_checkpoint_without_a_stored_tokenizer_falls_back_to_the_run_directory
     (run_dir / "tokenizer.json").unlink()
     rc, _, err = _sample(capsys, str(run_dir), "--prompt", PROMPT)
     assert rc == 2 and "holds no tokenizer" in err
+
+
+# ── weights checkpoints (import-hf) ─────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_weights_checkpoint_samples_as_the_run_whose_weights_it_holds(bpe_run, tmp_path, capsys):
+    """A weights checkpoint (the format import-hf writes: the model and its tokenizer files) of the run's weights and
+    tokenizer samples exactly what the run samples; without a tokenizer it is refused, naming why."""
+    from archspec.train.checkpoint import save_weights
+
+    _, run_dir = bpe_run
+    state = load_checkpoint(run_dir / "checkpoint.pt")
+    files = {"tokenizer.json": state["tokenizer"]["json"],
+             "tokenizer_config.json": json.dumps({"eos_token": {"content": "<|endoftext|>"}})}
+    save_weights(tmp_path / "w.pt", state["spec"], state["spec_hash"], state["model"], files, source="a test")
+    args = ["--prompt", PROMPT, "--max-new-tokens", "12", "--temperature", "0"]
+    rc, from_run, err = _sample(capsys, str(run_dir), *args)
+    assert rc == 0, err
+    rc, from_weights, err = _sample(capsys, str(tmp_path / "w.pt"), *args)
+    assert rc == 0, err
+    assert from_weights == from_run
+    assert f"weights checkpoint {tmp_path / 'w.pt'} (from a test)" in err
+
+    save_weights(tmp_path / "bare.pt", state["spec"], state["spec_hash"], state["model"], {})
+    rc, _, err = _sample(capsys, str(tmp_path / "bare.pt"), *args)
+    assert rc == 2 and "a weights checkpoint without a tokenizer" in err and "Traceback" not in err
+
+
+def test_sample_reads_what_import_hf_writes_and_continues_as_hf_does(tmp_path, capsys):
+    """An HF Llama directory with a tokenizer (its EOS named in tokenizer_config.json) → `import-hf --checkpoint` →
+    `sample CHECKPOINT`: greedy text equal to HF's own greedy generate from the same prompt."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "</s>"] + [f"w{i}" for i in range(46)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    config = transformers.LlamaConfig(vocab_size=48, max_position_embeddings=32, hidden_size=32, intermediate_size=40,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      bos_token_id=None, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        hf.lm_head.weight.normal_(0.0, 1.0)  # lively logits: greedy text that changes from token to token
+    src = tmp_path / "hf-llama"
+    hf.save_pretrained(src)
+    (src / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+    (src / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}), encoding="utf-8")
+    assert main(["import-hf", str(src), "-o", str(tmp_path / "llama.yaml"), "--checkpoint",
+                 str(tmp_path / "llama.pt")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+    prompt = "w3 w7 w1 w12"
+    rc, out, err = _sample(capsys, str(tmp_path / "llama.pt"), "--prompt", prompt, "--max-new-tokens", "10",
+                           "--temperature", "0")
+    assert rc == 0, err
+    ids = torch.tensor([tok.encode(prompt).ids])
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)[0, 4:]
+    assert out.strip() == tok.decode(want.tolist(), skip_special_tokens=True)
+    assert (want == 1).any() == ("stopped at EOS" in err)
+
+
+# ── past the context ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_windowed_spec_samples_past_its_context_and_a_dense_one_says_why_not(tmp_path, corpus_dir, capsys):
+    windowed = _spec_file(tmp_path, corpus_dir, tokenizer="{kind: byte}", name="windowed")
+    text = open(windowed, encoding="utf-8").read().replace("n_kv_heads: 1}", "n_kv_heads: 1, sparsity: "
+                                                           "{kind: sliding_window, window: 8}}")
+    open(windowed, "w", encoding="utf-8").write(text)
+    rc, out, err = _sample(capsys, windowed, "--prompt", "a" * 30, "--max-new-tokens", "40", "--temperature", "0")
+    assert rc == 0, err
+    assert "40 tokens in" in err and "past context_length 32: every layer attends within a window" in err
+
+    dense = _spec_file(tmp_path, corpus_dir, tokenizer="{kind: byte}", name="dense")
+    rc, _, err = _sample(capsys, dense, "--prompt", "a" * 30, "--max-new-tokens", "40")
+    assert rc == 2 and "exceeds context_length 32" in err and "layer 0 has dense causal attention" in err

@@ -10,6 +10,7 @@ from archspec.kinds.base import PositionalKind, register
 @register
 class NoPositional(PositionalKind):
     kind: Literal["none"] = "none"  # NoPE: causal masking alone carries position
+    relative = True  # nothing absolute: a windowed NoPE model can run past its context
 
     def describe(self, m) -> str:
         return "no positional encoding (NoPE)"

@@ -45,6 +45,7 @@ class RopePositional(PositionalKind):
     scaling: RopeScaling | None = Field(None, description="frequency scaling: linear | llama3 (default: none)")
 
     head_dim_multiple = 2  # rotates pairs of dimensions
+    relative = True  # q·k depends on the offset alone; angles past the table are computed when asked for
 
     def problems(self, m, path):
         out = []

@@ -44,8 +44,16 @@ class BlockSparsity(SparsityKind):
                         seq_len)
 
     def cached_positions(self, context_length: int) -> int:
-        own_and_back = (self.n_blocks_back + 1) * self.block_size
-        return min(own_and_back + (self.block_size if self.global_first_block else 0), context_length)
+        # A rolling buffer of the reach (a query's own block and those before it), after the first block if global.
+        return min(self._reach + (self.block_size if self.global_first_block else 0), context_length)
+
+    @property
+    def _reach(self) -> int:
+        """The farthest key a query sees, globals aside, counting the query: from its block's start, N back."""
+        return (self.n_blocks_back + 1) * self.block_size
+
+    def max_lookback(self) -> int | None:
+        return None if self.global_first_block else self._reach
 
     def constants(self, m) -> list[Const]:
         return [Const("BLOCK_SIZE", lit_int(self.block_size), "positions per block"),

@@ -32,6 +32,9 @@ class SlidingWindowSparsity(SparsityKind):
     def cached_positions(self, context_length: int) -> int:
         return min(self.window, context_length)  # a rolling buffer of the window
 
+    def max_lookback(self) -> int:
+        return self.window
+
     def constants(self, m) -> list[Const]:
         return [Const("WINDOW", lit_int(self.window), "query i sees keys j with i - WINDOW < j <= i")]
 
