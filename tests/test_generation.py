@@ -426,3 +426,18 @@ def test_speculative_decoding_with_window_models_rolls_back_within_the_ring(gen_
         stats = SpeculativeStats()
         assert list(speculative_stream(target, draft, prompt, 30, k=k, temperature=0, stats=stats)) == alone
         assert 0 < stats.accepted < stats.drafted  # some drafts were kept, others rejected and rolled back
+
+
+@pytest.mark.parametrize("preset", ["gpt3-like-tiny", "mistral-like-tiny", "longformer-like-tiny"])
+def test_preset_caches_are_the_bytes_build_json_reports(preset, gen_dir):
+    """`build --json`'s kv_cache_bytes_per_sequence (bf16, context_length, each layer's need) is what the generated
+    model allocates for one sequence."""
+    from pathlib import Path
+
+    from archspec.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / f"{preset}.yaml")
+    model = _model(spec, gen_dir)
+    cache = model.new_cache(1, dtype=torch.bfloat16)
+    assert sum(c.nbytes for c in cache) == account(spec).kv_cache_bytes_per_sequence
+    assert min(c.k.size(2) for c in cache) < spec.model.context_length  # some layer keeps less than every position
