@@ -11,12 +11,15 @@
    `hf.generate(..., do_sample=False, use_cache=True)`, min_new_tokens = max_new_tokens so that neither stops early.
    Time to first token: until the first new token exists (a streamer for HF). The sides alternate `--repeats` times
    in one process and each keeps its best, since load from other work only ever slows one down.
-3. bytes: the KV cache one sequence of context_length needs, MHA vs GQA vs MQA (n_kv_heads 8, 2, 1 of llama-like):
-   what `Model.new_cache` allocates against `archspec.accounting.kv_cache_bytes`, fp32 and bf16.
-4. speculative: a target (12 layers, d_model 256, 9.5M parameters) and a draft (llama-like-tiny's shape, 2 layers, d_model 128) trained
+3. bytes: the KV cache one sequence of context_length needs, MHA vs GQA vs MQA (n_kv_heads 8, 2, 1 of llama-like),
+   and window layers (rolling buffers: mistral-like, llama-like with odd layers windowed, longformer-like): what
+   `Model.new_cache` allocates against `archspec.accounting.kv_cache_bytes`, fp32 and bf16.
+4. speculative: a target (12 layers, d_model 256, 8.9M parameters) and a draft (2 layers, d_model 128, 0.4M) trained
    on the same corpus and byte tokenizer (`--train-steps` each, through the shared loop; checkpoints kept in
-   --work-dir, reused on the next run), greedy: `archspec.sample.speculative_stream` against the target alone.
-   Acceptance rate, tokens per target forward, speed-up; the outputs must be identical.
+   --work-dir per step count, reused on the next run), over four code prompts, greedy and sampled (temperature 0.8):
+   `archspec.sample.speculative_stream` against the target alone (`Model.stream`). Acceptance rate, tokens per target
+   forward, speed-up; greedy outputs must be identical. Both models' validation loss is printed: a draft as good as
+   its target (or a degenerate, repetitive output) makes acceptance meaningless.
 """
 
 from __future__ import annotations
@@ -184,6 +187,22 @@ def bench_bytes() -> list[dict]:
         rows.append({"layout": label, "n_kv_heads": kv, "positions": n,
                      "fp32": fp32, "fp32_accounting": kv_cache_bytes(spec.model, n, "fp32"),
                      "bf16": bf16, "bf16_accounting": kv_cache_bytes(spec.model, n, "bf16")})
+    # Window layers keep a ring buffer of what their pattern reaches: every layer (mistral-like), every other layer
+    # (llama-like with odd layers windowed, as GPT-3 alternates), a window plus global positions (longformer-like).
+    mixed = canonical_dict(base)
+    mixed["model"]["layers"] = {"banded": {"select": {"start": 1, "step": 2},
+                                           "attention": {"sparsity": {"kind": "sliding_window", "window": 256}}}}
+    for label, spec in (("window 256, every layer (mistral-like)", load_spec(ROOT / "specs" / "mistral-like.yaml")),
+                        ("window 256, odd layers (llama-like GQA)", load_spec_dict(mixed)),
+                        ("window 256 + 4 global (longformer-like, MHA)",
+                         load_spec(ROOT / "specs" / "longformer-like.yaml"))):
+        model = _model(spec)
+        n = spec.model.context_length
+        fp32 = sum(c.nbytes for c in model.new_cache(1, n))
+        bf16 = sum(c.nbytes for c in model.new_cache(1, n, dtype=torch.bfloat16))
+        rows.append({"layout": label, "n_kv_heads": spec.model.attention.n_kv_heads, "positions": n,
+                     "fp32": fp32, "fp32_accounting": kv_cache_bytes(spec.model, n, "fp32"),
+                     "bf16": bf16, "bf16_accounting": kv_cache_bytes(spec.model, n, "bf16")})
     return rows
 
 
@@ -194,7 +213,7 @@ def _trained(name: str, model: dict, steps: int, work: Path):
     from archspec.sample import load_model
     from archspec.train.loop import train
 
-    run_dir = work / name
+    run_dir = work / f"{name}-{steps}"  # a checkpoint per step count: a rerun with other --train-steps trains anew
     if not (run_dir / "checkpoint.pt").is_file():
         spec = load_spec_dict({"name": name, "model": model, "train": {
             "steps": steps, "batch_size": 8, "seq_len": 128, "lr": 3e-3, "warmup_steps": 20, "eval_interval": steps,
@@ -203,7 +222,17 @@ def _trained(name: str, model: dict, steps: int, work: Path):
     return load_model(str(run_dir), device="cpu")
 
 
-def bench_speculative(work: Path, steps: int, k: int, new_tokens: int = 192) -> dict:
+# Code to continue (the corpus is the Python standard library); none ends in whitespace, which a weak model continues
+# with whitespace forever (and a draft then guesses every token).
+SPECULATIVE_PROMPTS = ("import os\nimport sys\n\n\ndef main(argv):\n    parser = ",
+                       "class Reader:\n    def __init__(self, path):\n        self.path = path\n\n    def read(self",
+                       "    for name, value in sorted(items.items()):\n        if ",
+                       "def _check_arg(value, name):\n    \"\"\"Raise TypeError")
+
+
+def bench_speculative(work: Path, steps: int, k: int, new_tokens: int = 128, temperature: float = 0.8) -> dict:
+    """Greedy and sampled (temperature, seed 0 per prompt), over SPECULATIVE_PROMPTS: the target alone
+    (`Model.stream`) against `speculative_stream`, each prompt alone then speculative, back to back."""
     from archspec.sample import SpeculativeStats, encode_prompt, speculative_stream
 
     shape = {"vocab_size": 320, "context_length": 256, "norm": {"kind": "rmsnorm"}, "tie_embeddings": True}
@@ -211,22 +240,48 @@ def bench_speculative(work: Path, steps: int, k: int, new_tokens: int = 192) -> 
                                       "attention": {"n_heads": 4, "n_kv_heads": 2}}, steps, work)
     draft = _trained("spec-draft", {**shape, "d_model": 128, "n_layers": 2,
                                     "attention": {"n_heads": 4, "n_kv_heads": 2}}, steps, work)
-    prompt = encode_prompt(target.tokenizer, "import os\nimport sys\n\n\ndef main(argv):\n    ")
-    new_tokens = min(new_tokens, 256 - prompt.size(1))
-    list(target.model.stream(prompt, 8, temperature=0))  # warm-up
-    t0 = time.perf_counter()
-    alone = [int(t) for t in target.model.stream(prompt, new_tokens, temperature=0)]
-    t_alone = time.perf_counter() - t0
-    stats = SpeculativeStats()
-    t0 = time.perf_counter()
-    fast = list(speculative_stream(target.model, draft.model, prompt, new_tokens, k=k, temperature=0, stats=stats))
-    t_fast = time.perf_counter() - t0
-    return {"target_params": sum(p.numel() for p in target.model.parameters()),
-            "draft_params": sum(p.numel() for p in draft.model.parameters()), "train_steps": steps, "k": k,
-            "new_tokens": new_tokens, "identical": fast == alone, "acceptance_rate": stats.acceptance_rate,
-            "tokens_per_target_forward": new_tokens / stats.target_forwards,
-            "alone_tok_s": new_tokens / t_alone, "speculative_tok_s": new_tokens / t_fast, "speedup": t_alone / t_fast,
-            "sample": target.tokenizer.decode(alone[:80])}
+    list(target.model.stream(encode_prompt(target.tokenizer, "def"), 8, temperature=0))  # warm-up
+    out = {"target_params": sum(p.numel() for p in target.model.parameters()),
+           "draft_params": sum(p.numel() for p in draft.model.parameters()), "train_steps": steps, "k": k,
+           "target_val_loss": _val_loss(target), "draft_val_loss": _val_loss(draft), "new_tokens": new_tokens,
+           "prompts": len(SPECULATIVE_PROMPTS)}
+    for mode, temp in (("greedy", 0.0), ("sampled", temperature)):
+        t_alone = t_fast = 0.0
+        stats = SpeculativeStats()
+        identical, total, samples = True, 0, []
+        for prompt_text in SPECULATIVE_PROMPTS:
+            prompt = encode_prompt(target.tokenizer, prompt_text)
+            n = min(new_tokens, 256 - prompt.size(1))
+            t0 = time.perf_counter()
+            gen = torch.Generator().manual_seed(0)
+            alone = [int(t) for t in target.model.stream(prompt, n, temperature=temp, generator=gen)]
+            t_alone += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            gen = torch.Generator().manual_seed(0)
+            fast = list(speculative_stream(target.model, draft.model, prompt, n, k=k, temperature=temp,
+                                           generator=gen, stats=stats))
+            t_fast += time.perf_counter() - t0
+            identical &= fast == alone
+            total += n
+            samples.append(target.tokenizer.decode(fast[:60]))
+        out[mode] = {"temperature": temp, "tokens": total, "acceptance_rate": stats.acceptance_rate,
+                     "tokens_per_target_forward": total / stats.target_forwards, "alone_tok_s": total / t_alone,
+                     "speculative_tok_s": total / t_fast, "speedup": t_alone / t_fast, "samples": samples,
+                     # greedy must be identical; sampled draws differ (same distribution, other random stream)
+                     "identical": identical}
+    return out
+
+
+@torch.no_grad()
+def _val_loss(loaded, windows: int = 8, width: int = 128) -> float:
+    """Mean next-token loss over the first windows of the corpus' last document (the same text for both models)."""
+    from archspec.train.data import open_corpus
+
+    *_, last = open_corpus(loaded.spec.train.data.corpus).documents()
+    ids = loaded.tokenizer.encode_batch([last])[0][: windows * (width + 1)]
+    batch = torch.as_tensor(ids, dtype=torch.long)[: (len(ids) // (width + 1)) * (width + 1)].view(-1, width + 1)
+    _, loss = loaded.model(batch[:, :-1], batch[:, 1:])
+    return float(loss)
 
 
 def main() -> None:
@@ -234,7 +289,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["cache", "hf", "bytes", "speculative"], action="append")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--train-steps", type=int, default=150)
+    parser.add_argument("--train-steps", type=int, default=400)
     parser.add_argument("--draft-tokens", type=int, default=4)
     parser.add_argument("--work-dir", default=str(ROOT / ".cache" / "bench-generate"))
     parser.add_argument("--json", action="store_true")
@@ -279,12 +334,19 @@ def main() -> None:
         print(f"| ratio | **{h['ratio']:.2f}×** | | |")
     if "speculative" in out:
         s = out["speculative"]
-        print(f"\nspeculative (target {s['target_params']:,} params, draft {s['draft_params']:,}, {s['train_steps']} "
-              f"steps each, k={s['k']}, {s['new_tokens']} tokens, identical to the target alone: {s['identical']}): "
-              f"acceptance {100 * s['acceptance_rate']:.1f}%, {s['tokens_per_target_forward']:.2f} tokens per target "
-              f"forward, {s['speculative_tok_s']:.1f} vs {s['alone_tok_s']:.1f} tok/s = **{s['speedup']:.2f}×**")
-        print(f"sample: {s['sample']!r}")
-
+        print(f"\nspeculative: target {s['target_params']:,} params (val loss {s['target_val_loss']:.3f}), draft "
+              f"{s['draft_params']:,} (val loss {s['draft_val_loss']:.3f}), {s['train_steps']} steps each, k={s['k']}, "
+              f"{s['prompts']} prompts × up to {s['new_tokens']} tokens")
+        print("| decoding | acceptance | tokens per target forward | target alone tok/s | speculative tok/s | "
+              "speed-up | identical to the target alone |\n|---|---|---|---|---|---|---|")
+        for mode in ("greedy", "sampled"):
+            r = s[mode]
+            label = "greedy" if mode == "greedy" else f"sampled (T={r['temperature']})"
+            same = str(r["identical"]) if mode == "greedy" else "n/a (other random draws)"
+            print(f"| {label} | {100 * r['acceptance_rate']:.1f}% | {r['tokens_per_target_forward']:.2f} | "
+                  f"{r['alone_tok_s']:.1f} | {r['speculative_tok_s']:.1f} | **{r['speedup']:.2f}×** | {same} |")
+        for mode in ("greedy", "sampled"):
+            print(f"{mode} samples: {s[mode]['samples']!r}")
 
 if __name__ == "__main__":
     main()
