@@ -15,8 +15,9 @@
    and window layers (rolling buffers: mistral-like, llama-like with odd layers windowed, longformer-like): what
    `Model.new_cache` allocates against `archspec.accounting.kv_cache_bytes`, fp32 and bf16.
 4. speculative: a target (12 layers, d_model 256, 8.9M parameters) and a draft (2 layers, d_model 128, 0.4M) trained
-   on the same corpus and byte tokenizer (`--train-steps` each, through the shared loop; checkpoints kept in
-   --work-dir per step count, reused on the next run), over four code prompts, greedy and sampled (temperature 0.8):
+   on the same corpus and byte tokenizer (`--train-steps` each, target at --target-lr 1e-3, draft at --draft-lr
+   3e-3, through the shared loop; checkpoints kept in --work-dir per steps and lr, reused on the next run), over
+   four code prompts, greedy and sampled (temperature 0.8):
    `archspec.sample.speculative_stream` against the target alone (`Model.stream`). Acceptance rate, tokens per target
    forward, speed-up; greedy outputs must be identical. Both models' validation loss is printed: a draft as good as
    its target (or a degenerate, repetitive output) makes acceptance meaningless.
