@@ -4,16 +4,15 @@ Built only from `VariantResult`s, which `archspec.ablate.runner.collect` reads b
 printed at the end of `archspec ablate` and the one rebuilt later by `archspec report` are the same computation on
 the same rows.
 
-Noise: each variant's final val loss is a mean over seeds. Its difference to the baseline, Δ = mean_v − mean_b, is
-flagged "within noise" when |Δ| < 2 · SE, with SE the pooled standard error of a difference of two means:
-SE = s_p · sqrt(1/n_v + 1/n_b), s_p² = ((n_v − 1)s_v² + (n_b − 1)s_b²) / (n_v + n_b − 2). With a single seed on both
-sides there is no estimate of noise and the flag says so ("n/a (1 seed)").
+Noise: each variant's final val loss is a mean over seeds. Its difference to the baseline, Δ = mean_v − mean_b, comes
+with a Welch t 95% confidence interval (unequal variances, Welch–Satterthwaite degrees of freedom:
+`archspec.ablate.stats`). The verdict is "better" or "worse" only when the interval excludes 0, "inconclusive"
+otherwise; with a single seed on either side there is no estimate of noise and it says so ("n/a (1 seed)").
 """
 
 from __future__ import annotations
 
 import base64
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,11 @@ from typing import Any
 import jinja2
 from rich.table import Table
 
+from archspec.ablate.stats import LEVEL, Interval, verdict, welch
 from archspec.console import human, number
+
+CAPTION = (f"val loss: final, mean ± std over seeds; {LEVEL:.0%} CI: Welch t interval of Δ (Welch–Satterthwaite "
+           "degrees of freedom); better/worse only when it excludes 0, else inconclusive")
 
 
 @dataclass
@@ -74,34 +77,25 @@ class VariantResult:
 
 @dataclass
 class Comparison:
-    delta: float | None
-    se: float | None
-    within_noise: bool | None  # None: not enough seeds to say
+    """A variant against the baseline: Δ = mean_v − mean_b with its Welch interval (None: no runs on a side)."""
+
+    interval: Interval | None
+
+    @property
+    def delta(self) -> float | None:
+        return self.interval.estimate if self.interval is not None else None
+
+    @property
+    def se(self) -> float | None:
+        return self.interval.se if self.interval is not None else None
 
     @property
     def verdict(self) -> str:
-        if self.delta is None:
-            return "no runs"
-        if self.within_noise is None:
-            return "n/a (1 seed)"
-        return "within noise" if self.within_noise else ("better" if self.delta < 0 else "worse")
-
-
-def pooled_se(a: list[float], b: list[float]) -> float | None:
-    if len(a) + len(b) <= 2 or not a or not b:
-        return None
-    va = statistics.variance(a) if len(a) > 1 else 0.0
-    vb = statistics.variance(b) if len(b) > 1 else 0.0
-    sp2 = ((len(a) - 1) * va + (len(b) - 1) * vb) / (len(a) + len(b) - 2)
-    return math.sqrt(sp2) * math.sqrt(1 / len(a) + 1 / len(b))
+        return verdict(self.interval)
 
 
 def compare(variant: VariantResult, baseline: VariantResult) -> Comparison:
-    if variant.mean is None or baseline.mean is None:
-        return Comparison(None, None, None)
-    delta = variant.mean - baseline.mean
-    se = pooled_se(variant.finals, baseline.finals)
-    return Comparison(delta, se, None if se is None else abs(delta) < 2 * se)
+    return Comparison(welch(variant.finals, baseline.finals))
 
 
 def _mean_std(v: VariantResult) -> str:
@@ -117,7 +111,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
     show_attention = len({v.attention_flops_per_token for v in variants}) > 1  # e.g. attention patterns
     rows = []
     for v in variants:
-        c = compare(v, baseline) if baseline is not None else Comparison(None, None, None)
+        c = compare(v, baseline) if baseline is not None else Comparison(None)
         finals = v.finals
         row = {
             "variant": f"v{v.index}" + (" (baseline)" if v.index == baseline_index else ""),
@@ -128,6 +122,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "tok/s": number(v.tokens_per_s) if v.tokens_per_s else "-",
             "val loss": _mean_std(v) + f" (n={len(finals)})",
             "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",
+            "95% CI": "-" if v.index == baseline_index or c.interval is None else c.interval.text(),
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
         }
@@ -151,13 +146,16 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
     baseline = next((v for v in variants if v.index == baseline_index), None)
     out = []
     for v in variants:
-        c = compare(v, baseline) if baseline is not None and v.index != baseline_index else Comparison(None, None, None)
+        c = compare(v, baseline) if baseline is not None and v.index != baseline_index else Comparison(None)
+        ci = c.interval
         out.append({
             "index": v.index, "label": v.label, "params_total": v.params_total, "params_active": v.params_active,
             "flops_train_per_token": v.flops_train_per_token, "kv_cache_bytes_per_token": v.kv_cache_bytes_per_token,
             "attention_flops_per_token": v.attention_flops_per_token,
             "tokens_per_s": v.tokens_per_s, "n": len(v.finals), "final_val_losses": v.finals,
             "mean": v.mean, "std": v.std if len(v.finals) > 1 else None, "delta": c.delta, "se": c.se,
+            "dof": ci.dof if ci else None, "ci_low": ci.low if ci else None, "ci_high": ci.high if ci else None,
+            "ci_level": LEVEL,
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
             "runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status} for r in v.runs],
@@ -172,7 +170,7 @@ def rich_table(title: str, rows: list[dict[str, str]]) -> Table:
                          overflow="fold")
     for r in rows:
         table.add_row(*r.values())
-    table.caption = "val loss: final, mean ± std over seeds; 'within noise': |Δ| < 2 × pooled standard error"
+    table.caption = CAPTION
     table.caption_justify = "left"
     return table
 
@@ -224,7 +222,7 @@ def render_html(title: str, rows: list[dict[str, str]], png: Path, variants: lis
                 meta: dict[str, Any]) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     return _HTML.get_template("report.html.j2").render(title=title, rows=rows, image=image, variants=variants,
-                                                       meta=meta)
+                                                       meta=meta, caption=CAPTION)
 
 
 def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,

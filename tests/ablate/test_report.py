@@ -1,4 +1,4 @@
-"""The verdict arithmetic: mean ± std over seeds, Δ vs baseline, and the pooled-standard-error noise flag."""
+"""The verdict arithmetic: mean ± std over seeds, Δ vs baseline with its Welch t interval, and the verdict."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from archspec.ablate.report import RunResult, VariantResult, compare, pooled_se, table_rows
+from archspec.ablate.report import RunResult, VariantResult, compare, table_rows, variant_numbers
+from archspec.ablate.stats import combination, mean_interval, verdict, welch
 
 
 def variant(index, finals, *, kv=512, moe=None):
@@ -17,24 +18,70 @@ def variant(index, finals, *, kv=512, moe=None):
     return VariantResult(index, f"v{index}", {}, 100, 100, 600, kv, runs)
 
 
-def test_pooled_se_formula():
-    a, b = [1.0, 1.2, 1.1], [2.0, 2.4]
-    sp2 = (2 * statistics.variance(a) + 1 * statistics.variance(b)) / 3
-    assert pooled_se(a, b) == pytest.approx(math.sqrt(sp2) * math.sqrt(1 / 3 + 1 / 2))
-    assert pooled_se([1.0], [2.0]) is None  # no estimate of noise from one seed each
+def test_welch_interval_by_hand():
+    # a = [1, 2, 3], b = [2, 3, 4]: Δ = -1, s² = 1 on both sides, SE = sqrt(1/3 + 1/3) = 0.816497,
+    # Welch–Satterthwaite ν = (2/3)² / ((1/3)²/2 · 2) = 4; t(0.975, 4) = 2.776445 (any t table).
+    ci = welch([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert ci.estimate == pytest.approx(-1.0)
+    assert ci.se == pytest.approx(0.816497, abs=1e-6)
+    assert ci.dof == pytest.approx(4.0)
+    assert (ci.low, ci.high) == (pytest.approx(-1 - 2.776445 * 0.816497, abs=1e-5),
+                                 pytest.approx(-1 + 2.776445 * 0.816497, abs=1e-5))
+    assert verdict(ci) == "inconclusive"
+    # unequal variances and sizes: a = [0, 2] (s² = 2), b = [0, 0, 3, 3] (s² = 3): SE² = 2/2 + 3/4 = 1.75,
+    # ν = 1.75² / (1²/1 + 0.75²/3) = 3.0625 / 1.1875 = 2.578947
+    ci = welch([0.0, 2.0], [0.0, 0.0, 3.0, 3.0])
+    assert ci.estimate == pytest.approx(-0.5) and ci.se == pytest.approx(math.sqrt(1.75))
+    assert ci.dof == pytest.approx(3.0625 / 1.1875)
 
 
-def test_within_noise_flag_uses_two_pooled_standard_errors():
+@pytest.mark.parametrize("a, b", [([1.0, 1.2, 1.1], [2.0, 2.4]), ([3.00, 3.10, 3.05], [3.02, 3.12, 3.07, 2.9]),
+                                  ([0.0, 2.0], [0.0, 0.0, 3.0, 3.0]), ([2.17, 2.18, 2.21], [2.51, 2.53, 2.49])])
+def test_welch_interval_matches_scipy(a, b):
+    stats = pytest.importorskip("scipy.stats")
+    res = stats.ttest_ind(a, b, equal_var=False)
+    low, high = res.confidence_interval(0.95)
+    ci = welch(a, b)
+    assert (ci.low, ci.high) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
+    assert ci.dof == pytest.approx(res.df, rel=1e-9)
+    assert ci.estimate / ci.se == pytest.approx(res.statistic, rel=1e-9)
+    # the one-group interval is scipy's one-sample t interval
+    low1, high1 = stats.ttest_1samp(a, 0.0).confidence_interval(0.95)
+    m = mean_interval(a)
+    assert (m.low, m.high) == (pytest.approx(low1, rel=1e-9), pytest.approx(high1, rel=1e-9))
+
+
+def test_combination_generalises_welch():
+    a, b = [1.0, 1.3, 1.1], [2.0, 2.4, 2.2, 2.1]
+    assert combination([(1.0, a), (-1.0, b)]) == welch(a, b)
+    assert combination([(1.0, [1.0])]).known is False  # one value: no variance, no interval
+    assert combination([(1.0, a), (1.0, [])]) is None
+
+
+def test_verdict_only_when_the_interval_excludes_zero():
     base = variant(0, [3.00, 3.10, 3.05])
-    near = variant(1, [3.02, 3.12, 3.07])  # Δ = 0.02, SE ≈ 0.041: within noise
+    near = variant(1, [3.02, 3.12, 3.07])  # Δ = 0.02, interval ≈ [-0.11, +0.15]: inconclusive
     far = variant(2, [2.50, 2.52, 2.51])  # Δ = -0.54: better
     worse = variant(3, [3.60, 3.62, 3.61])
-    assert compare(near, base).verdict == "within noise"
+    assert compare(near, base).verdict == "inconclusive"
     assert compare(far, base).verdict == "better"
     assert compare(worse, base).verdict == "worse"
-    assert compare(variant(4, [3.0]), variant(5, [3.1])).verdict == "n/a (1 seed)"
+    assert compare(variant(4, [3.0]), variant(5, [3.1, 3.2])).verdict == "n/a (1 seed)"
     c = compare(near, base)
-    assert c.delta == pytest.approx(0.02) and abs(c.delta) < 2 * c.se
+    assert c.delta == pytest.approx(0.02) and c.interval.low < 0 < c.interval.high
+    # a difference twice the pooled SE (the old "noise" flag's threshold) at n = 3 is not enough for 95%
+    edge = variant(6, [3.05 + 0.05 * 2.05 * math.sqrt(2 / 3) + d for d in (-0.05, 0.05, 0.0)])
+    assert compare(edge, base).verdict == "inconclusive"
+
+
+def test_rows_and_json_show_the_interval():
+    base, other = variant(0, [3.00, 3.10, 3.05]), variant(1, [2.50, 2.52, 2.51])
+    rows = table_rows([base, other], 0)
+    ci = welch(other.finals, base.finals)
+    assert rows[1]["95% CI"] == f"[{ci.low:+.4f}, {ci.high:+.4f}]" and rows[0]["95% CI"] == "-"
+    nums = variant_numbers([base, other], 0)
+    assert nums[1]["ci_low"] == ci.low and nums[1]["ci_high"] == ci.high and nums[1]["dof"] == ci.dof
+    assert nums[1]["verdict"] == "better" and nums[1]["ci_level"] == 0.95 and nums[0]["ci_low"] is None
 
 
 def test_failed_runs_do_not_count_and_rows_render():
