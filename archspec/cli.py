@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 
 from archspec.errors import UserError, printable
 from archspec.signals import Terminated
+from archspec.spec.legacy import SpecNote
 from archspec.train.logger import RecordingError
 
 
@@ -40,6 +42,23 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", SpecNote)  # each distinct note once per command
+        python_shows = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            """A spec's note (an old spelling, a changed default) as one `note:` line on stderr; other warnings as
+            Python shows them."""
+            if issubclass(category, SpecNote):
+                click.echo(f"note: {printable(str(message))}", err=True)
+            else:
+                python_shows(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # Without standalone mode click returns a command's exit code (from ctx.exit / Exit) instead of exiting.
         rc = cli.main(args=argv, prog_name="archspec", standalone_mode=False)

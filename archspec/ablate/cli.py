@@ -13,6 +13,7 @@ from archspec.console import human, make_console
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
+from archspec.errors import UserError
 
 # Dry-run time estimates assume this share of the measured matmul peak: what small models reach on CPU (the
 # llama-like-tiny preset measures 15-30%); a estimate, said as such in the table caption.
@@ -66,7 +67,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
             as_json: bool = False) -> None:
-    from archspec.ablate.report import rich_table, variant_numbers, write_report
+    from archspec.ablate.report import (EFFECTS_CAPTION, effect_numbers, effect_rows, main_effects, rich_table,
+                                        variant_numbers, write_report)
     from archspec.ablate.runner import collect
     from archspec.errors import UserError
     from archspec.registry import Registry, default_url
@@ -79,14 +81,22 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     out_dir = out_dir or Path("reports") / sweep_name
     meta = {"sweep": sweep_name, "registry": registry_url or default_url(),
             "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}
+    evaluated = sorted({int(r.summary["eval_tokens"]) for v in variants for r in v.runs if "eval_tokens" in r.summary})
+    if evaluated:
+        meta["eval tokens"] = (f"{evaluated[0]:,}" if len(evaluated) == 1 else
+                               f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
     rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta)
+    effects = main_effects(variants, baseline)
     if as_json:
         click.echo(json.dumps({"sweep": sweep_name, "baseline": baseline, "rows": rows,
-                               "variants": variant_numbers(variants, baseline), "png": str(png), "html": str(html)}))
+                               "variants": variant_numbers(variants, baseline), "main_effects": effect_numbers(effects),
+                               "png": str(png), "html": str(html)}))
         return
     console.print(rich_table(f"ablation {sweep_name}", rows))
+    if effects:
+        console.print(rich_table(f"main effects of {sweep_name}", effect_rows(effects), EFFECTS_CAPTION))
     console.print(f"plots: {png}\nreport: {html}")
 
 
@@ -98,13 +108,17 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @set_option
 @click.option("--seeds", callback=_seeds, metavar="0,1,2", help="Seeds to train each variant with (replaces the file's seeds).")
 @click.option("--steps", type=click.IntRange(min=1), help="Train every variant this many steps (replaces the file's budget).")
+@click.option("--add-seeds", type=click.IntRange(min=1), metavar="N",
+              help="Extend a sweep that has run with N more seeds per variant (the next unused seed numbers), "
+                   "training only the new runs; the report then holds every seed.")
 @click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")
 @device_option
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (faster for very short runs).")
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
-               steps: int | None, dry_run: bool, device: str, no_compile: bool, out_dir: Path | None, as_json: bool):
+               steps: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
+               out_dir: Path | None, as_json: bool):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
@@ -112,6 +126,10 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     index, count = parse_shard(shard)
     # every variant validated before anything trains
     sweep = load_sweep(sweep_path, overrides=overrides, seeds=seeds, steps=steps)
+    if add_seeds is not None:
+        if seeds is not None:
+            raise UserError("--add-seeds N and --seeds: give one (--add-seeds picks the next unused seeds itself)")
+        sweep = _with_added_seeds(sweep, sweep_path, add_seeds, registry_url, overrides, steps, console)
     jobs = sweep.shard(index, count)
     if dry_run:
         import torch
@@ -131,6 +149,33 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere")
     _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+
+
+def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, overrides, steps, console) -> Sweep:
+    """The sweep at N new seeds per variant: the next N seed numbers above every seed it has run at (its file's and
+    earlier --add-seeds'). Only a sweep that has run can be extended: with no run in the registry it is an error."""
+    from archspec.ablate.runner import collect
+    from archspec.ablate.sweep import MAX_SEEDS
+    from archspec.registry import Registry, default_url
+
+    variants, _ = collect(Registry(registry_url), sweep.name, sweep)
+    ran = {r.seed for v in variants for r in v.runs}
+    if not ran:
+        raise UserError(f"--add-seeds: sweep {sweep.name!r} has no runs in the registry {registry_url or default_url()} "
+                        f"for its variants; run `archspec ablate {sweep_path}` first")
+    seeds = ran | set(sweep.file.seeds)
+    if len(seeds) + n > MAX_SEEDS:
+        raise UserError(f"--add-seeds {n}: the sweep would have {len(seeds) + n} seeds, more than the limit of "
+                        f"{MAX_SEEDS}")
+    finished = sum(r.status == "FINISHED" and r.seed in sweep.file.seeds for v in variants for r in v.runs)
+    if finished < len(sweep.jobs):
+        console.print(f"note: {len(sweep.jobs) - finished} run(s) at the sweep's own seeds are not finished; "
+                      f"`archspec ablate {sweep_path}` trains them (--add-seeds trains only the new seeds)")
+    start = max(seeds) + 1
+    new = list(range(start, start + n))
+    console.print(f"sweep {sweep.name}: adding seeds {', '.join(map(str, new))} "
+                  f"(it has run at {', '.join(map(str, sorted(ran)))})")
+    return load_sweep(sweep_path, overrides=overrides, seeds=new, steps=steps)
 
 
 @click.command()

@@ -13,6 +13,7 @@ otherwise; with a single seed on either side there is no estimate of noise and i
 from __future__ import annotations
 
 import base64
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Any
 import jinja2
 from rich.table import Table
 
-from archspec.ablate.stats import LEVEL, Interval, verdict, welch
+from archspec.ablate.sweep import spec_text
+from archspec.ablate.stats import LEVEL, Interval, combination, verdict, welch
 from archspec.console import human, number
 
 CAPTION = (f"val loss: final, mean ± std over seeds; {LEVEL:.0%} CI: Welch t interval of Δ (Welch–Satterthwaite "
@@ -51,6 +53,7 @@ class VariantResult:
     kv_cache_bytes_per_token: int
     runs: list[RunResult]
     attention_flops_per_token: int | None = None  # forward QKᵀ and AV per token, at the pattern's key count
+    overrides: dict[str, str] = field(default_factory=dict)  # grid/zip key → its value as the spec writes it
 
     @property
     def finals(self) -> list[float]:
@@ -163,14 +166,126 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
     return out
 
 
-def rich_table(title: str, rows: list[dict[str, str]]) -> Table:
+# ── main effects of a multi-factor grid ──────────────────────────────────────────────────────────────────────────
+
+
+_KEY_START = re.compile(r", (?=[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*=)")
+
+
+def label_overrides(label: str) -> dict[str, str]:
+    """A variant's label (`k=v, k2=v2`, what a sweep membership records) back to its overrides: how a report built
+    from the registry alone, without the sweep file, finds the grid's factors. Values hold no `, key=`."""
+    if not label or label == "base":
+        return {}
+    out = {}
+    for part in _KEY_START.split(label):
+        key, sep, value = part.partition("=")
+        if not sep:
+            return {}
+        out[key] = value
+    return out
+
+
+@dataclass
+class Factor:
+    keys: list[str]  # the grid key, or the zip keys varied together
+    levels: list[str]  # in the order of the variants
+    level_of: dict[int, str]  # variant index → its level
+
+    @property
+    def name(self) -> str:
+        return " + ".join(self.keys)
+
+
+def grid_factors(variants: list[VariantResult]) -> list[Factor]:
+    """The factors of the sweep's grid: each override key whose value varies, keys that always vary together (a zip)
+    merged into one factor."""
+    keys = list(dict.fromkeys(k for v in variants for k in v.overrides))
+    if not keys or any(set(v.overrides) != set(keys) for v in variants):
+        return []
+    partitions: dict[tuple, list[str]] = {}
+    for key in keys:
+        values = [v.overrides[key] for v in variants]
+        firsts = list(dict.fromkeys(values))
+        if len(firsts) < 2:
+            continue
+        partitions.setdefault(tuple(firsts.index(x) for x in values), []).append(key)
+    factors = []
+    for pattern, group in partitions.items():
+        level_of = {v.index: ", ".join(v.overrides[k] for k in group) if len(group) > 1 else v.overrides[group[0]]
+                    for v in variants}
+        factors.append(Factor(group, list(dict.fromkeys(level_of[v.index] for v in variants)), level_of))
+    return factors
+
+
+def _mean_ci(i: Interval | None) -> str:
+    if i is None:
+        return "-"
+    return f"{i.estimate:.4f}" + (f" [{i.low:.4f}, {i.high:.4f}]" if i.known else "")
+
+
+def main_effects(variants: list[VariantResult], baseline_index: int) -> list[dict[str, Any]]:
+    """Per factor of a multi-factor grid (two or more factors), per level: the marginal mean of the final val loss
+    (the mean of the level's cell means, averaging over the other factors) and its difference to the baseline
+    variant's level, each with a Welch–Satterthwaite t interval over the cells' seeds (`stats.combination`); the
+    verdict as for the cells. Empty for a one-factor sweep (the cell table is its main effect)."""
+    factors = grid_factors(variants)
+    base = next((v for v in variants if v.index == baseline_index), None)
+    if len(factors) < 2 or base is None:
+        return []
+    out = []
+    for f in factors:
+        cells = {level: [v for v in variants if f.level_of[v.index] == level] for level in f.levels}
+        ref = f.level_of[base.index]
+
+        def groups(level: str, sign: float = 1.0) -> list[tuple[float, list[float]]]:
+            return [(sign / len(cells[level]), v.finals) for v in cells[level]]
+
+        for level in f.levels:
+            marginal = combination(groups(level))
+            effect = None if level == ref else combination(groups(level) + groups(ref, -1.0))
+            out.append({
+                "factor": f.name, "level": level, "cells": len(cells[level]),
+                "n": sum(len(v.finals) for v in cells[level]),
+                "mean": marginal.estimate if marginal else None,
+                "mean_low": marginal.low if marginal else None, "mean_high": marginal.high if marginal else None,
+                "delta": effect.estimate if effect else None, "se": effect.se if effect else None,
+                "dof": effect.dof if effect else None,
+                "ci_low": effect.low if effect else None, "ci_high": effect.high if effect else None,
+                "ci_level": LEVEL, "reference": ref,
+                "verdict": "reference" if level == ref else verdict(effect),
+                "_marginal": marginal, "_effect": effect,
+            })
+    return out
+
+
+def effect_rows(effects: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The main-effects table's cells as strings (rich table, HTML)."""
+    return [{
+        "factor": e["factor"], "level": e["level"] + (" (baseline's)" if e["verdict"] == "reference" else ""),
+        "cells": str(e["cells"]), "marginal val loss [95% CI]": _mean_ci(e["_marginal"]),
+        "Δ vs baseline's level": "-" if e["_effect"] is None else f"{e['delta']:+.4f}",
+        "95% CI": "-" if e["_effect"] is None else e["_effect"].text(),
+        "verdict": "baseline's level" if e["verdict"] == "reference" else e["verdict"],
+    } for e in effects]
+
+
+def effect_numbers(effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if not k.startswith("_")} for e in effects]
+
+
+EFFECTS_CAPTION = ("marginal val loss: the mean of the level's cell means (over the other factors' levels); "
+                   f"Δ and its {LEVEL:.0%} Welch–Satterthwaite t interval against the baseline variant's level")
+
+
+def rich_table(title: str, rows: list[dict[str, str]], caption: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     for col in rows[0] if rows else []:
-        table.add_column(col, justify="left" if col in ("variant", "differs", "verdict") else "right",
+        table.add_column(col, justify="left" if col in ("variant", "differs", "verdict", "factor", "level") else "right",
                          overflow="fold")
     for r in rows:
         table.add_row(*r.values())
-    table.caption = CAPTION
+    table.caption = caption or CAPTION
     table.caption_justify = "left"
     return table
 
@@ -216,13 +331,15 @@ _HTML = jinja2.Environment(
     autoescape=jinja2.select_autoescape(["html", "j2"]),  # spec values and labels are user text: escape them
     undefined=jinja2.StrictUndefined,
 )
+_HTML.filters["spec"] = spec_text  # values as a spec writes them (null, true), not Python's None/True
 
 
 def render_html(title: str, rows: list[dict[str, str]], png: Path, variants: list[VariantResult],
-                meta: dict[str, Any]) -> str:
+                meta: dict[str, Any], effects: list[dict[str, str]] | None = None) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     return _HTML.get_template("report.html.j2").render(title=title, rows=rows, image=image, variants=variants,
-                                                       meta=meta, caption=CAPTION)
+                                                       meta=meta, caption=CAPTION, effects=effects or [],
+                                                       effects_caption=EFFECTS_CAPTION)
 
 
 def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,
@@ -230,5 +347,6 @@ def write_report(title: str, variants: list[VariantResult], baseline_index: int,
     rows = table_rows(variants, baseline_index)
     png = plot_png(title, variants, out_dir / f"{title}.png")
     html = out_dir / f"{title}.html"
-    html.write_text(render_html(title, rows, png, variants, meta), encoding="utf-8")
+    effects = effect_rows(main_effects(variants, baseline_index))
+    html.write_text(render_html(title, rows, png, variants, meta, effects), encoding="utf-8")
     return rows, png, html

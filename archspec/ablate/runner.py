@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping
 
 from rich.markup import escape
 
-from archspec.ablate.report import RunResult, VariantResult
-from archspec.ablate.sweep import Job, Sweep, spec_diff
+from archspec.ablate.report import RunResult, VariantResult, label_overrides
+from archspec.ablate.sweep import Job, Sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.spec import parse_spec, spec_hash
@@ -161,25 +161,27 @@ def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
     return min(indices)
 
 
-def _identity(model_hash: str, recipe: Mapping[str, Any], seed: int) -> tuple[str, str, int]:
-    return model_hash, recipe_hash(recipe), int(seed)
+def _identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
+    """What makes a run one of a variant's seeds: its model and learning recipe (the seed is not in the recipe)."""
+    return model_hash, recipe_hash(recipe)
 
 
 def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> tuple[list[VariantResult], int]:
     """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
 
     The sweep's runs are found through membership (a run can belong to several sweeps). With the sweep file, only
-    runs of its current variants count (matched by model hash, learning recipe and seed, so an edited sweep never
-    mixes in runs of an older definition) and variants with no runs yet are listed empty. Without it, variants are
+    runs of its current variants count (matched by model hash and learning recipe, so an edited sweep never mixes in
+    runs of an older definition), at every seed the sweep has run (the file's and any `--add-seeds` added), and
+    variants with no runs yet are listed empty. Without it, variants are
     grouped by the variant their membership records, the latest attempt per (variant, seed).
     """
     rows = registry.runs(where=f"sweep = {json.dumps(sweep_name)}", sort="created")
-    wanted = {_identity(spec_hash(j.spec), j.spec.train.model_dump(mode="json"), j.seed): j
+    wanted = {_identity(spec_hash(j.spec), j.spec.train.model_dump(mode="json")): j
               for j in sweep.jobs} if sweep else {}
     by_variant: dict[int, dict[int, Any]] = {}
     for row in rows:
         if sweep is not None:
-            job = wanted.get(_identity(row.spec_hash, row.recipe, row.seed))
+            job = wanted.get(_identity(row.spec_hash, row.recipe))
             if job is None:
                 continue
             index = job.variant.index
@@ -216,14 +218,17 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
         if sweep is not None:
             acc, label = sweep.variants[index].accounting, sweep.variants[index].label
             acc_d = acc.to_dict()
+            overrides = {k: spec_text(v) for k, v in sweep.variants[index].overrides.items()}
         else:
             first = next(iter(runs.values()))
             acc_d, label = first.accounting, first.memberships[sweep_name].label
+            overrides = label_overrides(label)
         variants.append(VariantResult(
             index=index, label=label, diff=spec_diff(base_spec, spec),
             params_total=int(acc_d["params"]["total"]), params_active=int(acc_d["params"]["active"]),
             flops_train_per_token=int(acc_d["flops_per_token"]["train"]),
             kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
             attention_flops_per_token=acc_d["flops_per_token"].get("attention"),  # None for runs recorded before
+            overrides=overrides,
         ))
     return variants, baseline_index

@@ -12,6 +12,7 @@
       model.d_model: [64, 128]
       model.attention.n_heads: [2, 4]
     baseline: 0                            # index of the variant the deltas are against
+    eval_points: 10                        # evaluations per curve: train.eval_interval = ceil(steps / eval_points)
 
 Nothing here knows any spec kind: a variant is a set of dotted overrides applied to the base mapping and validated by
 the spec language, so new kinds (moe, sparse attention) are sweepable the day they exist.
@@ -35,7 +36,7 @@ from archspec.errors import UserError
 from archspec.errors import printable
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
-from archspec.spec.train import TrainSpec
+from archspec.spec.train import EVAL_POINTS, TrainSpec
 
 # A sweep is trained, variant by variant: past these counts it is a mistake (or an attack), not an experiment, and
 # the count is checked from the list lengths before a single variant is built.
@@ -77,6 +78,8 @@ class SweepFile(BaseModel):
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     zip: dict[str, list[Any]] = Field(default_factory=dict)
     baseline: int = Field(0, ge=0)
+    eval_points: int = Field(EVAL_POINTS, ge=1, le=10_000, description="evaluations per variant's curve, whatever its "
+                             "steps: train.eval_interval = ceil(steps / eval_points) unless the grid sets it")
 
 
 def _shape_problems(data: dict) -> list[str]:
@@ -137,7 +140,7 @@ class Variant:
     def label(self) -> str:
         if not self.overrides:
             return "base"
-        return printable(", ".join(f"{k}={_short(v)}" for k, v in self.overrides.items()))
+        return printable(", ".join(f"{k}={spec_text(v)}" for k, v in self.overrides.items()))
 
 
 @dataclass
@@ -172,10 +175,17 @@ class Sweep:
         return [job for i, job in enumerate(self.jobs) if i % count == index]
 
 
-def _short(value: Any) -> str:
+def spec_text(value: Any) -> str:
+    """A value as a spec file writes it (YAML flow style): `null`, `true`, `1.0e-05`, `{kind: mlp, bias: false}`,
+    `[0, 1]`; never Python's `None`/`True`."""
     if isinstance(value, dict):
-        inner = ", ".join(f"{k}: {_short(v)}" for k, v in value.items())
-        return "{" + inner + "}"
+        return "{" + ", ".join(f"{k}: {spec_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(spec_text(v) for v in value) + "]"
+    if value is None or isinstance(value, (bool, int)):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else {math.inf: ".inf", -math.inf: "-.inf"}.get(value, ".nan")
     return str(value)
 
 
@@ -270,6 +280,7 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     by_message: dict[str, list[str]] = {}  # problem → the variants that have it, so a shared one is said once
     name = data.get("name") if isinstance(data.get("name"), str) else "sweep"
     budget = file.budget if file is not None else None
+    eval_points = file.eval_points if file is not None else EVAL_POINTS
     for i, row in enumerate(rows if base is not None and rows is not None else []):
         data_i = copy.deepcopy(base)
         data_i["name"] = f"{name}-v{i}"
@@ -279,11 +290,14 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
                 set_dotted(data_i, key, copy.deepcopy(value), f"grid/zip key {key}")
             spec = parse_spec(data_i)
             steps_i = steps_for_budget(spec, budget)
+            train_i = data_i.setdefault("train", {})
             if steps_i != spec.train.steps:
-                data_i.setdefault("train", {})["steps"] = steps_i
-                warm = data_i["train"].get("warmup_steps", spec.train.warmup_steps)
-                data_i["train"]["warmup_steps"] = min(warm, steps_i)  # short budgets keep a valid schedule
-                spec = parse_spec(data_i)
+                train_i["steps"] = steps_i
+                warm = train_i.get("warmup_steps", spec.train.warmup_steps)
+                train_i["warmup_steps"] = min(warm, steps_i)  # short budgets keep a valid schedule
+            if "train.eval_interval" not in row:  # curves get their points whatever the budget (not identity)
+                train_i["eval_interval"] = max(1, math.ceil(steps_i / eval_points))
+            spec = parse_spec(data_i)
         except UserError as e:
             lines = [e.render()]
         except ValidationError as e:
@@ -294,6 +308,10 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             continue
         variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len)))
     n_rows = len(rows or [])
+    eval_tokens = {v.spec.train.eval_tokens for v in variants}
+    if len(eval_tokens) > 1:
+        problems.append(f"train.eval_tokens: every variant is evaluated on the same validation set, but the variants "
+                        f"ask for {', '.join(f'{n:,}' for n in sorted(eval_tokens))} tokens")
     for line, which in by_message.items():
         if len(which) == n_rows and n_rows > 1:
             problems.append(f"every variant: {line}")
@@ -317,7 +335,7 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
 
 
 def _label(overrides: dict[str, Any]) -> str:
-    return printable(", ".join(f"{k}={_short(v)}" for k, v in overrides.items()) or "base", 200)
+    return printable(", ".join(f"{k}={spec_text(v)}" for k, v in overrides.items()) or "base", 200)
 
 
 def spec_diff(base: Spec, other: Spec) -> dict[str, tuple[Any, Any]]:

@@ -12,6 +12,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -240,6 +241,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         *a.positional.constants(m),
         *_merge_constants(sparsity_cfgs),
         *_merge_constants(ffn_cfgs),
+        *([Const("EMBEDDING_SCALE", lit_float(math.sqrt(m.d_model)), "sqrt(D_MODEL): token embeddings are scaled by "
+                 "it (model.embedding_scale)")] if m.embedding_scale == "sqrt_d_model" else []),
         Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
     ]
@@ -260,6 +263,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                          "depend on its configuration")
 
     tied = "tied" if m.tie_embeddings else "untied"
+    if m.embedding_scale == "sqrt_d_model":
+        tied += " sqrt(d_model)-scaled"
     if len(groups) == 1:
         b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
         ba = b.attention
@@ -292,6 +297,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "shared": _shared_code(m.units()),
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": _attention_unit.past_context_refusal(m) is None,
+        "embedding_scale": m.embedding_scale == "sqrt_d_model",
     }
 
 

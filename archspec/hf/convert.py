@@ -133,6 +133,9 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: attention settings that differ "
                                 "by layer (heads, widths, biases, q/k norm): every transformers model type archspec "
                                 "writes has one for every layer")
+    if m.embedding_scale != "none":
+        raise HFUnsupported(f"model.embedding_scale: {m.embedding_scale}: no transformers model type archspec writes "
+                            "scales its token embeddings")
     for fam, path in _FAMILIES:
         for i, unit in enumerate(_layer_units(m, fam)):
             if unit.hf_block is None:

@@ -8,7 +8,7 @@ problem is reported with its own field path.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, model_validator
 
@@ -18,6 +18,7 @@ from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HID
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
                                   user_dict)
+from archspec.spec.legacy import migrate_model, migrate_spec
 from archspec.spec.train import TrainSpec
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -40,6 +41,9 @@ class ModelSpec(Strict):
     attention: AttentionSpec = Field(default_factory=AttentionSpec)
     ffn: FFN = Field(default_factory=_default("ffn"))
     tie_embeddings: bool = True
+    # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
+    # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
+    embedding_scale: Literal["none", "sqrt_d_model"] = "none"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
         default_factory=dict,
@@ -48,6 +52,11 @@ class ModelSpec(Strict):
 
     _blocks: list[BlockSpec] | None = PrivateAttr(None)
     _layer_problems: list = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        return migrate_model(data)
 
     @model_validator(mode="after")
     def _fill_derived_defaults(self) -> "ModelSpec":
@@ -110,6 +119,11 @@ class Spec(Strict):
     name: str = Field(pattern=SLUG, description="slug: lowercase letters, digits, '-' and '_'")
     model: ModelSpec = Field(default_factory=ModelSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        return migrate_spec(data)
 
     @model_validator(mode="after")
     def _fill_train_defaults(self) -> "Spec":

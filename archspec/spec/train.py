@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -9,6 +10,8 @@ from pydantic import Field
 from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
 
+
+EVAL_POINTS = 10  # evaluations per run when eval_interval is not given: enough points for a curve at any budget
 
 # ── corpus sources ───────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -94,11 +97,21 @@ class TrainSpec(_Strict):
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
-    eval_interval: int = Field(50, ge=1, description="steps between evaluations; the last step is always evaluated")
-    eval_batches: int = Field(4, ge=1, le=10_000, description="global batches in the fixed validation set")
+    eval_interval: int | None = Field(
+        None, ge=1, description="steps between evaluations (the last step is always evaluated); default: about ten "
+                                "evaluations per run, ceil(steps / 10)")
+    # 65,536 target tokens: at the ablation presets' size the evaluation noise this leaves (~0.003 nats) is a tenth of
+    # the seed-to-seed spread (~0.03), measured by bench/eval_noise.py (docs/ABLATIONS.md). Capped by the split.
+    eval_tokens: int = Field(65_536, ge=1, le=1 << 30, description="target tokens in the fixed validation set "
+                             "(whole windows of seq_len, spread over the validation split; at most the split)")
     checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = True  # torch.compile per block; `archspec train --no-compile` overrides it
     parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
     activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)
     data: DataSpec = Field(default_factory=DataSpec)
+
+    @property
+    def eval_every(self) -> int:
+        """Steps between evaluations: `eval_interval`, or about ten points a curve whatever the steps."""
+        return self.eval_interval or max(1, math.ceil(self.steps / EVAL_POINTS))

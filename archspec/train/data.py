@@ -353,16 +353,18 @@ class WindowSampler:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
 
 
-def val_batches(tokens: np.ndarray, seq_len: int, batch_size: int, n_batches: int, rank: int = 0,
+def val_batches(tokens: np.ndarray, seq_len: int, batch_size: int, eval_tokens: int, rank: int = 0,
                 world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A fixed set of `n_batches` global batches (`batch_size · world` windows each, fewer if the split is short)
-    spread evenly over the split: the same for every seed, and for every way of cutting the same global batch into
-    processes. Rank r evaluates every world-th window."""
+    """A fixed validation set of ceil(eval_tokens / seq_len) windows (at most the split's), spread evenly over the
+    split: the same for every seed and every batch size, so every variant of a sweep is evaluated on the same tokens
+    when they share seq_len. The count is a multiple of `world` (every process evaluates as many windows: a sharded
+    model's forward is collective), and rank r evaluates every world-th window, `batch_size` at a time."""
     n_windows = window_count(len(tokens), seq_len)
-    if n_windows == 0:
-        raise UserError(f"the validation split holds {len(tokens)} tokens, fewer than one window of "
+    if n_windows < world:
+        raise UserError(f"the validation split holds {len(tokens)} tokens, fewer than {world} window(s) of "
                         f"train.seq_len + 1 = {seq_len + 1}; raise train.data.val_fraction or use a larger corpus")
-    count = min(n_windows, n_batches * batch_size * world)
+    wanted = -(-max(1, eval_tokens) // seq_len)
+    count = min(n_windows // world, -(-wanted // world)) * world
     windows = (np.arange(count) * n_windows // count)[rank::world]
     return [_gather(tokens, windows[i: i + batch_size], seq_len) for i in range(0, len(windows), batch_size)]
 
@@ -409,5 +411,5 @@ def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData
     t = spec.train
     corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)
-    val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_batches, rank, world)
+    val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens, rank, world)
     return TrainData(corpus, tokenizer, store, sampler, val)

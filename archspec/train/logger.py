@@ -28,7 +28,7 @@ class RecordingError(RuntimeError):
 NOT_IDENTITY = frozenset({
     "seed",  # identity, but a part of the key of its own
     "compile", "activation_checkpointing", "checkpointing", "parallel", "strategy", "fsdp",
-    "eval_interval", "eval_batches", "checkpoint_interval", "device",
+    "eval_interval", "eval_batches", "eval_tokens", "checkpoint_interval", "device",
 })
 
 

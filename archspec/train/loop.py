@@ -5,7 +5,7 @@
 
 Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
 DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`.
-Around it (`run`): metrics every step, evaluation every `eval_interval` steps, checkpoints, heartbeats, final status.
+Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints, heartbeats, final status.
 """
 
 from __future__ import annotations
@@ -216,6 +216,8 @@ class Trainer:
 
         self.init_weights = self._read_init(init_from) if init_from is not None else None
         self.data = self._build_data()
+        # target tokens in the validation set, over every process (each holds as many windows)
+        self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
         self.experiment_id = run_key(spec_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
         self.resume_path = resolve(resume) if resume is not None else None
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
@@ -464,15 +466,15 @@ class Trainer:
                     _, loss = self.model(inputs, targets)
                 loss_sum += loss.item() * len(inputs)
                 windows += len(inputs)
-                for name, value in (stats_of() if callable(stats_of) else {}).items():
-                    stat_sums[name] = stat_sums.get(name, 0.0) + value.float().reshape(-1)
+                for name, value in (stats_of() if callable(stats_of) else {}).items():  # weighted by windows
+                    stat_sums[name] = stat_sums.get(name, 0.0) + value.float().reshape(-1) * len(inputs)
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
         out = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
-        if stat_sums:  # every validation batch has the same size: the mean over batches is the mean over tokens
-            n_batches = len(self.data.val_batches)
-            flat = self.world.mean(torch.cat(list(stat_sums.values())) / n_batches).cpu()
+        if stat_sums:  # every process holds as many windows: the mean of the per-process means is the token mean
+            mine = sum(len(x) for x, _ in self.data.val_batches)
+            flat = self.world.mean(torch.cat(list(stat_sums.values())) / mine).cpu()
             sizes = [v.numel() for v in stat_sums.values()]
             out.update(router_metrics(dict(zip(stat_sums, flat.split(sizes)))))
         return out
@@ -542,7 +544,7 @@ class Trainer:
                     stats = self.train_step()
                     losses.append(stats.loss)
                     self._record_step(stats)
-                    if self.step % self.recipe.eval_interval == 0 or self.step == self.recipe.steps:
+                    if self.step % self.recipe.eval_every == 0 or self.step == self.recipe.steps:
                         evals.append((self.step, self._record_eval()))
                     if self.recipe.checkpoint_interval and self.step % self.recipe.checkpoint_interval == 0:
                         self.save()
@@ -579,7 +581,7 @@ class Trainer:
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
                           f"{self.device} {precision} × {self.world.size} · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
-                          f"{d['val_tokens']:,} val tokens")
+                          f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every {self.recipe.eval_every} steps)")
         if self.amp_dtype and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
@@ -620,6 +622,8 @@ class Trainer:
                                  "params": account(self.spec).total}
         if losses:
             out["train_loss"] = losses[-1]
+        if self.last_eval:
+            out["eval_tokens"] = self.eval_tokens
         # The per-layer router statistics stay per-eval metrics; the summary keeps the model-wide ones.
         out.update({k: v for k, v in self.last_eval.items() if not k.startswith(ROUTER_LAYER_PREFIX)})
         if self.step_seconds:

@@ -16,10 +16,11 @@ from archspec.registry import Registry
 def test_two_sweeps_holding_one_experiment_train_it_once_and_both_reports_show_it(workdir, base_spec, capsys):
     url = f"sqlite:///{workdir / 'reg.db'}"
     paths = {}
-    for name, cadence in (("alpha", 2), ("beta", 1)):  # eval cadence is observation, not identity
-        spec = {**base_spec, "train": {**base_spec["train"], "eval_interval": cadence}}
+    for name, points in (("alpha", 1), ("beta", 2)):  # eval cadence is observation, not identity
         paths[name] = workdir / f"{name}.yaml"
-        paths[name].write_text(yaml.safe_dump({"name": name, "base": spec, "seeds": [0], "budget": {"steps": 2}}))
+        paths[name].write_text(yaml.safe_dump({"name": name, "base": base_spec, "seeds": [0], "budget": {"steps": 2},
+                                               "eval_points": points}))
+    assert [load_sweep(paths[n]).variants[0].spec.train.eval_interval for n in ("alpha", "beta")] == [2, 1]
 
     first = run_jobs(load_sweep(paths["alpha"]), load_sweep(paths["alpha"]).jobs, url)
     second = run_jobs(load_sweep(paths["beta"]), load_sweep(paths["beta"]).jobs, url)

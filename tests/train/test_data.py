@@ -239,17 +239,30 @@ def test_ranks_split_the_same_global_batch():
 
 def test_val_batches_are_fixed_and_sharded_without_overlap():
     tokens = np.arange(2001, dtype=np.uint16)
-    whole = torch.cat([x for x, _ in val_batches(tokens, 10, 4, 3)])
+    whole = torch.cat([x for x, _ in val_batches(tokens, 10, 4, 120)])  # 120 tokens: 12 windows of 10
     assert whole.shape == (12, 10) and len(set(whole[:, 0].tolist())) == 12
-    shards = [torch.cat([x for x, _ in val_batches(tokens, 10, 2, 3, rank=r, world=2)]) for r in range(2)]
+    shards = [torch.cat([x for x, _ in val_batches(tokens, 10, 2, 120, rank=r, world=2)]) for r in range(2)]
     assert sorted(torch.cat(shards)[:, 0].tolist()) == sorted(whole[:, 0].tolist())
+
+
+def test_the_validation_set_is_sized_in_tokens_whatever_the_batch_size():
+    tokens = np.arange(5001, dtype=np.uint16)
+    sets = {b: torch.cat([x for x, _ in val_batches(tokens, 16, b, 100)]) for b in (1, 3, 8)}
+    assert all(torch.equal(sets[1], s) for s in sets.values())  # the same windows for every batch size
+    assert sets[1].numel() == 112  # ceil(100 / 16) = 7 windows of 16 targets
+    # every process evaluates as many windows (a sharded forward is collective): 7 rounds up to 8 over 2
+    shards = [torch.cat([x for x, _ in val_batches(tokens, 16, 3, 100, rank=r, world=2)]) for r in range(2)]
+    assert [len(s) for s in shards] == [4, 4]
+    # more than the split holds: the whole split, once
+    everything = torch.cat([x for x, _ in val_batches(tokens, 16, 64, 10**9)])
+    assert len(everything) == 312 and len(set(everything[:, 0].tolist())) == 312
 
 
 def test_refuses_splits_shorter_than_one_window():
     with pytest.raises(UserError, match="training split holds 20 tokens"):
         WindowSampler(np.arange(20, dtype=np.uint16), 32, 4, seed=0)
     with pytest.raises(UserError, match="validation split holds 20 tokens"):
-        val_batches(np.arange(20, dtype=np.uint16), 32, 4, 2)
+        val_batches(np.arange(20, dtype=np.uint16), 32, 4, 64)
 
 
 def test_build_data_for_a_spec(make_spec, cache):

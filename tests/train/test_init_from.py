@@ -32,7 +32,7 @@ def _imported(tmp_path, capsys):
 def _train(spec, corpus_dir, run_dir, *extra):
     return main(["train", str(spec), "--steps", "1", "--no-compile", "--json", "-q", "--device", "cpu",
                  "--run-dir", str(run_dir), "--set", f"train.data.corpus={{kind: files, paths: ['{corpus_dir}']}}",
-                 "--set", "train.batch_size=2", "--set", "train.eval_batches=1", "--set", "train.lr=1e-9", *extra])
+                 "--set", "train.batch_size=2", "--set", "train.eval_tokens=64", "--set", "train.lr=1e-9", *extra])
 
 
 def test_train_starts_from_the_imported_weights_and_only_those(tmp_path, capsys, corpus_dir):

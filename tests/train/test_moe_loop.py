@@ -53,7 +53,7 @@ def test_registry_filters_on_router_stats(tmp_path, capsys, corpus_dir):
         "model": {"vocab_size": 320, "context_length": 32, "d_model": 32, "n_layers": 1,
                   "attention": {"n_heads": 2}, **MOE},
         "train": {"data": {"corpus": {"kind": "files", "paths": [str(corpus_dir)]}}, "batch_size": 2,
-                  "warmup_steps": 1, "eval_interval": 2, "eval_batches": 2}}))
+                  "warmup_steps": 1, "eval_interval": 2, "eval_tokens": 128}}))
     assert main(["train", str(spec), "--steps", "2", "--no-compile", "--json", "-q", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run")]) == 0
     result = json.loads(capsys.readouterr().out)

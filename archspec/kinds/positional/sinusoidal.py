@@ -13,9 +13,9 @@ from archspec.kinds.base import Const, PositionalKind, lit_float, register
 class SinusoidalPositional(PositionalKind):
     kind: Literal["sinusoidal"] = "sinusoidal"  # fixed table from "Attention Is All You Need", added to embeddings
     base: float = Field(10000.0, gt=1.0, le=1e9)
-    # The paper multiplies token embeddings by sqrt(d_model) before adding the table; without it, N(0, 0.02)
-    # embeddings are swamped by the table's unit-amplitude sinusoids (measured: docs/ABLATIONS.md).
-    scale_embeddings: bool = True
+    # The paper also multiplies token embeddings by sqrt(d_model) before adding the table; that is the model option
+    # `model.embedding_scale: sqrt_d_model`, not this kind's: without it, N(0, 0.02) embeddings are swamped by the
+    # table's unit-amplitude sinusoids (measured: docs/ABLATIONS.md).
 
     def problems(self, m, path):
         if m.d_model % 2:
