@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/eval_noise.py                              # llama-like-tiny, 400k tokens, seeds 0,1,2
     PYTHONPATH=. python bench/eval_noise.py --seeds 0,1 --tokens 100000 --json
+    PYTHONPATH=. python bench/eval_noise.py --runs runs/sparsity-v0-*        # trained runs' checkpoints, no training
 
 Trains the spec once per seed (the presets' budget, no compile, nothing recorded), then computes the loss of every
 validation window of the split (the whole split: the largest evaluation possible). Two spreads come out:
@@ -33,14 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SIZES = [4_096, 8_192, 16_384, 32_768, 65_536]
 
 
-def window_losses(trainer, seq_len: int, batch: int = 64) -> np.ndarray:
+def window_losses(model, tokens, seq_len: int, batch: int = 64) -> np.ndarray:
     """Mean next-token loss of every validation window of the split, in order."""
     from archspec.train.data import _gather, window_count
 
-    tokens = trainer.data.store.val
     n = window_count(len(tokens), seq_len)
     out = []
-    model = trainer.model.eval()
+    model = model.eval()
     with torch.no_grad():
         for start in range(0, n, batch):
             idx = np.arange(start, min(n, start + batch))
@@ -63,29 +63,49 @@ def main() -> int:
     parser.add_argument("--spec", default=str(ROOT / "specs" / "llama-like-tiny.yaml"))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tokens", type=int, default=400_000, help="training budget per seed (the presets')")
+    parser.add_argument("--runs", nargs="+", help="run directories (checkpoint.pt inside) of one spec at several seeds: "
+                        "evaluate them instead of training")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # a shared machine: one thread does not fight the others' for cores
 
     from archspec.ablate.sweep import Budget, steps_for_budget
     from archspec.spec import load_spec
     from archspec.train.logger import NullLogger
     from archspec.train.loop import Trainer, with_steps
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    spec = load_spec(args.spec)
-    spec = with_steps(spec, steps_for_budget(spec, Budget(tokens=args.tokens)))
-    seq_len = spec.train.seq_len
     per_seed, t0 = [], time.perf_counter()
-    for seed in (int(s) for s in args.seeds.split(",")):
-        s = spec.model_copy(deep=True)
-        s.train.seed = seed
-        with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(s, device="cpu", logger=NullLogger(), run_dir=tmp, compile=False)
-            trainer.run()
-            losses = window_losses(trainer, seq_len)
-        per_seed.append(losses)
-        print(f"seed {seed}: whole-split val loss {losses.mean():.4f} over {len(losses)} windows "
-              f"({len(losses) * seq_len:,} target tokens)", file=sys.stderr)
+    if args.runs:
+        from archspec.codegen import generate
+        from archspec.spec import parse_spec
+        from archspec.train.cache import cache_dir
+        from archspec.train.checkpoint import load_checkpoint
+        from archspec.train.data import build_data
+
+        for run in args.runs:
+            state = load_checkpoint(Path(run) / "checkpoint.pt")
+            spec = parse_spec(state["spec"])
+            model = generate(spec, write=False).Model()
+            model.load_state_dict(state["model"])
+            losses = window_losses(model, build_data(spec, cache_dir(None)).store.val, spec.train.seq_len)
+            per_seed.append(losses)
+            print(f"{run} (seed {spec.train.seed}, step {state['step']}): whole-split val loss {losses.mean():.4f} "
+                  f"over {len(losses)} windows", file=sys.stderr)
+        args.spec, args.tokens, args.seeds = ", ".join(args.runs), None, "of the runs"
+    else:
+        spec = load_spec(args.spec)
+        spec = with_steps(spec, steps_for_budget(spec, Budget(tokens=args.tokens)))
+        for seed in (int(s) for s in args.seeds.split(",")):
+            s = spec.model_copy(deep=True)
+            s.train.seed = seed
+            with tempfile.TemporaryDirectory() as tmp:
+                trainer = Trainer(s, device="cpu", logger=NullLogger(), run_dir=tmp, compile=False)
+                trainer.run()
+                losses = window_losses(trainer.model, trainer.data.store.val, s.train.seq_len)
+            per_seed.append(losses)
+            print(f"seed {seed}: whole-split val loss {losses.mean():.4f} over {len(losses)} windows "
+                  f"({len(losses) * s.train.seq_len:,} target tokens)", file=sys.stderr)
+    seq_len = spec.train.seq_len
     whole = [float(x.mean()) for x in per_seed]
     result = {"spec": args.spec, "train_tokens": args.tokens, "steps": spec.train.steps, "seq_len": seq_len,
               "val_windows": int(len(per_seed[0])), "whole_split_val_loss": whole,

@@ -143,6 +143,12 @@ class KindUnit(Strict):
         """Rules relating this kind's fields to the rest of the model; `path` is where this unit sits."""
         return []
 
+    def model_options(self, m: "ModelSpec", written: set[str]) -> tuple[dict[str, Any], list[str]]:
+        """Model-level options an old spelling of this unit's fields stood for, and the notes to show for them:
+        ModelSpec writes the options (refusing one that contradicts a model field the user wrote, `written`) and
+        shows the notes (archspec.spec.legacy). The unit clears its old field itself."""
+        return {}, []
+
     # codegen
     def constants(self, m: "ModelSpec") -> list[Const]:
         return []

@@ -6,6 +6,7 @@ training), so a spec or a registry row written in the old spelling loads as the 
 
 - `model.attention.positional.scale_embeddings: true|false` (on the sinusoidal kind) → `model.embedding_scale:
   sqrt_d_model|none`: scaling token embeddings is a model option of its own, independent of the positional kind.
+  The unit says what its old field stands for (`KindUnit.model_options`); ModelSpec applies it and shows the note.
 - `train.eval_batches: N` → `train.eval_tokens: N × batch_size × seq_len`: the validation set is sized in tokens, so
   it is the same for every variant of a sweep whatever its batch size.
 """
@@ -22,33 +23,6 @@ class SpecNote(UserWarning):
 
 def note(message: str) -> None:
     warnings.warn(SpecNote(message), stacklevel=2)
-
-
-def migrate_model(data: Any) -> Any:
-    """`model:` mapping in → the same mapping in today's spelling (a copy when anything changed)."""
-    if not isinstance(data, dict):
-        return data
-    attention = data.get("attention")
-    positional = attention.get("positional") if isinstance(attention, dict) else None
-    if not isinstance(positional, dict):
-        return data
-    if "scale_embeddings" in positional and positional.get("kind") == "sinusoidal" \
-            and isinstance(positional["scale_embeddings"], bool):
-        old = positional["scale_embeddings"]
-        new = "sqrt_d_model" if old else "none"
-        given = data.get("embedding_scale")
-        if given is not None and given != new:
-            raise ValueError(f"model.attention.positional.scale_embeddings: {str(old).lower()} (an old spelling of "
-                             f"model.embedding_scale: {new}) contradicts model.embedding_scale: {given}; keep one")
-        positional = {k: v for k, v in positional.items() if k != "scale_embeddings"}
-        data = {**data, "attention": {**attention, "positional": positional}, "embedding_scale": new}
-        note(f"model.attention.positional.scale_embeddings: {str(old).lower()} is now model.embedding_scale: {new} "
-             "(embedding scaling is a model option of its own, independent of the positional kind); loaded as that")
-    elif positional.get("kind") == "sinusoidal" and "embedding_scale" not in data:
-        note("model.attention.positional: sinusoidal positions no longer scale the token embeddings themselves "
-             "(they did by default before); this model does not scale them. For the paper's sqrt(d_model) scaling "
-             "write model.embedding_scale: sqrt_d_model")
-    return data
 
 
 def migrate_spec(data: Any) -> Any:

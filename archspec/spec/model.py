@@ -18,7 +18,7 @@ from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HID
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
                                   user_dict)
-from archspec.spec.legacy import migrate_model, migrate_spec
+from archspec.spec.legacy import note, migrate_spec
 from archspec.spec.train import TrainSpec
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -53,21 +53,29 @@ class ModelSpec(Strict):
     _blocks: list[BlockSpec] | None = PrivateAttr(None)
     _layer_problems: list = PrivateAttr(default_factory=list)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_keys(cls, data: Any) -> Any:
-        return migrate_model(data)
-
     @model_validator(mode="after")
     def _fill_derived_defaults(self) -> "ModelSpec":
         # Defaults that depend on other fields are written into the spec, so that writing them explicitly gives the
         # same canonical JSON (and hash). Inconsistent values are left alone for archspec.spec.rules to report.
+        self._old_spellings()
         written = {c: user_dict(getattr(self, c)) for c in COMPONENTS} if self.layers else None
         self.attention.fill_defaults(self.d_model)
         for unit in (self.norm, self.attention.positional, self.attention.sparsity, self.ffn):
             unit.fill_defaults(self)
         self._blocks, self._layer_problems = resolve(self, written)
         return self
+
+    def _old_spellings(self) -> None:
+        """Model options a unit's old field stood for (`positional.scale_embeddings` → `embedding_scale`)."""
+        for unit in (self.attention.positional,):
+            options, notes = unit.model_options(self, set(self.model_fields_set))
+            for key, value in options.items():
+                if key in self.model_fields_set and getattr(self, key) != value:
+                    raise ValueError(f"model.attention.positional: its old field means model.{key}: {value}, which "
+                                     f"contradicts model.{key}: {getattr(self, key)}; keep one")
+                object.__setattr__(self, key, value)
+            for text in notes:
+                note(text)
 
     @model_serializer(mode="wrap")
     def _canonical(self, handler: Any) -> dict[str, Any]:

@@ -15,7 +15,23 @@ class SinusoidalPositional(PositionalKind):
     base: float = Field(10000.0, gt=1.0, le=1e9)
     # The paper also multiplies token embeddings by sqrt(d_model) before adding the table; that is the model option
     # `model.embedding_scale: sqrt_d_model`, not this kind's: without it, N(0, 0.02) embeddings are swamped by the
-    # table's unit-amplitude sinusoids (measured: docs/ABLATIONS.md).
+    # table's unit-amplitude sinusoids (measured: docs/ABLATIONS.md). `scale_embeddings` is its old spelling here:
+    # read, mapped onto the model option with a note, never written (so both spellings give one hash).
+    scale_embeddings: bool | None = Field(None, exclude=True, description="old spelling of model.embedding_scale "
+                                          "(true: sqrt_d_model, false: none); loaded with a note")
+
+    def model_options(self, m, written):
+        if self.scale_embeddings is None:
+            if "embedding_scale" in written:
+                return {}, []
+            return {}, ["model.attention.positional: sinusoidal positions no longer scale the token embeddings "
+                        "themselves (before, they did unless told not to); this model does not scale them. For the "
+                        "paper's sqrt(d_model) scaling write model.embedding_scale: sqrt_d_model"]
+        old, new = self.scale_embeddings, "sqrt_d_model" if self.scale_embeddings else "none"
+        object.__setattr__(self, "scale_embeddings", None)
+        return {"embedding_scale": new}, [
+            f"model.attention.positional.scale_embeddings: {str(old).lower()} is now model.embedding_scale: {new} "
+            "(embedding scaling is a model option of its own, independent of the positional kind); loaded as that"]
 
     def problems(self, m, path):
         if m.d_model % 2:
