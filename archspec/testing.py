@@ -168,7 +168,7 @@ def _fields(cls: type[BaseModel], overrides: dict[str, Strategy | None] | None =
     overrides = overrides or {}
     optional: dict[str, Strategy] = {}
     for name, field in cls.model_fields.items():
-        if name == "kind":
+        if name == "kind" or field.exclude:  # an old spelling, read but never written (archspec.spec.legacy)
             continue
         strategy = overrides[name] if name in overrides else field_values(field)
         if strategy is None:

@@ -35,9 +35,10 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-# archspec.train.logger.NOT_IDENTITY at this revision.
+# archspec.train.logger.NOT_IDENTITY at this revision, plus `eval_tokens` (added later; no recipe older than this
+# revision has it, so it changes no real upgrade, and a registry downgraded and upgraded again keeps its run ids).
 NOT_IDENTITY = frozenset({"seed", "compile", "activation_checkpointing", "checkpointing", "parallel", "strategy",
-                          "fsdp", "eval_interval", "eval_batches", "checkpoint_interval", "device"})
+                          "fsdp", "eval_interval", "eval_batches", "eval_tokens", "checkpoint_interval", "device"})
 RUN_CHILDREN = ("run_params", "run_tags", "metrics", "metric_stats", "summary_metrics", "artifacts")
 RENAMES = {"flops_per_token": "flops", "kv_cache_bytes_per_token": "kv_cache_bytes"}
 
