@@ -13,7 +13,8 @@ from archspec.console import human, make_console
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
+from rich.markup import escape
 
 # Dry-run time estimates assume this share of the measured matmul peak: what small models reach on CPU (the
 # llama-like-tiny preset measures 15-30%); a estimate, said as such in the table caption.
@@ -170,7 +171,8 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
     finished = sum(r.status == "FINISHED" and r.seed in sweep.file.seeds for v in variants for r in v.runs)
     if finished < len(sweep.jobs):
         console.print(f"note: {len(sweep.jobs) - finished} run(s) at the sweep's own seeds are not finished; "
-                      f"`archspec ablate {sweep_path}` trains them (--add-seeds trains only the new seeds)")
+                      f"`archspec ablate {escape(printable(str(sweep_path)))}` trains them (--add-seeds trains only "
+                      "the new seeds)")
     start = max(seeds) + 1
     new = list(range(start, start + n))
     console.print(f"sweep {sweep.name}: adding seeds {', '.join(map(str, new))} "

@@ -5,7 +5,8 @@
 
 Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
 DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`.
-Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints, heartbeats, final status.
+Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints,
+heartbeats, final status.
 """
 
 from __future__ import annotations
@@ -581,7 +582,8 @@ class Trainer:
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
                           f"{self.device} {precision} × {self.world.size} · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
-                          f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every {self.recipe.eval_every} steps)")
+                          f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every "
+                          f"{self.recipe.eval_every} steps)")
         if self.amp_dtype and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
