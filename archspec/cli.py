@@ -28,6 +28,7 @@ _SUBCOMMANDS = [
     ("archspec.ablate.cli", ["ablate", "report"]),
     ("archspec.hf.cli", ["import-hf", "export-hf"]),
     ("archspec.sample_cmd", ["sample"]),
+    ("archspec.probe", ["probe"]),
 ]
 
 

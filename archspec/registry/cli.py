@@ -266,6 +266,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     run = reg.get_run(run_id)
     histories = reg.metric_histories(run.id)
     artifacts = reg.artifacts(run.id)
+    evaluations = reg.evaluations(run.id)
     if history_key is not None and history_key not in histories:
         known = ", ".join(histories) or "none"
         raise UserError(f"run {run.id} has no metric {history_key!r} (it has: {known})")
@@ -287,7 +288,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     if fmt == "json":
         data = run.to_dict()
         data.update(accounting=accounting_fields(run.accounting), spec=run.spec, params=run.params,
-                    artifacts=[{"kind": k, "path": p} for k, p in artifacts],
+                    artifacts=[{"kind": k, "path": p} for k, p in artifacts], evaluations=evaluations,
                     history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()})
         click.echo(_dump_json(data))
         return
@@ -336,6 +337,15 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
         console.print(Text("\nartifacts", style="bold italic"))
         for kind, path in artifacts:
             console.print(f"  {kind}: {path}")
+    if evaluations:  # capability probes (`archspec probe`), recorded beside the run
+        probes = Table(title="\nprobes", box=None, header_style="bold", title_justify="left", pad_edge=False)
+        for head in ("id", "task", "params", "metrics", "created"):
+            probes.add_column(head)
+        for e in evaluations:
+            params = ", ".join(f"{k}={v}" for k, v in e["params"].items() if k != "kind")
+            figures = ", ".join(f"{k}={_fmt(k, v)}" for k, v in e["metrics"].items())
+            probes.add_row(str(e["id"]), e["task"], printable(params), figures, e["created"] or "-")
+        console.print(probes)
 
 
 @runs_cmd.command("compare")

@@ -251,3 +251,29 @@ class Artifact(Base):
     kind: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     created: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Evaluation(Base):
+    """A capability probe of a trained run (`archspec probe RUN --task ...`): a record of its own beside the run, so
+    the run's training record (status, metrics, summary) stays exactly as training left it."""
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(64))  # mqar | passkey
+    params_json: Mapped[str] = mapped_column(Text)  # the task's parameters and seq_len, as evaluated
+    checkpoint: Mapped[str] = mapped_column(Text)  # the weights evaluated (path, as given by the run's artifact)
+    code_version: Mapped[str] = mapped_column(String(128), default="")
+    created: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class EvaluationMetric(Base):
+    """One figure of an evaluation (`accuracy`, `accuracy.d64`, `answers`): what `probe.<key>` filters read."""
+
+    __tablename__ = "evaluation_metrics"
+    __table_args__ = (Index("ix_evaluation_metrics_key_value", "key", "value"),)
+
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float | None] = mapped_column(Double)

@@ -51,6 +51,8 @@ from sqlalchemy.sql.elements import UnaryExpression
 
 from archspec.errors import UserError
 from archspec.registry.models import (
+    Evaluation,
+    EvaluationMetric,
     MetricStats,
     RunAccounting,
     RunParam,
@@ -456,6 +458,8 @@ ACCOUNTING_FIELDS = {
 SPEC_KEY_ROOTS = ("model", "train", "name")  # params.<spec key>: spec keys always start with one of these
 METRIC_AGGREGATES = {"min": "min", "max": "max", "last": "last"}  # and "best": min or max by the metric's direction
 
+PROBE_TASKS = ("mqar", "passkey")  # probe.<task>.<key> reads that task's latest evaluation (archspec.train.tasks)
+
 # Metrics where more is better; every other metric (losses, perplexity, times, memory, grad norms) is best lowest.
 HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "mfu_palm", "accuracy", "acc")
 HIGHER_IS_BETTER_SUFFIXES = ("_per_s", "_accuracy", "_acc", "_mfu")
@@ -464,7 +468,8 @@ HIGHER_IS_BETTER_SUFFIXES = ("_per_s", "_accuracy", "_acc", "_mfu")
 def higher_is_better(key: str) -> bool:
     """The direction of `metrics.best.<key>` and of `runs compare`'s "best": higher for throughput (…_per_s),
     MFU and accuracy, lower for everything else."""
-    return key in HIGHER_IS_BETTER or key.endswith(HIGHER_IS_BETTER_SUFFIXES)
+    # Any dotted segment counts: `probe.accuracy`, `probe.accuracy.d64` (a capability probe's accuracy by distance).
+    return any(part in HIGHER_IS_BETTER or part.endswith(HIGHER_IS_BETTER_SUFFIXES) for part in key.split("."))
 
 
 def best_aggregate(key: str) -> str:
@@ -501,7 +506,8 @@ FIELDS_HELP = (
     "params.by_component.<name> | flops.forward | flops.train | flops.seq_len | kv_cache_bytes (accounting: a spec's at "
     "context_length in specs list, the run's own at its seq_len in runs list), metrics.<key> (latest) | "
     "metrics.best.<key> (lowest; highest for *_per_s, mfu, accuracy) | metrics.min.<key> | metrics.max.<key>, "
-    "summary.<key>, tags.<key>, sweep (any sweep the run belongs to), and run attributes: " + ", ".join(RUN_ATTRS)
+    "summary.<key>, tags.<key>, probe.<key> | probe.<task>.<key> (the latest capability probe, e.g. probe.accuracy), "
+    "sweep (any sweep the run belongs to), and run attributes: " + ", ".join(RUN_ATTRS)
 )
 
 
@@ -511,7 +517,7 @@ class FieldRef:
 
     kind: str
     key: str
-    aggregate: str = "last"  # metrics only: last | min | max
+    aggregate: str = "last"  # metrics: last | min | max; probes: the task ("" for any task)
 
 
 def resolve_field(name: str, target: str) -> FieldRef:
@@ -544,6 +550,13 @@ def resolve_field(name: str, target: str) -> FieldRef:
             f"unknown field {name!r}: params.* are spec keys (params.model.…, params.train.…, params.name) or "
             "accounting (params.total, params.active, params.embedding, params.by_component.<name>)"
         )
+    if head == "probe" and rest:  # capability probes (`archspec probe`): the latest evaluation that has the key
+        if target != "runs":
+            raise ValueError(f"field {name!r} is not available for specs (probes are evaluations of runs)")
+        task, _, key = rest.partition(".")
+        if task in PROBE_TASKS and key:
+            return FieldRef("probe", key, task)
+        return FieldRef("probe", rest, "")
     if head in ("metrics", "summary", "tags") and rest:
         if target != "runs":
             raise ValueError(f"field {name!r} is not available for specs (specs have params and accounting only)")
@@ -632,7 +645,28 @@ def _slot(ref: FieldRef, target: str) -> _Slot:
     if ref.kind == "tag":
         where, scalar = _side(RunRecord.id, RunTag.run_id, RunTag.key, ref.key)
         return _Slot(text=RunTag.value, where=where, scalar=scalar)
+    if ref.kind == "probe":
+        return _probe_slot(ref.key, ref.aggregate)
     raise AssertionError(ref)
+
+
+def _probe_slot(key: str, task: str) -> _Slot:
+    """`probe.<key>` / `probe.<task>.<key>`: the value in each run's latest evaluation (of that task) having `key`;
+    runs without one never match."""
+    scope = [EvaluationMetric.key == key, *([Evaluation.task == task] if task else [])]
+    joined = select(Evaluation.run_id).join(EvaluationMetric, EvaluationMetric.evaluation_id == Evaluation.id)
+    latest = (select(func.max(Evaluation.id)).join(EvaluationMetric, EvaluationMetric.evaluation_id == Evaluation.id)
+              .where(*scope).group_by(Evaluation.run_id))
+
+    def where(cond: ColumnElement) -> ColumnElement:
+        return RunRecord.id.in_(joined.where(*scope, Evaluation.id.in_(latest), cond))
+
+    def scalar(col):
+        return (select(col).join(Evaluation, Evaluation.id == EvaluationMetric.evaluation_id)
+                .where(Evaluation.run_id == RunRecord.id, *scope).order_by(Evaluation.id.desc()).limit(1)
+                .scalar_subquery())
+
+    return _Slot(num=EvaluationMetric.value, where=where, scalar=scalar)
 
 
 def _parse_time(value: str) -> datetime:
@@ -783,15 +817,24 @@ def _fields_of(node: Node | None) -> list[Field]:
     return [node.field]
 
 
-def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str], summary_keys: set[str]) -> None:
+def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str], summary_keys: set[str],
+                     probe_keys: set[str] | None = None) -> None:
     """Refuse `metrics.<key>` / `summary.<key>` that no run in the registry has (a typo would match nothing, or sort
-    by nothing), with the closest known key. A registry without any runs has nothing to check against."""
-    if not metric_keys and not summary_keys:
+    by nothing), with the closest known key; likewise `probe.<key>` once some run has been probed. A registry without
+    any runs has nothing to check against."""
+    if not metric_keys and not summary_keys and not probe_keys:
         return
     checks = [("filter", where, f) for f in _fields_of(parse_filter(where))]
     checks += [("sort", sort, f) for f, _ in parse_sort(sort)]
     for what, text, field in checks:
         ref = resolve_field(field.name, "runs")
+        if ref.kind == "probe":
+            key = f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key
+            if not probe_keys or key in probe_keys:
+                continue
+            close = difflib.get_close_matches(key, sorted(probe_keys), n=1)
+            hint = f"did you mean probe.{close[0]}?" if close else f"known: {', '.join(sorted(probe_keys))}"
+            raise FilterError(what, text or "", field.pos, f"no probe of any run has {key!r}; {hint}")
         if ref.kind not in ("metric", "summary"):
             continue
         known = metric_keys if ref.kind == "metric" else summary_keys

@@ -17,8 +17,8 @@ from sqlalchemy.engine import Connection
 
 from archspec.errors import UserError
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
-from archspec.registry.models import (Artifact, Metric, MetricStats, RunRecord, RunTag, SpecName, SpecRecord,
-                                      SummaryMetric, SweepRun)
+from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunRecord,
+                                      RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
 from archspec.registry.query import check_known_keys, compile_filter, compile_sort, higher_is_better, resolve_field
 from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
 from archspec.train.logger import RUNNING, SweepMembership
@@ -137,6 +137,9 @@ class RunRow:
     steps: dict[str, int] = field(default_factory=dict)  # last step per key
     summary: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    # Capability probes (`archspec probe`): the latest evaluation's value per key (`accuracy`) and per task and key
+    # (`passkey.accuracy`), as `probe.<key>` filters read them.
+    probes: dict[str, float] = field(default_factory=dict)
     _cache: _SpecCache = field(default_factory=_SpecCache, repr=False)
 
     @property
@@ -197,6 +200,8 @@ class RunRow:
             return {"last": self.metrics, "min": self.min, "max": self.max}[ref.aggregate].get(ref.key)
         if ref.kind == "summary":
             return self.summary.get(ref.key)
+        if ref.kind == "probe":
+            return self.probes.get(f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key)
         return self.tags.get(ref.key)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +216,7 @@ class RunRow:
             "error": self.error, "stale": self.stale, "accounting": self.accounting, "recipe": self.recipe,
             "metrics": self.metrics,
             "best": self.best, "max": self.max, "steps": self.steps, "summary": self.summary, "tags": self.tags,
+            "probes": self.probes,
         }
 
     def flat(self, params: bool = True) -> dict[str, Any]:
@@ -226,6 +232,7 @@ class RunRow:
         out.update({f"metrics.max.{k}": v for k, v in self.max.items()})
         out.update({f"summary.{k}": v for k, v in self.summary.items()})
         out.update({f"tags.{k}": v for k, v in self.tags.items()})
+        out.update({f"probe.{k}": v for k, v in self.probes.items()})
         if params:
             out.update({f"params.{k}": v for k, v in self.params.items()})
         return out
@@ -275,14 +282,19 @@ class RegistryReader(RegistryEngine):
             q = q.limit(limit)
         return self._read(lambda conn: self._load_runs(conn, q), "runs", empty=QueryResult)
 
-    def known_keys(self) -> tuple[set[str], set[str]]:
-        """(metric keys, summary keys) that some run in the registry has."""
-        def tx(conn: Connection) -> tuple[set[str], set[str]]:
+    def known_keys(self) -> tuple[set[str], set[str], set[str]]:
+        """(metric keys, summary keys, probe keys) that some run in the registry has; probe keys both bare
+        (`accuracy`) and under their task (`passkey.accuracy`)."""
+        def tx(conn: Connection) -> tuple[set[str], set[str], set[str]]:
             metrics = set(conn.execute(select(MetricStats.key).distinct()).scalars())
             summary = set(conn.execute(select(SummaryMetric.key).distinct()).scalars())
-            return metrics, summary
+            probes: set[str] = set()
+            for task, key in conn.execute(select(Evaluation.task, EvaluationMetric.key).distinct()
+                                          .join(Evaluation, Evaluation.id == EvaluationMetric.evaluation_id)).all():
+                probes.update((key, f"{task}.{key}"))
+            return metrics, summary, probes
 
-        return self._read(tx, "known keys", empty=lambda: (set(), set()))
+        return self._read(tx, "known keys", empty=lambda: (set(), set(), set()))
 
     def _load_runs(self, conn: Connection, q) -> QueryResult[RunRow]:
         cache = _SpecCache()
@@ -329,6 +341,13 @@ class RegistryReader(RegistryEngine):
             for m in conn.execute(select(SweepRun).where(SweepRun.run_id.in_(chunk))).all():
                 by_id[m.run_id].memberships[m.sweep] = SweepMembership(m.sweep, m.variant, m.label, m.sweep_hash,
                                                                       m.baseline)
+            for run_id, task, key, value in conn.execute(  # oldest first: the latest evaluation's value stays
+                select(Evaluation.run_id, Evaluation.task, EvaluationMetric.key, EvaluationMetric.value)
+                .join(Evaluation, Evaluation.id == EvaluationMetric.evaluation_id)
+                .where(Evaluation.run_id.in_(chunk)).order_by(Evaluation.id)
+            ).all():
+                v = number(value, f"evaluation_metrics {run_id} {key}")
+                by_id[run_id].probes[key] = by_id[run_id].probes[f"{task}.{key}"] = v
         return QueryResult(rows)
 
     def get_run(self, run_id: str) -> RunRow:
@@ -390,6 +409,23 @@ class RegistryReader(RegistryEngine):
             (r.kind, r.path) for r in conn.execute(
                 select(Artifact.kind, Artifact.path).where(Artifact.run_id == run_id).order_by(Artifact.id))
         ], "artifacts", empty=list)
+
+    def evaluations(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's capability probes, oldest first: id, task, params, checkpoint, code_version, created, metrics."""
+        def tx(conn: Connection) -> list[dict[str, Any]]:
+            rows = conn.execute(select(Evaluation).where(Evaluation.run_id == run_id).order_by(Evaluation.id)).all()
+            out = []
+            for (e,) in rows:
+                metrics = {k: number(v, f"evaluation_metrics {e.id} {k}") for k, v in conn.execute(
+                    select(EvaluationMetric.key, EvaluationMetric.value)
+                    .where(EvaluationMetric.evaluation_id == e.id).order_by(EvaluationMetric.key)).all()}
+                out.append({"id": e.id, "task": e.task,
+                            "params": load_json(e.params_json, f"evaluations {e.id} params_json", {}),
+                            "checkpoint": e.checkpoint, "code_version": e.code_version,
+                            "created": e.created.isoformat() if e.created else None, "metrics": metrics})
+            return out
+
+        return self._read(tx, "evaluations", empty=list)
 
     def count_metrics(self, run_id: str | None = None) -> int:
         """Number of stored metric points (of one run, or of all)."""

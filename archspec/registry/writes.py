@@ -21,6 +21,8 @@ from archspec.errors import UserError
 from archspec.registry.engine import RegistryEngine, T, fmt_time
 from archspec.registry.models import (
     Artifact,
+    Evaluation,
+    EvaluationMetric,
     Metric,
     MetricStats,
     RunAccounting,
@@ -375,6 +377,25 @@ class RegistryWriter(RegistryEngine):
                 conn.execute(insert(Artifact).values(run_id=run_id, kind=kind, path=str(path), created=self._now()))
 
         self._write(tx, "log_artifact")
+
+    def record_evaluation(self, run_id: str, task: str, params: Mapping[str, Any], metrics: Mapping[str, float],
+                          checkpoint: str, code_version: str = "") -> int:
+        """Record a capability probe of `run_id` as an evaluation of its own (the run's row, metrics and summary are
+        not touched); returns its id. The run must exist."""
+        def tx(conn: Connection) -> int:
+            if conn.execute(select(RunRecord.id).where(RunRecord.id == run_id)).first() is None:
+                raise UserError(f"no run {run_id!r} in registry {self.url}")
+            res = conn.execute(insert(Evaluation).values(
+                run_id=run_id, task=task, params_json=json.dumps(dict(params), sort_keys=True),
+                checkpoint=str(checkpoint), code_version=code_version, created=self._now()))
+            evaluation_id = int(res.inserted_primary_key[0])
+            rows = [{"evaluation_id": evaluation_id, "key": k, "value": None if math.isnan(v) else v}
+                    for k, v in ((k, float(v)) for k, v in metrics.items())]
+            if rows:
+                conn.execute(insert(EvaluationMetric), rows)
+            return evaluation_id
+
+        return self._write(tx, "record_evaluation")
 
     def finish_run(self, run_id: str, attempt: int, status: str, error: str | None = None) -> bool:
         """Set the final status of this attempt. False when a newer attempt owns the run."""

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from archspec.kinds.base import Problem  # (field path, message, offending value)
 from archspec.spec.model import MAX_HEAD_DIM
+from archspec.spec.train import TASK_CORPORA
 
 if TYPE_CHECKING:
     from archspec.spec.model import Spec
@@ -56,6 +57,14 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     tok = t.data.tokenizer
+    if t.data.corpus.kind in TASK_CORPORA:  # capability tasks are written in byte ids (archspec.train.tasks)
+        from archspec.train.tasks import task_problems
+
+        if tok.kind != "byte":
+            out.append((("train", "data", "tokenizer", "kind"), f"the {t.data.corpus.kind} corpus is written in the "
+                        f"byte tokenizer's ids; use {{kind: byte}}, got {tok.kind!r}", tok.kind))
+        if t.seq_len is not None:
+            out += task_problems(t.data.corpus, t.seq_len)
     if tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size < BPE_MIN_VOCAB:
         out.append((("train", "data", "tokenizer", "vocab_size"),
                     f"must be at least {BPE_MIN_VOCAB} for a BPE tokenizer (256 bytes + specials + merges), got "

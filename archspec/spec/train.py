@@ -25,7 +25,38 @@ class FilesCorpus(_Strict):
     paths: list[str] = Field(min_length=1)
 
 
-Corpus = kind_union(StdlibCorpus, FilesCorpus, default="stdlib")
+# Capability tasks (archspec.train.tasks): synthetic examples written in the byte tokenizer's ids, generated from
+# their own `seed` (the data, the same for every training seed), each exactly train.seq_len + 1 tokens, with loss and
+# accuracy on the answer positions only. Id layout and the rules that tie them to train.seq_len: archspec.train.tasks.
+
+
+class MQARCorpus(_Strict):
+    kind: Literal["mqar"] = "mqar"  # multi-query associative recall (Zoology, Arora et al. 2023)
+    vocab: int = Field(64, ge=4, le=252, description="symbols: keys are drawn from the first half, values from the "
+                                                     "second (chance accuracy 2/vocab)")
+    pairs: int = Field(8, ge=1, le=126, description="key-value pairs at the start of each example (distinct keys)")
+    queries: int | None = Field(None, ge=1, le=126, description="keys queried after the pairs, each followed by its "
+                                                                "value (the answer); default: pairs (every key once)")
+    train_examples: int = Field(20_000, ge=1, le=2_000_000)
+    val_examples: int = Field(1_000, ge=1, le=100_000, description="the fixed validation set (its own stream)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the examples (not the training order: train.seed)")
+
+
+class PasskeyCorpus(_Strict):
+    kind: Literal["passkey"] = "passkey"  # a passkey inside filler, asked for at the end (Mohtashami & Jaggi 2023)
+    vocab: int = Field(16, ge=2, le=250, description="passkey symbols (chance accuracy 1/vocab)")
+    key_len: int = Field(1, ge=1, le=16, description="tokens per passkey")
+    distances: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1, max_length=64,
+                                 description="tokens from the passkey to the question; each example takes one, and "
+                                             "accuracy is also reported per distance")
+    filler: int = Field(64, ge=1, le=248, description="filler symbols (drawn at random around the passkey)")
+    train_examples: int = Field(20_000, ge=1, le=2_000_000)
+    val_examples: int = Field(1_000, ge=1, le=100_000, description="the fixed validation set (its own stream)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the examples (not the training order: train.seed)")
+
+
+Corpus = kind_union(StdlibCorpus, FilesCorpus, MQARCorpus, PasskeyCorpus, default="stdlib")
+TASK_CORPORA = ("mqar", "passkey")
 
 
 # ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────

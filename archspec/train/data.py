@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from archspec.errors import UserError
-from archspec.spec.train import DataSpec, FilesCorpus, StdlibCorpus
+from archspec.spec.train import TASK_CORPORA, DataSpec, FilesCorpus, StdlibCorpus
 from archspec.train.cache import atomic_write_text, digest, writing_cache
-from archspec.train.tokenizer import Tokenizer, build_tokenizer
+from archspec.train.tokenizer import ByteTokenizer, Tokenizer, build_tokenizer
 
 _FORMAT = 1  # bump when the token files' layout or the split rule changes
 _ENCODE_CHUNK_CHARS = 8 << 20  # documents are tokenised in batches of about this much text
@@ -160,6 +160,8 @@ def _jsonl_text(path: Path, line_no: int, line: str) -> str:
 
 
 def open_corpus(spec: StdlibCorpus | FilesCorpus) -> Corpus:
+    if spec.kind in TASK_CORPORA:  # examples, not text: archspec.train.tasks
+        raise UserError(f"train.data.corpus: the {spec.kind} task is generated as token ids, not read as text")
     return StdlibSource() if spec.kind == "stdlib" else FilesSource(spec.paths)
 
 
@@ -409,6 +411,11 @@ def prepare_tokens(data_spec: DataSpec, model_vocab_size: int, cache: Path) -> t
 
 def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData:
     t = spec.train
+    if t.data.corpus.kind in TASK_CORPORA:  # synthetic examples, generated in memory (cheaper than reading a cache)
+        from archspec.train.tasks import task_data
+
+        check_vocab(ByteTokenizer(), spec.model.vocab_size)
+        return task_data(spec, rank=rank, world=world)  # type: ignore[return-value]  # TrainData's interface
     corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)
     val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens, rank, world)

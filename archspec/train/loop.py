@@ -460,11 +460,15 @@ class Trainer:
         loss_sum, windows = 0.0, 0
         stats_of = getattr(self.model, "router_stats", None)  # MoE models: per-layer router statistics
         stat_sums: dict[str, torch.Tensor] = {}
+        # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
+        scorer = self.data.scorer() if callable(getattr(self.data, "scorer", None)) else None
         with torch.compiler.set_stance("force_eager"):
-            for batch in self.data.val_batches:
+            for i, batch in enumerate(self.data.val_batches):
                 inputs, targets = self._to_device(batch)
                 with self.autocast():
-                    _, loss = self.model(inputs, targets)
+                    logits, loss = self.model(inputs, targets)
+                if scorer is not None:
+                    scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
                 loss_sum += loss.item() * len(inputs)
                 windows += len(inputs)
                 for name, value in (stats_of() if callable(stats_of) else {}).items():  # weighted by windows
@@ -473,6 +477,8 @@ class Trainer:
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
         out = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+        if scorer is not None:  # every rank holds every bucket (the same distances): the counts line up
+            out.update(scorer.metrics([int(c) for c in self.world.sum(scorer.counts())]))
         if stat_sums:  # every process holds as many windows: the mean of the per-process means is the token mean
             mine = sum(len(x) for x, _ in self.data.val_batches)
             flat = self.world.mean(torch.cat(list(stat_sums.values())) / mine).cpu()

@@ -1,0 +1,299 @@
+"""Capability tasks as corpora: multi-query associative recall (MQAR) and passkey retrieval.
+
+    data = task_data(spec)                        # when spec.train.data.corpus.kind is mqar or passkey
+    x, y = data.sampler.next_batch()              # (B, T) inputs; targets are -100 except at the answer positions
+    scorer = Scorer(); scorer.add(logits, y, buckets); scorer.metrics()  # {"probe.accuracy": ..., ...}
+
+Each example is one window of `seq_len + 1` tokens written in the byte tokenizer's ids (so checkpoints, `sample` and
+the tokenizer that travels with a run need nothing new), generated from the corpus's own `seed` with numpy: the same
+parameters give the same examples on every machine, and every training seed of a sweep sees the same data (the
+order follows train.seed). The targets of every position but the answers are -100, so the loss, the validation loss
+and the accuracy are all over the answer positions only.
+
+Ids: 0 pad (after the last query of an MQAR example), 1 the passkey marker, 2 the question marker, symbols from 4.
+- MQAR (Zoology, Arora et al. 2023): `k1 v1 k2 v2 … kP vP  q1 a1 … qQ aQ  pad…`. Keys are distinct symbols of the
+  first half of `vocab`, values distinct symbols of the second half; the queries are Q distinct keys of the
+  example in random order, each followed by its value. Answers: the a_i (predicted at the position of q_i).
+  Chance: 2 / vocab.
+- Passkey: `filler… MARK p1…pk filler… QUESTION p1…pk`. The question stands at the end of the window; the passkey's
+  first token is exactly `d` tokens before the question (d drawn from `distances` per example), so a query sees it
+  through one sliding-window layer only when d < window. Passkey symbols and filler symbols are disjoint. Answers:
+  the k passkey tokens after the question. Chance: 1 / vocab. Accuracy is also reported per distance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from archspec.errors import UserError
+from archspec.spec.train import MQARCorpus, PasskeyCorpus
+from archspec.train.cache import digest
+from archspec.train.tokenizer import ByteTokenizer
+
+_FORMAT = 1  # bump when the layout of examples for the same parameters changes
+PAD, KEY_MARK, QUESTION, FIRST_SYMBOL = 0, 1, 2, 4
+IGNORE = -100  # the generated model's ignore_index
+TASKS = ("mqar", "passkey")
+METRIC_PREFIX = "probe."  # training-time metrics: metrics.probe.accuracy, metrics.probe.accuracy.d<distance>
+
+TaskCorpus = MQARCorpus | PasskeyCorpus
+Problem = tuple[tuple, str, Any]  # (field path, message, value), as archspec.spec.rules reports them
+
+
+# ── rules: does this task fit a window of seq_len + 1 tokens ────────────────────────────────────────────────────────
+
+
+def queries(corpus: MQARCorpus) -> int:
+    return corpus.pairs if corpus.queries is None else corpus.queries
+
+
+def task_problems(corpus: TaskCorpus, seq_len: int, where: tuple = ("train", "data", "corpus"),
+                  length_name: str = "train.seq_len") -> list[Problem]:
+    """Why `corpus` cannot be written in windows of `seq_len + 1` tokens (empty: it can)."""
+    out: list[Problem] = []
+    if corpus.kind == "mqar":
+        half = corpus.vocab // 2
+        if corpus.pairs > half:
+            out.append((where + ("pairs",), f"must be at most vocab // 2 ({half}: keys are distinct symbols of the "
+                        f"first half of vocab {corpus.vocab}), got {corpus.pairs}", corpus.pairs))
+        if queries(corpus) > corpus.pairs:
+            out.append((where + ("queries",), f"must be at most pairs ({corpus.pairs}: each query is a distinct key "
+                        f"of the example), got {queries(corpus)}", queries(corpus)))
+        need = 2 * corpus.pairs + 2 * queries(corpus)
+        if need > seq_len + 1:
+            out.append((where + ("pairs",), f"{corpus.pairs} pairs and {queries(corpus)} queries take {need} tokens, "
+                        f"more than a window of {length_name} + 1 = {seq_len + 1}", corpus.pairs))
+        return out
+    if corpus.vocab + corpus.filler > 256 - FIRST_SYMBOL:
+        out.append((where + ("filler",), f"vocab + filler must be at most {256 - FIRST_SYMBOL} (byte ids from "
+                    f"{FIRST_SYMBOL}), got {corpus.vocab} + {corpus.filler}", corpus.filler))
+    k = corpus.key_len
+    longest = seq_len - k - 1  # the marker before the passkey must fit at position 0
+    for i, d in enumerate(corpus.distances):
+        if d < k or d > longest:
+            why = (f"a passkey of {k} token{'s' * (k > 1)} ends before the question only at a distance of at least {k}"
+                   if d < k else f"with {length_name} = {seq_len} and key_len {k} the longest distance is {longest}")
+            out.append((where + ("distances", i), f"impossible distance {d}: {why}", d))
+    if len(set(corpus.distances)) != len(corpus.distances):
+        out.append((where + ("distances",), "distances must be distinct (each is its own accuracy bucket)",
+                    corpus.distances))
+    return out
+
+
+def check_task(corpus: TaskCorpus, seq_len: int, where: tuple = ("train", "data", "corpus"),
+               length_name: str = "train.seq_len") -> None:
+    problems = task_problems(corpus, seq_len, where, length_name)
+    if problems:
+        raise UserError(f"the {corpus.kind} task does not fit",
+                        [f"{'.'.join(str(p) for p in path)}: {message}" for path, message, _ in problems])
+
+
+# ── examples ─────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Examples:
+    tokens: np.ndarray  # (n, seq_len + 1) uint8 byte ids: inputs are [:, :-1], next tokens [:, 1:]
+    answers: np.ndarray  # (n, seq_len) bool: the target positions that are answers
+    buckets: np.ndarray  # (n,) int64: the passkey distance of each example; -1 for MQAR
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.from_numpy(self.tokens[index].astype(np.int64))
+        targets = tokens[:, 1:].clone()
+        targets[~torch.from_numpy(self.answers[index])] = IGNORE
+        return tokens[:, :-1].contiguous(), targets
+
+
+_SPLITS = {"train": 0, "val": 1}
+
+
+def _random_subsets(rng: np.random.Generator, n: int, population: int, size: int) -> np.ndarray:
+    """(n, size) distinct draws from range(population) per row, in random order."""
+    return np.argsort(rng.random((n, population)), axis=1)[:, :size]
+
+
+def generate(corpus: TaskCorpus, seq_len: int, split: str, n: int | None = None) -> Examples:
+    """The `split` ("train" or "val") examples of `corpus` in windows of seq_len + 1 tokens; the first `n` of them
+    (default: the corpus's own count for that split). Deterministic in (parameters, seq_len, split)."""
+    check_task(corpus, seq_len)
+    count = n if n is not None else (corpus.train_examples if split == "train" else corpus.val_examples)
+    rng = np.random.default_rng([corpus.seed, _SPLITS[split], _FORMAT])
+    length = seq_len + 1
+    tokens = np.zeros((count, length), dtype=np.uint8)
+    answers = np.zeros((count, seq_len), dtype=bool)
+    rows = np.arange(count)[:, None]
+    if corpus.kind == "mqar":
+        half, p, q = corpus.vocab // 2, corpus.pairs, queries(corpus)
+        keys = FIRST_SYMBOL + _random_subsets(rng, count, half, p)
+        values = FIRST_SYMBOL + half + _random_subsets(rng, count, half, p)
+        asked = _random_subsets(rng, count, p, q)
+        tokens[:, 0:2 * p:2], tokens[:, 1:2 * p:2] = keys, values
+        tokens[:, 2 * p:2 * p + 2 * q:2] = keys[rows, asked]
+        tokens[:, 2 * p + 1:2 * p + 2 * q:2] = values[rows, asked]
+        answers[:, 2 * p:2 * p + 2 * q:2] = True  # the target at a query's position is its value
+        return Examples(tokens, answers, np.full(count, -1, dtype=np.int64))
+    k = corpus.key_len
+    distances = np.asarray(corpus.distances, dtype=np.int64)[rng.integers(0, len(corpus.distances), count)]
+    tokens[:] = FIRST_SYMBOL + corpus.vocab + rng.integers(0, corpus.filler, (count, length))
+    key = FIRST_SYMBOL + rng.integers(0, corpus.vocab, (count, k))
+    question = seq_len - k  # the question's position: the passkey follows it and ends the window
+    start = question - distances  # the passkey's first token
+    tokens[np.arange(count), start - 1] = KEY_MARK
+    tokens[rows, start[:, None] + np.arange(k)] = key
+    tokens[:, question] = QUESTION
+    tokens[:, question + 1:] = key
+    answers[:, question:question + k] = True
+    return Examples(tokens, answers, distances)
+
+
+# ── scoring: exact match on the answer positions ─────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Scorer:
+    """Counts of answer positions and correct argmax predictions, overall and per bucket (passkey distance)."""
+
+    correct: int = 0
+    total: int = 0
+    by_bucket: dict[int, list[int]] = field(default_factory=dict)  # bucket → [correct, total]
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor, buckets: torch.Tensor | None = None) -> None:
+        answer = targets != IGNORE  # (B, T)
+        hit = (logits.argmax(-1) == targets) & answer
+        self.correct += int(hit.sum())
+        self.total += int(answer.sum())
+        if buckets is not None:
+            for b in torch.unique(buckets).tolist():
+                if b < 0:
+                    continue
+                rows = buckets == b
+                entry = self.by_bucket.setdefault(int(b), [0, 0])
+                entry[0] += int(hit[rows].sum())
+                entry[1] += int(answer[rows].sum())
+
+    def counts(self) -> list[int]:
+        """Flat counts (for summing over processes): correct, total, then per bucket in order."""
+        return [self.correct, self.total, *(c for b in sorted(self.by_bucket) for c in self.by_bucket[b])]
+
+    def metrics(self, counts: list[int] | None = None, prefix: str = METRIC_PREFIX) -> dict[str, float]:
+        """`accuracy` (over every answer position) and `accuracy.d<bucket>`, under `prefix`."""
+        c = list(counts if counts is not None else self.counts())
+        out = {f"{prefix}accuracy": c[0] / c[1] if c[1] else float("nan")}
+        for i, b in enumerate(sorted(self.by_bucket)):
+            right, total = c[2 + 2 * i], c[3 + 2 * i]
+            out[f"{prefix}accuracy.d{b}"] = right / total if total else float("nan")
+        return out
+
+
+def task_scorer(corpus: TaskCorpus) -> Scorer:
+    """A scorer with every bucket of the task present from the start, so counts from several processes line up."""
+    distances = corpus.distances if corpus.kind == "passkey" else []
+    return Scorer(by_bucket={int(d): [0, 0] for d in sorted(distances)})
+
+
+# ── everything a run needs (the interface of archspec.train.data.TrainData) ──────────────────────────────────────
+
+
+class ExampleSampler:
+    """Whole examples in an order fixed by (train seed, epoch); global batches cut by rank like WindowSampler."""
+
+    def __init__(self, examples: Examples, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        self.examples, self.batch_size, self.seed, self.rank, self.world = examples, batch_size, seed, rank, world
+        self.n_examples = self.n_windows = len(examples)
+        self.seq_len = examples.tokens.shape[1] - 1
+        self.epoch = self.cursor = 0
+        self._order, self._order_epoch = None, -1
+
+    def _take(self, count: int) -> np.ndarray:
+        taken = []
+        while count:
+            if self._order_epoch != self.epoch:
+                self._order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples)
+                self._order_epoch = self.epoch
+            chunk = self._order[self.cursor: self.cursor + count]
+            taken.append(chunk)
+            count -= len(chunk)
+            self.cursor += len(chunk)
+            if self.cursor == self.n_examples:
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return np.concatenate(taken)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        global_batch = self._take(self.batch_size * self.world)
+        return self.examples.batch(global_batch[self.rank * self.batch_size: (self.rank + 1) * self.batch_size])
+
+    def state_dict(self) -> dict:
+        # WindowSampler's fields (the checkpoint format checks them): each example is one window
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len,
+                "n_windows": self.n_windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "seq_len", "n_windows"):
+            if state.get(key) != getattr(self, key):
+                raise UserError(f"checkpoint data position was saved with {key}={state.get(key)}, this run has "
+                                f"{key}={getattr(self, key)}; resume with the same data and recipe")
+        if not 0 <= state["cursor"] < self.n_windows or state["epoch"] < 0:
+            raise UserError(f"checkpoint data position is out of range: {state}")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+
+
+def describe_task(corpus: TaskCorpus) -> str:
+    if corpus.kind == "mqar":
+        return f"mqar (vocab {corpus.vocab}, {corpus.pairs} pairs, {queries(corpus)} queries)"
+    return (f"passkey (vocab {corpus.vocab}, key_len {corpus.key_len}, distances "
+            f"{', '.join(map(str, corpus.distances))}, filler {corpus.filler})")
+
+
+def val_batches(examples: Examples, batch_size: int, rank: int = 0, world: int = 1
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
+    """Every example once, rank r taking every world-th; with each batch, its examples' buckets."""
+    mine = np.arange(len(examples))[rank::world]
+    batches, buckets = [], []
+    for i in range(0, len(mine), batch_size):
+        index = mine[i: i + batch_size]
+        batches.append(examples.batch(index))
+        buckets.append(torch.from_numpy(examples.buckets[index]))
+    return batches, buckets
+
+
+class TaskData:
+    """A task's training data: what the loop reads from `TrainData` (sampler, val_batches, tokenizer, data_hash,
+    describe), plus `val_buckets` and `scorer()` for the accuracy on the answer positions."""
+
+    def __init__(self, corpus: TaskCorpus, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        self.corpus, self.seq_len = corpus, seq_len
+        self.tokenizer = ByteTokenizer()
+        self.train = generate(corpus, seq_len, "train")
+        self.val = generate(corpus, seq_len, "val")
+        self.sampler = ExampleSampler(self.train, batch_size, seed, rank, world)
+        self.val_batches, self.val_buckets = val_batches(self.val, batch_size, rank, world)
+
+    @property
+    def data_hash(self) -> str:
+        """Names the examples: the task's parameters and the window length (tokenizer and layout by _FORMAT)."""
+        return task_hash(self.corpus, self.seq_len)
+
+    def scorer(self) -> Scorer:
+        return task_scorer(self.corpus)
+
+    def describe(self) -> dict:
+        return {"corpus": describe_task(self.corpus), "corpus_hash": self.data_hash, "tokenizer": "byte",
+                "vocab_size": self.tokenizer.vocab_size, "train_tokens": int(self.train.tokens[:, 1:].size),
+                "val_tokens": int(self.val.tokens[:, 1:].size), "documents": len(self.train), "split": "examples",
+                "data_hash": self.data_hash}
+
+
+def task_hash(corpus: TaskCorpus, seq_len: int) -> str:
+    return digest("task", _FORMAT, corpus.model_dump(mode="json"), seq_len)
+
+
+def task_data(spec, *, rank: int = 0, world: int = 1) -> TaskData:
+    t = spec.train
+    return TaskData(t.data.corpus, t.seq_len, t.batch_size, t.seed, rank, world)
