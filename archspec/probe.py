@@ -154,7 +154,8 @@ def _distances(ctx, param, value: str | None) -> list[int] | None:
               help="Examples to evaluate [default: the task's val_examples].")
 @click.option("--seq-len", type=click.IntRange(2, 1 << 20), default=None,
               help="Window length [default: the run's train.seq_len]; at most the model's context_length.")
-@click.option("--batch-size", type=click.IntRange(1, 65536), default=64, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 65536), default=64, show_default=True,
+              help="Examples per forward (memory, not results).")
 @device_option
 @registry_option
 @click.option("--no-record", is_flag=True, help="Print the result only; record no evaluation.")

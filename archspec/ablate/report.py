@@ -72,6 +72,14 @@ class VariantResult:
         rates = [r.tokens_per_s for r in self.runs if r.tokens_per_s]
         return statistics.fmean(rates) if rates else None
 
+    def probe_stats(self) -> dict[str, float]:
+        """Mean over finished seeds of the capability-task accuracies (`probe.accuracy`, `probe.accuracy.d<d>`: a run
+        trained on an mqar or passkey corpus records them at each evaluation; archspec.train.tasks)."""
+        done = [r for r in self.runs if r.status == "FINISHED"]
+        keys = sorted({k for r in done for k in r.summary if k.startswith("probe.accuracy")},
+                      key=lambda k: (k != "probe.accuracy", int(k.rpartition(".d")[2]) if ".d" in k else 0, k))
+        return {k: statistics.fmean([r.summary[k] for r in done if k in r.summary]) for k in keys}
+
     def extra_stats(self) -> dict[str, float]:
         """Mean over seeds of summary metrics that only some kinds produce (e.g. `moe.*` load statistics)."""
         keys = sorted({k for r in self.runs for k in r.summary if k.startswith("moe.")})
@@ -134,10 +142,18 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             row["attn FLOPs/tok"] = human(a) if a is not None else "-"
         if show_kv:
             row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
+        probes = v.probe_stats()
+        if probes:  # exact match on the answer positions, mean over seeds; passkey: per distance
+            buckets = ", ".join(f"{k.removeprefix('probe.accuracy.')} {x:.2f}" for k, x in probes.items()
+                                if k != "probe.accuracy")
+            row["answer acc"] = f"{probes.get('probe.accuracy', float('nan')):.3f}" + (f" ({buckets})" if buckets else "")
         stats = v.extra_stats()
         if stats:
             row["load stats"] = ", ".join(f"{k.removeprefix('moe.')}={number(x)}" for k, x in stats.items())
         rows.append(row)
+    if any("answer acc" in r for r in rows):
+        for r in rows:
+            r.setdefault("answer acc", "-")
     if any("load stats" in r for r in rows):
         for r in rows:
             r.setdefault("load stats", "-")
@@ -162,6 +178,7 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
             "runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status} for r in v.runs],
+            "probe": v.probe_stats(),  # capability tasks: mean accuracy on the answer positions (and per distance)
         })
     return out
 

@@ -830,8 +830,8 @@ def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str],
         ref = resolve_field(field.name, "runs")
         if ref.kind == "probe":
             key = f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key
-            if not probe_keys or key in probe_keys:
-                continue
+            if not probe_keys or key in probe_keys or (ref.aggregate and ref.key in probe_keys):
+                continue  # a known key under a task nobody probed yet is no typo: it matches nothing
             close = difflib.get_close_matches(key, sorted(probe_keys), n=1)
             hint = f"did you mean probe.{close[0]}?" if close else f"known: {', '.join(sorted(probe_keys))}"
             raise FilterError(what, text or "", field.pos, f"no probe of any run has {key!r}; {hint}")

@@ -415,7 +415,7 @@ class RegistryReader(RegistryEngine):
         def tx(conn: Connection) -> list[dict[str, Any]]:
             rows = conn.execute(select(Evaluation).where(Evaluation.run_id == run_id).order_by(Evaluation.id)).all()
             out = []
-            for (e,) in rows:
+            for e in rows:
                 metrics = {k: number(v, f"evaluation_metrics {e.id} {k}") for k, v in conn.execute(
                     select(EvaluationMetric.key, EvaluationMetric.value)
                     .where(EvaluationMetric.evaluation_id == e.id).order_by(EvaluationMetric.key)).all()}
