@@ -42,7 +42,7 @@ from pydantic.fields import FieldInfo
 from archspec.kinds import family
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec, Spec
-from archspec.spec.train import BPETokenizer, ByteTokenizer, DataSpec, StdlibCorpus, TrainSpec
+from archspec.spec.train import TASK_CORPORA, BPETokenizer, ByteTokenizer, DataSpec, StdlibCorpus, TrainSpec
 
 __all__ = [
     "field_values", "names", "norms", "positionals", "sparsities", "ffns", "attentions", "model_dicts",
@@ -418,10 +418,35 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
 
 # ── the training recipe ──────────────────────────────────────────────────────────────────────────────────────────
 
-CORPUS_KINDS: dict[str, Callable[[], Strategy | None]] = {
-    "stdlib": lambda: _fields(StdlibCorpus),
+@st.composite
+def _mqar(draw, seq_len: int) -> dict:
+    """An MQAR task that fits a window of seq_len + 1 tokens (archspec.train.tasks.task_problems)."""
+    pairs = draw(st.integers(1, min(126, (seq_len - 1) // 2)))
+    queries = draw(st.integers(1, min(pairs, (seq_len + 1 - 2 * pairs) // 2)))
+    out = {"vocab": draw(st.integers(max(4, 2 * pairs), 252)), "pairs": pairs,
+           "train_examples": draw(st.integers(1, 64)), "val_examples": draw(st.integers(1, 64))}
+    if queries != pairs or draw(st.booleans()):  # omitted: every key once
+        out["queries"] = queries
+    return out
+
+
+@st.composite
+def _passkey(draw, seq_len: int) -> dict:
+    key_len = draw(st.integers(1, min(16, (seq_len - 1) // 2)))
+    vocab = draw(st.integers(2, 250))
+    return {"vocab": vocab, "key_len": key_len, "filler": draw(st.integers(1, 252 - vocab)),
+            "distances": draw(st.lists(st.integers(key_len, seq_len - key_len - 1), min_size=1, max_size=8,
+                                       unique=True)),
+            "train_examples": draw(st.integers(1, 64)), "val_examples": draw(st.integers(1, 64))}
+
+
+# Each corpus kind given the training window (train.seq_len): capability tasks must fit it, and need at least 3.
+CORPUS_KINDS: dict[str, Callable[[int], Strategy | None]] = {
+    "stdlib": lambda seq_len: _fields(StdlibCorpus),
     # Any text: paths end up inside SPEC_JSON, which must stay an inert literal whatever they hold.
-    "files": lambda: st.fixed_dictionaries({"paths": st.lists(st.text(max_size=20), min_size=1, max_size=3)}),
+    "files": lambda seq_len: st.fixed_dictionaries({"paths": st.lists(st.text(max_size=20), min_size=1, max_size=3)}),
+    "mqar": lambda seq_len: _mqar(seq_len) if seq_len >= 3 else None,
+    "passkey": lambda seq_len: _passkey(seq_len) if seq_len >= 3 else None,
 }
 
 TOKENIZER_KINDS: dict[str, Callable[[int], Strategy | None]] = {
@@ -433,8 +458,8 @@ TOKENIZER_KINDS: dict[str, Callable[[int], Strategy | None]] = {
 }
 
 
-def corpora(kinds=None) -> Strategy:
-    return _family(DataSpec, "corpus", CORPUS_KINDS, kinds)
+def corpora(kinds=None, seq_len: int = 128) -> Strategy:
+    return _family(DataSpec, "corpus", CORPUS_KINDS, kinds, seq_len)
 
 
 def tokenizers(vocab_size: int, kinds=None) -> Strategy:
@@ -465,9 +490,10 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
     if draw(st.booleans()):
         data = {}
         if draw(st.booleans()):
-            data["corpus"] = draw(corpora())
-        if draw(st.booleans()):
-            data["tokenizer"] = draw(tokenizers(vocab_size))
+            data["corpus"] = draw(corpora(seq_len=out.get("seq_len") or context_length))
+        if draw(st.booleans()):  # capability tasks are written in byte ids: byte tokenizer only
+            task = data.get("corpus", {}).get("kind") in TASK_CORPORA
+            data["tokenizer"] = draw(tokenizers(vocab_size, ["byte"] if task else None))
         if draw(st.booleans()):
             data["val_fraction"] = draw(field_values(DataSpec.model_fields["val_fraction"]))
         out["data"] = data

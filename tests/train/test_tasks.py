@@ -183,3 +183,16 @@ def test_task_data_batches_whole_examples_in_a_seeded_order_and_resumes():
     resumed.sampler.load_state_dict(state)
     assert torch.equal(data.sampler.next_batch()[0], resumed.sampler.next_batch()[0])
     assert [len(b[0]) for b in data.val_batches] == [8, 4] and data.describe()["split"] == "examples"
+
+
+def test_train_refuses_an_impossible_distance_with_exit_2(tmp_path, capsys):
+    from archspec.cli import main
+
+    spec = tmp_path / "pk.yaml"
+    spec.write_text("name: pk\nmodel: {vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, "
+                    "attention: {n_heads: 2}}\ntrain: {seq_len: 32, data: {corpus: {kind: passkey}}}\n")
+    rc = main(["train", str(spec), "--set", "train.data.corpus.distances=[8, 500]", "--device", "cpu",
+               "--registry", f"sqlite:///{tmp_path}/r.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.data.corpus.distances.1: impossible distance 500" in err and "Traceback" not in err
+    assert not (tmp_path / "r.db").exists()
