@@ -98,8 +98,9 @@ def test_drawn_per_layer_mixes_are_exact(spec):
     with tempfile.TemporaryDirectory() as d:
         model = generate(spec, out_dir=d).Model()
         assert account(spec).total == sum(p.numel() for p in model.parameters())
-        T.assert_causal(model, spec.model.vocab_size, spec.model.context_length,
-                        position=spec.model.context_length // 2)
+        if all(b.ffn.causal for b in spec.model.blocks()):  # MoE dropping by probability is not (test_properties)
+            T.assert_causal(model, spec.model.vocab_size, spec.model.context_length,
+                            position=spec.model.context_length // 2)
 
 
 # ── the hash sees the layers, not how they were written ─────────────────────────────────────────────────────────
