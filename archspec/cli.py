@@ -29,6 +29,7 @@ _SUBCOMMANDS = [
     ("archspec.hf.cli", ["import-hf", "export-hf"]),
     ("archspec.sample_cmd", ["sample"]),
     ("archspec.probe", ["probe"]),
+    ("archspec.scaling_cmd", ["scaling"]),
 ]
 
 

@@ -1,0 +1,133 @@
+"""`archspec scaling SWEEP | --where FILTER`: fit L = E + A·x^(−α) over finished runs (see archspec.scaling)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import click
+
+from archspec.cli_options import registry_option
+from archspec.errors import UserError, printable
+
+
+def _source_rows(registry, sweep: str | None, where: str | None) -> tuple[list, str]:
+    """The runs to fit and a name for them. A sweep (file or name) gives its runs as the ablation report sees them
+    (with the file: only runs of its current variants, the latest attempt per variant and seed)."""
+    from archspec.ablate.runner import collect
+    from archspec.ablate.sweep import load_sweep
+
+    if where is not None:
+        rows = registry.runs(where=where, sort="created")
+        if not rows:
+            raise UserError(f"--where {printable(where, 200)!r}: no run in the registry {registry.url} matches")
+        return list(rows), "scaling-where-" + hashlib.sha256(where.encode()).hexdigest()[:8]
+    assert sweep is not None
+    path = Path(sweep)
+    loaded = load_sweep(path) if path.suffix in (".yaml", ".yml") or path.exists() else None
+    name = loaded.name if loaded else sweep
+    variants, _ = collect(registry, name, loaded)
+    ids = {r.run_id for v in variants for r in v.runs}
+    if not ids:
+        raise UserError(f"sweep {printable(name, 100)!r}: no runs in the registry {registry.url} "
+                        f"(`archspec ablate` trains a sweep; `archspec runs list --where 'sweep = ...'` lists them)")
+    rows = [r for r in registry.runs(where=f"sweep = {json.dumps(name)}", sort="created") if r.id in ids]
+    return rows, name
+
+
+def _check_by(by: tuple[str, ...]) -> None:
+    from archspec.registry.query import resolve_field
+
+    for key in by:
+        try:
+            resolve_field(key, "runs")
+        except ValueError as e:
+            raise UserError(f"--by {printable(key, 100)!r}: {e}") from None
+
+
+def _interval(result, name: str) -> str:
+    if not result.interval:
+        return "-"
+    lo, hi = result.interval[name]
+    return f"[{_num(lo)}, {_num(hi)}]"
+
+
+def _num(v: float) -> str:
+    from archspec.console import number
+
+    return number(v)
+
+
+@click.command()
+@click.argument("sweep", metavar="SWEEP", required=False)
+@click.option("--where", "-w", metavar="FILTER", help="Fit the runs this filter selects instead of a sweep's, e.g. "
+              "\"params.model.ffn.kind = 'glu' and params.train.steps = 977\" (`archspec runs list --help`).")
+@registry_option
+@click.option("--over", type=click.Choice(("auto", "params", "compute")), default="auto", show_default=True,
+              help="x of the fit: non-embedding (active) parameters, or training FLOPs; auto: parameters when every "
+                   "run of a group trained on the same tokens, else compute.")
+@click.option("--by", multiple=True, metavar="FIELD",
+              help="Group runs by this run field (repeatable; e.g. params.model.ffn.kind) instead of by architecture "
+                   "(the model spec less its size keys). Runs on different data are never fitted together.")
+@click.option("--bootstrap", "n_boot", type=click.IntRange(50, 100_000), default=1000, show_default=True,
+              help="Bootstrap replicates (seeds redrawn at every size) for the 95% intervals.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the PNG goes (default reports/<sweep>/).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fits as one JSON object on stdout.")
+def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, over: str, by: tuple[str, ...],
+                n_boot: int, out_dir: Path | None, as_json: bool) -> None:
+    """Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where selects.
+
+    x: non-embedding parameters N (active parameters for routed experts) at a fixed token budget, or training compute
+    when budgets vary. One fit per architecture (runs whose model specs differ only in size keys: d_model, n_layers,
+    heads, head_dim, hidden_dim), all in one log-log picture; 95% intervals by bootstrap over seeds."""
+    from rich.table import Table
+
+    from archspec.console import human, make_console
+    from archspec.registry import Registry
+    from archspec.scaling import X_NAMES, fit_groups, plot_fits, run_points
+
+    if (sweep is None) == (where is None):
+        raise UserError("give a SWEEP (file or name) or --where FILTER, not both" if sweep else
+                        "give a SWEEP (file or name) or --where FILTER")
+    _check_by(by)
+    registry = Registry(registry_url)
+    rows, name = _source_rows(registry, sweep, where)
+    points, skipped = run_points(rows, by)
+    if not points:
+        shown = "; ".join(skipped[:5]) + ("; ..." if len(skipped) > 5 else "")
+        raise UserError(f"{printable(name, 100)}: no finished run with a final val loss to fit ({shown})")
+    fits = fit_groups(points, over=over, n_boot=n_boot)
+    png = plot_fits(name, fits, (out_dir or Path("reports") / name) / f"{name}-scaling.png")
+    if as_json:
+        click.echo(json.dumps({"source": {"sweep": None if where else name, "where": where},
+                               "registry": registry.url, "runs": len(points), "skipped": skipped,
+                               "fits": [g.to_json() for g in fits], "png": str(png)}))
+        return
+    console = make_console(data=True)
+    table = Table(title=f"scaling {name}: L = E + A·x^(−α), {len(points)} finished runs", title_justify="left")
+    for col in ("group", "x", "sizes", "runs", "E", "95% CI", "A", "95% CI", "α", "95% CI"):
+        table.add_column(col, justify="left" if col in ("group", "x") else "right", overflow="fold")
+    for g in fits:
+        r = g.result
+        table.add_row(g.label, X_NAMES[g.over], str(len(g.sizes)), str(sum(len(s.runs) for s in g.sizes)),
+                      _num(r.law.E), _interval(r, "E"), _num(r.law.A), _interval(r, "A"), f"{r.law.alpha:.4f}",
+                      _interval(r, "alpha"))
+    table.caption = (f"least squares on the seed means at each size; intervals: 95% percentile bootstrap over seeds "
+                     f"({n_boot} replicates)")
+    table.caption_justify = "left"
+    console.print(table)
+    for g in fits:
+        sizes = Table(title=f"{g.label}", title_justify="left", box=None)
+        for col in ("N" if g.over == "params" else "C", "tokens", "seeds", "mean loss", "min", "max", "fit"):
+            sizes.add_column(col, justify="right")
+        for s in g.sizes:
+            sizes.add_row(human(s.x), human(s.tokens), str(len(s.runs)), f"{s.mean:.4f}", f"{min(s.losses):.4f}",
+                          f"{max(s.losses):.4f}", f"{float(g.result.law(s.x)):.4f}")
+        console.print(sizes)
+        if g.result.note:
+            console.print(f"note: {g.result.note}")
+    if skipped:
+        console.print(f"left out: {len(skipped)} run(s): " + "; ".join(skipped[:5]) + ("; ..." if len(skipped) > 5 else ""))
+    console.print(f"plot: {png}")
