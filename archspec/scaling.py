@@ -366,6 +366,10 @@ def plot_fits(title: str, fits: list[GroupFit], path: Path) -> Path:
     over = {g.over for g in fits}
     ax.set(xscale="log", yscale="log", xlabel=" / ".join(X_NAMES[o] for o in sorted(over)), ylabel="final val loss",
            title=f"{title}: L = E + A·x^(−α), 95% bootstrap band over seeds")
+    from matplotlib.ticker import FormatStrFormatter
+
+    for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_formatter(FormatStrFormatter("%.2f"))  # losses span less than a decade: plain numbers, not 4×10⁰
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)

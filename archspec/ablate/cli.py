@@ -16,10 +16,6 @@ from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
 from archspec.errors import UserError, printable
 from rich.markup import escape
 
-# Dry-run time estimates assume this share of the measured matmul peak: what small models reach on CPU (the
-# llama-like-tiny preset measures 15-30%); a estimate, said as such in the table caption.
-ASSUMED_MFU = 0.2
-
 
 _registry_option = registry_option
 
@@ -41,7 +37,12 @@ def _out_option(f):
                         help="Where the report's PNG and HTML go (default reports/<sweep>/).")(f)
 
 
-def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
+def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_type: str = "cpu") -> Table:
+    """The variant table; times from the registry's measured throughput (`measured`, archspec.ablate.estimate), else
+    from the stated assumption on `peak`."""
+    from archspec.ablate.estimate import caption, estimate
+    from archspec.spec import spec_hash
+
     table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
                   f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
                   title_justify="left")
@@ -52,17 +53,18 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None) -> Table:
     for v in sweep.variants:
         t = v.spec.train
         tokens = t.steps * t.batch_size * t.grad_accum * t.seq_len
-        seconds = v.accounting.flops_train * tokens / (peak * ASSUMED_MFU) if peak else None
+        est = estimate(spec_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), v.accounting.flops_train, tokens,
+                       list(measured), peak)
+        seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
         table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(tokens),
-                      f"{seconds:.0f} s" if seconds is not None else "-")
-    if peak:
-        table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs, at "
-                         f"{ASSUMED_MFU:.0%} of the measured matmul peak ({human(peak)}FLOP/s), compile excluded")
-        table.caption_justify = "left"
+                      f"{seconds:.0f} s ({est.basis})" if seconds is not None else "-")
+    table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs; "
+                     + caption(list(measured), peak, device_type))
+    table.caption_justify = "left"
     return table
 
 
@@ -138,9 +140,13 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         from archspec.train.cache import cache_dir
         from archspec.train.throughput import peak_flops
 
+        from archspec.ablate.estimate import measured_runs
+        from archspec.registry import Registry
+
         dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
         peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(None))
-        make_console().print(dry_run_table(sweep, jobs, peak))
+        measured = measured_runs(Registry(registry_url), dev.type, sweep.baseline.spec.train.precision)
+        make_console().print(dry_run_table(sweep, jobs, peak, measured, dev.type))
         return
     from archspec.ablate.runner import run_jobs
 
