@@ -170,3 +170,14 @@ def test_scaling_on_a_real_tiny_sweep(workdir, base_spec, capsys):
         acc = row.accounting["params"]
         assert p["x"] == acc["active"] - acc["embedding"] and p["mean"] == row.summary["val_loss"]
     assert (workdir / "reports" / "tiny-scaling" / "tiny-scaling-scaling.png").exists()
+
+
+def test_n_is_active_non_embedding_params_for_moe_and_untied_heads():
+    from archspec.accounting import account
+
+    moe = make_spec("moe", ffn={"kind": "moe", "n_experts": 8, "top_k": 2, "expert": {"kind": "glu", "hidden_dim": 64}},
+                    tie_embeddings=False)
+    acc = account(moe, seq_len=moe.train.seq_len)
+    n = non_embedding_params(make_info(moe).accounting)
+    assert n == acc.active - acc.embedding - acc.by_component["lm_head"]
+    assert n < acc.total - acc.embedding - acc.by_component["lm_head"] and acc.by_component["lm_head"] > 0
