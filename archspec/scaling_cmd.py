@@ -62,7 +62,7 @@ def _num(v: float) -> str:
 @click.command()
 @click.argument("sweep", metavar="SWEEP", required=False)
 @click.option("--where", "-w", metavar="FILTER", help="Fit the runs this filter selects instead of a sweep's, e.g. "
-              "\"params.model.ffn.kind = 'glu' and params.train.steps = 977\" (`archspec runs list --help`).")
+              "\"params.train.steps = 977 and params.model.n_layers >= 2\" (`archspec runs list --help`).")
 @registry_option
 @click.option("--over", type=click.Choice(("auto", "params", "compute")), default="auto", show_default=True,
               help="x of the fit: non-embedding (active) parameters, or training FLOPs; auto: parameters when every "
