@@ -8,13 +8,15 @@ from pathlib import Path
 
 import click
 
-from archspec.cli_options import registry_option
+from archspec.cli_options import registry_option, set_option
 from archspec.errors import UserError, printable
 
 
-def _source_rows(registry, sweep: str | None, where: str | None) -> tuple[list, str]:
+def _source_rows(registry, sweep: str | None, where: str | None, overrides: tuple[str, ...] = (),
+                 steps: int | None = None) -> tuple[list, str]:
     """The runs to fit and a name for them. A sweep (file or name) gives its runs as the ablation report sees them
-    (with the file: only runs of its current variants, the latest attempt per variant and seed)."""
+    (with the file: only runs of its current variants, the latest attempt per variant and seed; `overrides`/`steps`
+    as `archspec ablate --set/--steps` took them)."""
     from archspec.ablate.runner import collect
     from archspec.ablate.sweep import load_sweep
 
@@ -25,7 +27,10 @@ def _source_rows(registry, sweep: str | None, where: str | None) -> tuple[list, 
         return list(rows), "scaling-where-" + hashlib.sha256(where.encode()).hexdigest()[:8]
     assert sweep is not None
     path = Path(sweep)
-    loaded = load_sweep(path) if path.suffix in (".yaml", ".yml") or path.exists() else None
+    loaded = (load_sweep(path, overrides=overrides, steps=steps) if path.suffix in (".yaml", ".yml") or path.exists()
+              else None)
+    if loaded is None and (overrides or steps):
+        raise UserError(f"--set/--steps need a sweep file, got the sweep name {printable(sweep, 100)!r}")
     name = loaded.name if loaded else sweep
     variants, _ = collect(registry, name, loaded)
     ids = {r.run_id for v in variants for r in v.runs}
@@ -64,6 +69,9 @@ def _num(v: float) -> str:
 @click.option("--where", "-w", metavar="FILTER", help="Fit the runs this filter selects instead of a sweep's, e.g. "
               "\"params.train.steps = 977 and params.model.n_layers >= 2\" (`archspec runs list --help`).")
 @registry_option
+@set_option
+@click.option("--steps", type=click.IntRange(min=1),
+              help="With a sweep file: its runs trained by `archspec ablate SWEEP --steps N`.")
 @click.option("--over", type=click.Choice(("auto", "params", "compute")), default="auto", show_default=True,
               help="x of the fit: non-embedding (active) parameters, or training FLOPs; auto: parameters when every "
                    "run of a group trained on the same tokens, else compute.")
@@ -75,13 +83,15 @@ def _num(v: float) -> str:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the PNG goes (default reports/<sweep>/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fits as one JSON object on stdout.")
-def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, over: str, by: tuple[str, ...],
-                n_boot: int, out_dir: Path | None, as_json: bool) -> None:
+def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, overrides: tuple[str, ...],
+                steps: int | None, over: str, by: tuple[str, ...], n_boot: int, out_dir: Path | None,
+                as_json: bool) -> None:
     """Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where selects.
 
     x: non-embedding parameters N (active parameters for routed experts) at a fixed token budget, or training compute
     when budgets vary. One fit per architecture (runs whose model specs differ only in size keys: d_model, n_layers,
-    heads, head_dim, hidden_dim), all in one log-log picture; 95% intervals by bootstrap over seeds."""
+    heads, head_dim, hidden_dim), all in one log-log picture; 95% intervals by bootstrap over seeds. With a sweep
+    file, --set/--steps select the runs `archspec ablate` trained with the same options."""
     from rich.table import Table
 
     from archspec.console import human, make_console
@@ -93,7 +103,7 @@ def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, 
                         "give a SWEEP (file or name) or --where FILTER")
     _check_by(by)
     registry = Registry(registry_url)
-    rows, name = _source_rows(registry, sweep, where)
+    rows, name = _source_rows(registry, sweep, where, overrides, steps)
     points, skipped = run_points(rows, by)
     if not points:
         shown = "; ".join(skipped[:5]) + ("; ..." if len(skipped) > 5 else "")

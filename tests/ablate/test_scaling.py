@@ -170,6 +170,11 @@ def test_scaling_on_a_real_tiny_sweep(workdir, base_spec, capsys):
         acc = row.accounting["params"]
         assert p["x"] == acc["active"] - acc["embedding"] and p["mean"] == row.summary["val_loss"]
     assert (workdir / "reports" / "tiny-scaling" / "tiny-scaling-scaling.png").exists()
+    # --steps selects the runs `ablate --steps N` trained: none at 5 steps; a sweep name cannot take it
+    assert main(["scaling", str(path), "--registry", url, "--steps", "5"]) == 2
+    assert "no runs in the registry" in capsys.readouterr().err
+    assert main(["scaling", "tiny-scaling", "--registry", url, "--steps", "3"]) == 2
+    assert "need a sweep file" in capsys.readouterr().err
 
 
 def test_n_is_active_non_embedding_params_for_moe_and_untied_heads():
