@@ -450,3 +450,49 @@ def test_older_files_without_layer_types_slide_the_layers_transformers_slides(ca
         got = ["sliding_attention" if b.attention.sparsity.kind == "sliding_window" else "full_attention"
                for b in m.blocks()]
         assert got == want.layer_types, (first, got, want.layer_types)
+
+
+# Released config.json files (their architecture keys as published; ids and bookkeeping trimmed) and the parameter
+# counts their model cards give, total and active (B). Spec only: no weights, no model built.
+_RELEASED = {
+    "Mistral-7B-v0.1": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                         "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
+                         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+                         "tie_word_embeddings": False, "vocab_size": 32000}, 7.2, 7.2),
+    "Mixtral-8x7B-v0.1": ({"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                           "max_position_embeddings": 32768, "num_attention_heads": 32, "num_experts_per_tok": 2,
+                           "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+                           "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1e6,
+                           "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+                           "vocab_size": 32000}, 46.7, 12.9),
+    "Qwen1.5-MoE-A2.7B": ({"model_type": "qwen2_moe", "decoder_sparse_step": 1, "hidden_size": 2048,
+                           "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+                           "moe_intermediate_size": 1408, "norm_topk_prob": False, "num_attention_heads": 16,
+                           "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+                           "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+                           "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632,
+                           "sliding_window": 32768, "tie_word_embeddings": False, "use_sliding_window": False,
+                           "vocab_size": 151936}, 14.3, 2.7),
+    "Qwen3-30B-A3B": ({"model_type": "qwen3_moe", "attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128,
+                       "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+                       "max_window_layers": 48, "mlp_only_layers": [], "moe_intermediate_size": 768,
+                       "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+                       "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_scaling": None,
+                       "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+                       "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936}, 30.5, 3.3),
+}
+
+
+@pytest.mark.parametrize("name", list(_RELEASED))
+def test_released_configs_import_with_their_published_parameter_counts(name):
+    from archspec.accounting import param_breakdown
+    from archspec.hf import spec_from_config
+
+    data, total, active = _RELEASED[name]
+    data = {**data, "hidden_act": "silu", "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+            "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
+    m = load_spec_dict(spec_from_config(data, f"{name}/config.json", "x")).model
+    parts, active_params = param_breakdown(m)
+    # model cards round to 0.1B (Qwen3-30B-A3B's 3.35B active is written "3.3B")
+    assert sum(parts.values()) == pytest.approx(total * 1e9, abs=0.06e9)
+    assert active_params == pytest.approx(active * 1e9, abs=0.06e9)
