@@ -677,7 +677,11 @@ def _mutate_subtree(draw, data, spec):
         st.dictionaries(_JUNK_KEYS.filter(lambda k: isinstance(k, str)), _JUNK, min_size=1, max_size=3),
     ))
     _set(data, path, garbage)
-    return path
+    try:
+        parse_spec(data)
+    except Exception:  # noqa: BLE001
+        return path
+    return None  # the garbage is valid there (null for an optional field such as attention.qk_norm): no mutation
 
 
 def _mutate_remove_name(draw, data, spec):
