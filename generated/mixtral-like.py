@@ -217,6 +217,70 @@ class Attention(nn.Module):
 
 
 # ── feed-forward ────────────────────────────────────────────────────────────────────────────────────────────
+# Grouped GEMM for mixture-of-experts: rows sorted by expert, each expert's contiguous slice times that expert's own
+# weight, all in one call (torch._grouped_mm, the kernel torchtitan uses). It runs on CPU (fp32, bf16) and on CUDA
+# (bf16, compute capability 9.0+), but through torch 2.13 its shape function accepts bf16 only, so torch.compile
+# cannot trace it in fp32. On CPU it is therefore called through the two ops below, which give it a shape function
+# of their own and a backward made of the same two ops: an fp32 MoE block compiles whole, each grouped GEMM one
+# opaque call. Rows and weights need 16-byte aligned strides (sizes a multiple of 8 serve fp32 and bf16).
+
+
+def _grouped_mm_ops():
+    """archspec::grouped_mm(a (N, K), b (E, K, M), offs (E,) int32) → (N, M): rows offs[e-1]:offs[e] of a times b[e];
+    archspec::grouped_mm_wgrad(a_t (K, N), g (N, M), offs) → (E, K, M): each slice's a_tᵀ-block times g-block (the
+    weight gradient). Defined once per process; a second generated module finds them already there."""
+    try:
+        return torch.ops.archspec.grouped_mm.default, torch.ops.archspec.grouped_mm_wgrad.default
+    except (AttributeError, RuntimeError):
+        pass
+
+    @torch.library.custom_op("archspec::grouped_mm", mutates_args=())
+    def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(a, b, offs=offs)
+
+    @grouped_mm.register_fake
+    def _(a, b, offs):
+        return a.new_empty(a.shape[0], b.shape[-1])
+
+    @torch.library.custom_op("archspec::grouped_mm_wgrad", mutates_args=())
+    def grouped_mm_wgrad(a_t: torch.Tensor, g: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(a_t, g, offs=offs)
+
+    @grouped_mm_wgrad.register_fake
+    def _(a_t, g, offs):
+        return a_t.new_empty(offs.shape[0], a_t.shape[0], g.shape[-1])
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        grad = grad.contiguous()  # the kernel refuses broadcast (stride-0) gradients
+        grad_a = grouped_mm(grad, b.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None  # (N, K)
+        grad_b = grouped_mm_wgrad(a.t(), grad, offs) if ctx.needs_input_grad[1] else None  # (E, K, M)
+        return grad_a, grad_b, None
+
+    grouped_mm.register_autograd(backward, setup_context=setup_context)
+    return torch.ops.archspec.grouped_mm.default, torch.ops.archspec.grouped_mm_wgrad.default
+
+
+_GROUPED_MM, _ = _grouped_mm_ops() if hasattr(torch, "_grouped_mm") else (None, None)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """a (N, K) rows sorted by group, b (E, K, M), offs (E,) int32 cumulative row counts → (N, M)."""
+    if a.is_cuda:
+        return torch._grouped_mm(a, b, offs=offs)  # compiles natively (bf16)
+    return _GROUPED_MM(a, b, offs)
+
+
+def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm takes this device and dtype here (else the MoE falls back to its padded path)."""
+    if _GROUPED_MM is None:
+        return False
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
 
 class FeedForward(nn.Module):
@@ -228,9 +292,10 @@ class FeedForward(nn.Module):
     Dropless: every assignment is computed.
 
     Dispatch: assignments are sorted by expert (a stable sort, so each expert's assignments are one contiguous slice
-    in priority order), scattered into a (MOE_N_EXPERTS, C, D_MODEL) buffer and run as one batched matmul per
-    projection (each expert one matmul over its slice); no loop depends on the data. On CUDA under bf16 autocast the
-    sorted rows go through torch._grouped_mm instead (no padding).
+    in priority order); no loop depends on the data. The sorted rows go through grouped_mm: one GEMM per expert's slice, no
+    padding (CPU in fp32/bf16, CUDA in bf16 autocast on compute capability 9.0+). Elsewhere (other dtypes, older
+    GPUs) they are scattered into a (MOE_N_EXPERTS, busiest expert's count, D_MODEL) buffer and run as one batched
+    matmul per projection.
 
     After each forward: `router_losses` = [load-balancing loss, z-loss] (coefficients applied, differentiable) and
     `router_stats` = [load fraction of each expert..., dropped fraction, router entropy (nats), padding factor]
@@ -281,9 +346,9 @@ class FeedForward(nn.Module):
         gate_of = gates.reshape(-1)[order]  # (N·K,) fp32, carries the router's gradient
         rank = torch.arange(n_assign, device=x.device) - (counts.cumsum(0) - counts)[expert_of]  # place in its slice
         dropped = torch.zeros((), device=x.device)
-        if x.is_cuda and torch.is_autocast_enabled("cuda") and hasattr(torch, "_grouped_mm") \
-                and D_MODEL % 8 == 0 and MOE_HIDDEN % 8 == 0 and torch.cuda.get_device_capability(x.device) >= (9, 0):
-            y_of = self._grouped(xf[token_of], counts)  # (N·K, D_MODEL), rows in expert order, no padding
+        mm_dtype = torch.bfloat16 if x.is_cuda and torch.is_autocast_enabled("cuda") else xf.dtype
+        if grouped_mm_usable(x.device, mm_dtype):
+            y_of = self._grouped(xf[token_of].to(mm_dtype), expert_of, counts)  # rows in expert order, no padding
             padding = torch.ones((), device=x.device)
         else:
             y_of, padding = self._padded(xf, token_of, expert_of, rank, counts, max(int(counts.max()), 2))
@@ -317,14 +382,13 @@ class FeedForward(nn.Module):
         padding = torch.full((), MOE_N_EXPERTS * cap / token_of.numel(), device=xf.device)
         return y_of, padding
 
-    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """CUDA, bf16: rows sorted by expert (N·K, D_MODEL) through torch._grouped_mm, one GEMM per expert's slice."""
+    def _grouped(self, xs: torch.Tensor, expert_of: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert (N·K, D_MODEL) through grouped_mm: one GEMM per expert's slice, no padding."""
         offs = counts.cumsum(0).to(torch.int32)
-        xs = xs.to(torch.bfloat16)
-        h = torch._grouped_mm(xs, self.experts.up_proj.to(torch.bfloat16).transpose(-2, -1), offs=offs)
-        h_gate = torch._grouped_mm(xs, self.experts.gate_proj.to(torch.bfloat16).transpose(-2, -1), offs=offs)
+        h = grouped_mm(xs, self.experts.up_proj.to(xs.dtype).transpose(-2, -1), offs)
+        h_gate = grouped_mm(xs, self.experts.gate_proj.to(xs.dtype).transpose(-2, -1), offs)
         h = F.silu(h_gate) * h
-        return torch._grouped_mm(h, self.experts.down_proj.to(torch.bfloat16).transpose(-2, -1), offs=offs)
+        return grouped_mm(h, self.experts.down_proj.to(xs.dtype).transpose(-2, -1), offs)
 
 
 # ── block ───────────────────────────────────────────────────────────────────────────────────────────────────

@@ -105,6 +105,11 @@ CASES = {
                                  "n_shared_experts": 1, "shared_gate": True},
     "dropless-mlp-bias-raw": {"kind": "moe", "n_experts": 3, "top_k": 2, "renormalize": False,
                               "expert": {"kind": "mlp", "hidden_dim": 10, "bias": True}},
+    # sizes that are multiples of 8: the grouped_mm path (the two above take the padded fallback)
+    "grouped-glu-shared": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"hidden_dim": 16},
+                           "n_shared_experts": 1},
+    "grouped-mlp-bias-raw": {"kind": "moe", "n_experts": 5, "top_k": 3, "renormalize": False,
+                             "expert": {"kind": "mlp", "hidden_dim": 8, "bias": True}},
     "position-forced-drops": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"hidden_dim": 12},
                               "capacity_factor": 0.5, "drop_policy": "position", "n_shared_experts": 2},
     "probs-forced-drops": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "mlp", "hidden_dim": 12,
@@ -140,6 +145,11 @@ def test_dispatch_equals_the_naive_reference_forward_and_gradients(name, gen_dir
         assert dropped >= 1 - 4 * math.ceil(0.5 * 21 * 2 / 4) / 42 - 1e-6  # 24 slots for 42 assignments
     elif u.capacity_factor is None:
         assert dropped == 0.0
+    padding = float(ffn.router_stats[-1])  # rows the experts computed ÷ assignments
+    if name.startswith("grouped"):
+        assert padding == 1.0  # the grouped path computes exactly the assignments
+    elif u.capacity_factor is None:
+        assert padding > 1.0  # the dropless padded fallback: these routings fill no buffer evenly
 
 
 @pytest.mark.parametrize("policy, dropped_token", [("position", 2), ("probs", 0)])
@@ -343,16 +353,20 @@ def test_a_sweep_over_n_experts_validates_every_variant_before_training(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("capacity", [None, 1.0])
-def test_the_moe_block_compiles_fullgraph(capacity, gen_dir):
-    spec = _spec({**CASES["dropless-glu-shared-gate"], "capacity_factor": capacity})
+@pytest.mark.parametrize("case, capacity", [("grouped-glu-shared", None), ("dropless-glu-shared-gate", None),
+                                            ("dropless-glu-shared-gate", 1.0)])
+def test_the_moe_block_compiles_fullgraph(case, capacity, gen_dir):
+    """Grouped (fp32 grouped_mm through archspec's op), padded dropless, and capacity: each one graph."""
+    spec = _spec({**CASES[case], "capacity_factor": capacity})
     ffn = _ffn(spec, gen_dir)
     x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    inputs = [x, *ffn.parameters()]
     want = ffn(x)
-    want_grad, = torch.autograd.grad(want.square().sum(), x)
+    want_grads = torch.autograd.grad(want.square().sum(), inputs)
     torch._dynamo.reset()
     compiled = torch.compile(ffn, fullgraph=True)
     got = compiled(x)
-    got_grad, = torch.autograd.grad(got.square().sum(), x)
+    got_grads = torch.autograd.grad(got.square().sum(), inputs)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+    for g, h in zip(got_grads, want_grads):  # the input's and every weight's (the experts': grouped_mm_wgrad)
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)

@@ -24,9 +24,11 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
 
 Accounting: routed experts count top_k / n_experts of their total in `active`; router and shared experts in full.
 FLOPs per token: top_k experts + the router + shared experts (+ the shared gate): the useful work. Padding is NOT
-counted: on CPU the experts run as one batched matmul over a buffer padded to the capacity C (or, dropless, to the
-busiest expert's count), which multiplies the experts' work by n_experts · C / (N · top_k) (≥ 1, reported as the
-`padding` router statistic; equal to capacity_factor when a limit is set and the buffer is full).
+counted. Dropless MoE (sizes multiples of 8; CPU fp32/bf16, CUDA bf16 on Hopper+) computes no padding: the sorted
+rows go through torch._grouped_mm. With a capacity factor (or where grouped GEMM is unavailable) the experts run
+as one batched matmul over a buffer padded to the capacity C (dropless: the busiest expert's count), which
+multiplies the experts' work by n_experts · C / (N · top_k) (≥ 1, reported as the `padding` router statistic;
+equal to capacity_factor when a limit is set and the buffer is full; 1 on the grouped path).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ Expert = kind_union(MLPSpec, GLUSpec, default="glu")
 @register
 class MoESpec(FFNKind):
     kind: Literal["moe"] = "moe"  # router → top-k of n experts (+ shared experts)
+    shared_templates = ("grouped_mm.py.j2",)  # the grouped GEMM of the dropless dispatch
     n_experts: int = Field(8, ge=2, le=MAX_EXPERTS, description="routed experts")
     top_k: int = Field(2, ge=1, le=MAX_EXPERTS, description="experts per token, at most n_experts")
     expert: Expert = Field(default_factory=GLUSpec, description="one expert: a dense FFN (mlp or glu)")
@@ -173,6 +176,8 @@ class MoESpec(FFNKind):
             "renormalize": lit_bool(self.renormalize),
             "capacity": self.capacity_factor is not None,
             "drop_policy": self.drop_policy,
+            # torch._grouped_mm wants 16-byte aligned strides: sizes that are multiples of 8 serve fp32 and bf16
+            "grouped": m.d_model % 8 == 0 and e.hidden_dim % 8 == 0,
         }
 
     # ── HF transformers interop (archspec.kinds.hf) ──────────────────────────────────────────────────────────────
