@@ -178,6 +178,7 @@ def reset_peak_memory(device: torch.device) -> None:
     CUDA: the allocator's peak stats. Linux: writing 5 to /proc/self/clear_refs resets VmHWM (peak RSS) to the
     current RSS. Elsewhere the process-lifetime peak is all there is (`peak_memory_bytes` then over-reports)."""
     if device.type == "cuda":
+        torch.cuda.init()  # the allocator's stats refuse a device ("Invalid device argument") before CUDA starts
         torch.cuda.reset_peak_memory_stats(device)
         return
     try:
