@@ -4,17 +4,23 @@ candidates, and HF transformers' MixtralForCausalLM with every experts implement
     .venv/bin/python bench/bench_moe.py                 # a table on stdout (eager, fp32, this CPU)
     .venv/bin/python bench/bench_moe.py --json          # the same as one JSON object
     .venv/bin/python bench/bench_moe.py --compile       # archspec MoE vs dense, both compiled per block (as the loop)
+    python bench/bench_moe.py --device cuda --size gpu  # a GPU: bf16 autocast on every side, d1024 × 8 layers
 
-Shapes (issue 13): d_model 256, 2 layers, 4 heads of 64 (2 K/V heads), RoPE θ 1e6, RMSNorm, untied head, vocab
-320, batch 8 × 256 tokens. MoE: 8 SwiGLU experts of hidden 512, top-2, renormalised, dropless, α = 0.02 (the
-auxiliary loss is part of the step on both sides). Dense-active: SwiGLU hidden 1024 (= 2 experts' hidden), all else
-equal. One step = forward, backward, AdamW step, zero_grad; fp32.
+Shapes (issue 13, `--size cpu`): d_model 256, 2 layers, 4 heads of 64 (2 K/V heads), RoPE θ 1e6, RMSNorm, untied
+head, vocab 320, batch 8 × 256 tokens. MoE: 8 SwiGLU experts of hidden 512, top-2, renormalised, dropless, α = 0.02
+(the auxiliary loss is part of the step on both sides). Dense-active: SwiGLU hidden 1024 (= 2 experts' hidden), all
+else equal. `--size gpu`: d_model 1024, 8 layers, 16 heads of 64 (4 K/V heads), vocab 32768, experts of hidden
+1024 (dense-active 2048), batch 8 × 1024. One step = forward, backward, AdamW step, zero_grad; fp32 on CPU, bf16
+autocast (fp32 weights) on CUDA.
 
-Variants of archspec's MoE dispatch (same module, the `_padded` step swapped; the routing, gates, scatter-back and
-losses are shared): `padded` (the generated code: one batched matmul per projection over a buffer padded to the
-busiest expert), `segment` (split the sorted rows per expert and loop over the experts: one matmul per expert,
-E launches), `grouped_mm` (torch._grouped_mm in fp32, eager), and two anchors: `all-experts` (every expert on every
-token, then the chosen rows picked) and `per-token` (the tests' naive reference: a Python loop over assignments).
+Variants of archspec's MoE dispatch (same module; routing, gates, scatter-back and losses shared): `generated`
+(the generated code: sorted rows through torch._grouped_mm, on CPU via archspec's op wrapper so it compiles),
+`padded` (the fallback: one batched matmul per projection over a buffer padded to the busiest expert), `segment`
+(split the sorted rows per expert and loop over the experts: E matmuls), and two anchors: `all-experts` (every expert
+on every token, then the chosen rows picked) and `per-token` (the tests' naive reference: a Python loop over
+assignments). HF: MixtralForCausalLM with each `experts_implementation`, its default named, and HF's dense model of
+the same active FFN (MistralForCausalLM, intermediate = 2 experts' hidden) as the anchor that bounds what any MoE
+of these dims can reach.
 
 Protocol: every variant is built once, warmed by one step, then the variants take turns (`--rounds` rounds of
 `--steps` timed steps each) and each reports its median step. Interleaving spreads load from other work evenly.
@@ -42,7 +48,17 @@ from archspec.accounting import account  # noqa: E402
 from archspec.codegen import generate  # noqa: E402
 from archspec.spec import load_spec_dict  # noqa: E402
 
-D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T = 256, 2, 4, 2, 320, 8, 2, 512, 8, 256
+SIZES = {"cpu": dict(D=256, LAYERS=2, HEADS=4, KV=2, VOCAB=320, E=8, K=2, H=512, BATCH=8, T=256),
+         "gpu": dict(D=1024, LAYERS=8, HEADS=16, KV=4, VOCAB=32768, E=8, K=2, H=1024, BATCH=8, T=1024)}
+D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T = SIZES["cpu"].values()
+DEVICE = "cpu"
+
+
+def set_size(name: str) -> None:
+    global D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T, MOE, DENSE
+    D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T = SIZES[name].values()
+    MOE = {**MOE, "n_experts": E, "top_k": K, "expert": {"kind": "glu", "hidden_dim": H}}
+    DENSE = {"kind": "glu", "hidden_dim": K * H}
 
 
 def spec_dict(ffn: dict) -> dict:
@@ -56,6 +72,7 @@ def spec_dict(ffn: dict) -> dict:
 MOE = {"kind": "moe", "n_experts": E, "top_k": K, "expert": {"kind": "glu", "hidden_dim": H},
        "aux_loss_coef": 0.02}
 DENSE = {"kind": "glu", "hidden_dim": K * H}
+DENSE_NAME, OURS = "archspec dense-active", "archspec MoE (generated: grouped_mm)"
 
 
 # ── dispatch candidates: drop-in replacements of FeedForward._padded (dropless, SwiGLU, no bias) ───────────────
@@ -66,33 +83,25 @@ def _segment(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
     outs = [(F.silu(xe @ g.T) * (xe @ u.T)) @ d.T
             for xe, g, u, d in zip(xs.split(counts.tolist()), ex.gate_proj.unbind(0), ex.up_proj.unbind(0),
                                    ex.down_proj.unbind(0))]
-    return torch.cat(outs), torch.ones(())
-
-
-def _grouped(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
-    xs, ex = xf[token_of], self.experts
-    offs = counts.cumsum(0).to(torch.int32)
-    h = F.silu(torch._grouped_mm(xs, ex.gate_proj.transpose(-2, -1), offs=offs)) * torch._grouped_mm(
-        xs, ex.up_proj.transpose(-2, -1), offs=offs)
-    return torch._grouped_mm(h, ex.down_proj.transpose(-2, -1), offs=offs), torch.ones(())
+    return torch.cat(outs), torch.ones((), device=xf.device)
 
 
 def _all_experts(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
     ex = self.experts
     h = F.silu(torch.einsum("nd,ehd->enh", xf, ex.gate_proj)) * torch.einsum("nd,ehd->enh", xf, ex.up_proj)
     y = torch.einsum("enh,edh->end", h, ex.down_proj)  # (E, N, D): every expert on every token
-    return y[expert_of, token_of], torch.full((), float(E) / K)
+    return y[expert_of, token_of], torch.full((), float(E) / K, device=xf.device)
 
 
 def _per_token(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
     ex = self.experts
     rows = [(F.silu(ex.gate_proj[e] @ xf[t]) * (ex.up_proj[e] @ xf[t])) @ ex.down_proj[e].T
             for t, e in zip(token_of.tolist(), expert_of.tolist())]
-    return torch.stack(rows), torch.ones(())
+    return torch.stack(rows), torch.ones((), device=xf.device)
 
 
-CANDIDATES = {"padded": None, "segment": _segment, "grouped_mm": _grouped, "all-experts": _all_experts,
-              "per-token": _per_token}
+CANDIDATES = {"generated": None, "padded": None, "segment": _segment, "all-experts": _all_experts,
+              "per-token": _per_token}  # each but `generated` forces the padded path and (but `padded`) swaps it
 
 
 # ── the steps ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -101,18 +110,22 @@ CANDIDATES = {"padded": None, "segment": _segment, "grouped_mm": _grouped, "all-
 def archspec_step(ffn: dict, dispatch: str | None = None, compile_blocks: bool = False):
     spec = load_spec_dict(spec_dict(ffn))
     torch.manual_seed(0)
-    model = generate(spec, write=False).Model()
+    module = generate(spec, write=False).module
+    if dispatch and dispatch != "generated":
+        module.grouped_mm_usable = lambda device, dtype: False  # this module's forward takes its padded path
+    model = module.Model().to(DEVICE)
     if dispatch and CANDIDATES[dispatch] is not None:
         for block in model.blocks:
             block.ffn._padded = types.MethodType(CANDIDATES[dispatch], block.ffn)
     if compile_blocks:
         for block in model.blocks:
             block.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
 
     def step(idx, targets):
-        _, loss = model(idx, targets)
-        aux = model.auxiliary_losses() if hasattr(model, "auxiliary_losses") else {}
+        with torch.autocast("cuda", torch.bfloat16, enabled=DEVICE == "cuda"):
+            _, loss = model(idx, targets)
+            aux = model.auxiliary_losses() if hasattr(model, "auxiliary_losses") else {}
         (loss + sum(aux.values())).backward() if aux else loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -130,13 +143,30 @@ def hf_step(implementation: str):
                         router_aux_loss_coef=0.02, output_router_logits=True, tie_word_embeddings=False,
                         rms_norm_eps=1e-5, attn_implementation="sdpa")
     torch.manual_seed(0)
-    model = MixtralForCausalLM(cfg)
+    model = MixtralForCausalLM(cfg).to(DEVICE)
     model.set_experts_implementation(implementation)
+    return _hf_train_step(model)
+
+
+def hf_dense_step():
+    """HF's dense model of the same active FFN (Mistral = Mixtral without experts): the anchor HF's MoE is bounded by."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=K * H, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=D // HEADS,
+                        max_position_embeddings=T, rope_theta=1e6, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                        sliding_window=None, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return _hf_train_step(MistralForCausalLM(cfg).to(DEVICE))
+
+
+def _hf_train_step(model):
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE == "cuda")
 
     def step(idx, targets):
-        out = model(input_ids=idx, labels=targets)  # loss includes router_aux_loss_coef · aux
+        with torch.autocast("cuda", torch.bfloat16, enabled=DEVICE == "cuda"):
+            out = model(input_ids=idx, labels=targets)  # Mixtral: the loss includes router_aux_loss_coef · aux
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -146,68 +176,102 @@ def hf_step(implementation: str):
 
 
 def main(argv=None) -> int:
+    global DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--compile", action="store_true", help="archspec MoE vs dense only, both compiled per block")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--size", default=None, choices=list(SIZES), help="dims [default: the device's]")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--per-token", action="store_true", help="also the per-token loop anchor (minutes per step)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    DEVICE = args.device
+    set_size(args.size or args.device)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_moe: --device cuda but no CUDA device here")
 
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, VOCAB, (BATCH, T), generator=g)
-    targets = torch.randint(0, VOCAB, (BATCH, T), generator=g)
+    idx = torch.randint(0, VOCAB, (BATCH, T), generator=g).to(DEVICE)
+    targets = torch.randint(0, VOCAB, (BATCH, T), generator=g).to(DEVICE)
 
     variants: dict[str, object] = {}
     notes: dict[str, str] = {}
     dense_step, dense_acc = archspec_step(DENSE, compile_blocks=args.compile)
-    moe_step, moe_acc = archspec_step(MOE, "padded", compile_blocks=args.compile)
-    variants["archspec dense-active (SwiGLU 1024)"] = dense_step
-    variants["archspec MoE (padded: the generated code)"] = moe_step
-    if not args.compile:
-        for name in ("segment", "grouped_mm", "all-experts") + (("per-token",) if args.per_token else ()):
+    moe_step, moe_acc = archspec_step(MOE, "generated", compile_blocks=args.compile)
+    variants[DENSE_NAME] = dense_step
+    variants[OURS] = moe_step
+    if args.compile:
+        variants["archspec MoE dispatch: padded (compiled)"] = archspec_step(MOE, "padded", compile_blocks=True)[0]
+    else:
+        names = ["padded", "segment"] + (["all-experts"] if DEVICE == "cpu" else []) \
+            + (["per-token"] if args.per_token else [])
+        for name in names:
             variants[f"archspec MoE dispatch: {name}"] = archspec_step(MOE, name)[0]
-        if not args.skip_hf:
+    if not args.skip_hf:
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        try:
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+            impls = ["eager", *ALL_EXPERTS_FUNCTIONS.keys()]
+        except ImportError as e:
+            impls, notes["HF experts implementations"] = ["eager"], f"only eager: {e}"
+        for impl in impls:
+            try:
+                step = hf_step(impl)
+                step(idx[:1, :16], targets[:1, :16])
+                variants[f"HF Mixtral experts_implementation={impl}"] = step
+            except Exception as e:  # noqa: BLE001 (reported: e.g. CUDA-only kernels)
+                notes[f"HF Mixtral experts_implementation={impl}"] = f"unavailable: {type(e).__name__}: " \
+                                                                     f"{str(e).splitlines()[0][:120]}"
+        variants["HF Mistral dense-active (anchor)"] = hf_dense_step()
+        # HF's default when none is requested
+        default = MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=H,
+                                                   num_hidden_layers=1, num_attention_heads=HEADS,
+                                                   num_key_value_heads=KV, num_local_experts=E))
+        notes["HF default experts_implementation"] = str(getattr(default.config, "_experts_implementation", "?"))
 
-            for impl in ["eager", *ALL_EXPERTS_FUNCTIONS.keys()]:
-                try:
-                    step = hf_step(impl)
-                    step(idx[:1, :16], targets[:1, :16])
-                    variants[f"HF Mixtral experts_implementation={impl}"] = step
-                except Exception as e:  # noqa: BLE001 (reported: e.g. CUDA-only kernels)
-                    notes[f"HF Mixtral experts_implementation={impl}"] = f"unavailable: {type(e).__name__}: " \
-                                                                         f"{str(e).splitlines()[0][:120]}"
-            # HF's default when none is requested
-            from transformers import MixtralConfig, MixtralForCausalLM
-
-            default = MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=H,
-                                                       num_hidden_layers=1, num_attention_heads=HEADS,
-                                                       num_key_value_heads=KV, num_local_experts=E))
-            notes["HF default experts_implementation"] = str(default.config._experts_implementation)
+    def timed(step) -> float:
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(idx, targets)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
     times: dict[str, list[float]] = {name: [] for name in variants}
     warm_s: dict[str, float] = {}
-    for name, step in variants.items():
-        t0 = time.perf_counter()
-        step(idx, targets)  # warm-up (and compile)
-        warm_s[name] = time.perf_counter() - t0
+    for name, step in list(variants.items()):
+        try:
+            warm_s[name] = timed(step)  # warm-up (and compile)
+            if DEVICE == "cuda":
+                timed(step)  # a second warm-up: autotuning, allocator
+        except (RuntimeError, MemoryError) as e:  # e.g. HF batched_mm's (B·T·K, 2H, D) weight gather: out of memory
+            if name in (DENSE_NAME, OURS):
+                raise
+            notes[name] = f"failed at full batch: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            del variants[name], times[name]
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            continue
         print(f"warm {name}: {warm_s[name]:.1f} s", file=sys.stderr, flush=True)
     for _ in range(args.rounds):
         for name, step in variants.items():
-            n = 1 if "per-token" in name else args.steps
+            n = 1 if warm_s[name] > 5 * max(warm_s[OURS], 1e-3) and not args.compile else args.steps  # slow anchors
             for _ in range(n):
-                t0 = time.perf_counter()
-                step(idx, targets)
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(timed(step))
             print(f"{name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
 
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    dense = median["archspec dense-active (SwiGLU 1024)"]
-    ours = median["archspec MoE (padded: the generated code)"]
+    dense, ours = median[DENSE_NAME], median[OURS]
+    machine = torch.cuda.get_device_name() if DEVICE == "cuda" else \
+        f"{platform.machine()}, {torch.get_num_threads()} torch threads"
     result = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
+        "machine": f"{machine}, torch {torch.__version__}", "device": DEVICE,
+        "precision": "bf16 autocast" if DEVICE == "cuda" else "fp32",
+        "dims": SIZES[args.size or args.device],
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "compile": args.compile,
         "params": {"moe_total": moe_acc.total, "moe_active": moe_acc.active, "dense_total": dense_acc.total},
@@ -218,7 +282,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{result['machine']} · {result['date']} · {'compiled per block' if args.compile else 'eager'} · fp32 · "
+    print(f"{result['machine']} · {result['date']} · {'compiled per block' if args.compile else 'eager'} · {result['precision']} · "
           f"batch {BATCH}×{T}")
     print(f"MoE {moe_acc.total:,} params ({moe_acc.active:,} active) · dense-active {dense_acc.total:,}")
     print(f"| variant | median step | ÷ dense-active | archspec MoE faster by |")

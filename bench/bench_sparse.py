@@ -130,10 +130,13 @@ def main() -> None:
         for pattern in args.patterns:
             # a dense run at T ≥ 8192 takes minutes on CPU
             repeats = 1 if pattern == "dense" and T >= 8192 and args.device == "cpu" else args.repeats
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_HEADS": str(args.heads),
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "BENCH_HEADS": str(args.heads),
                    "BENCH_HEAD_DIM": str(args.head_dim), "BENCH_WINDOW": str(args.window), "BENCH_DEVICE": args.device}
             out = subprocess.run([sys.executable, __file__, "--child", pattern, str(T), str(repeats)],
-                                 check=True, capture_output=True, text=True, env=env)
+                                 capture_output=True, text=True, env=env)
+            if out.returncode:
+                print(f"  {pattern} T={T} failed (rc {out.returncode}):\n{out.stderr[-3000:]}", file=sys.stderr)
+                continue
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"  {pattern} T={T}: {rows[-1]['seconds']:.3f} s, {rows[-1]['peak_mib']:.0f} MiB", file=sys.stderr)
     dense = {r["T"]: r for r in rows if r["pattern"] == "dense"}
