@@ -378,7 +378,7 @@ class FeedForwardMoe(nn.Module):
         dropped = torch.zeros((), device=x.device)
         mm_dtype = torch.bfloat16 if x.is_cuda and torch.is_autocast_enabled("cuda") else xf.dtype
         if grouped_mm_usable(x.device, mm_dtype):
-            y_of = self._grouped(xf[token_of].to(mm_dtype), expert_of, counts)  # rows in expert order, no padding
+            y_of = self._grouped(xf.index_select(0, token_of).to(mm_dtype), expert_of, counts)  # rows in expert order, no padding
             padding = torch.ones((), device=x.device)
         else:
             y_of, padding = self._padded(xf, token_of, expert_of, rank, counts, max(int(counts.max()), 2))
@@ -404,7 +404,7 @@ class FeedForwardMoe(nn.Module):
         slot = expert_of * cap + rank  # (N·K,)
         if keep is not None:
             slot = torch.where(keep, slot, MOE_N_EXPERTS * cap)  # dropped → a spare last row, never read
-        buf = xf.new_zeros(MOE_N_EXPERTS * cap + 1, D_MODEL).index_copy(0, slot, xf[token_of])
+        buf = xf.new_zeros(MOE_N_EXPERTS * cap + 1, D_MODEL).index_copy(0, slot, xf.index_select(0, token_of))
         buf = buf[:-1].view(MOE_N_EXPERTS, cap, D_MODEL)
         h = torch.bmm(buf, self.experts.up_proj.transpose(1, 2))  # (E, cap, MOE_HIDDEN)
         h_gate = torch.bmm(buf, self.experts.gate_proj.transpose(1, 2))
