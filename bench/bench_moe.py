@@ -61,8 +61,10 @@ def set_size(name: str) -> None:
     DENSE = {"kind": "glu", "hidden_dim": K * H}
 
 
-def spec_dict(ffn: dict) -> dict:
-    return {"name": "bench-moe", "model": {
+def spec_dict(ffn: dict, variant: str = "") -> dict:
+    # The name is in the generated text, so each variant imports its own module (generated modules are cached by
+    # content): patching one variant's module must not change another's path.
+    return {"name": f"bench-moe-{variant}" if variant else "bench-moe", "model": {
         "vocab_size": VOCAB, "context_length": T, "d_model": D, "n_layers": LAYERS, "tie_embeddings": False,
         "norm": {"kind": "rmsnorm", "eps": 1e-5},
         "attention": {"n_heads": HEADS, "n_kv_heads": KV, "positional": {"kind": "rope", "theta": 1e6}},
@@ -108,7 +110,7 @@ CANDIDATES = {"generated": None, "padded": None, "segment": _segment, "all-exper
 
 
 def archspec_step(ffn: dict, dispatch: str | None = None, compile_blocks: bool = False):
-    spec = load_spec_dict(spec_dict(ffn))
+    spec = load_spec_dict(spec_dict(ffn, f"{dispatch or 'dense'}{'-compiled' if compile_blocks else ''}"))
     torch.manual_seed(0)
     module = generate(spec, write=False).module
     if dispatch and dispatch != "generated":
