@@ -110,6 +110,11 @@ def _norm_saved(m: ModelSpec, stream: int, mm: int, b=None) -> int:
 def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
     a = (b or m).attention
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    # A sparse pattern on CPU takes the blockwise path (FlexAttention on CUDA keeps what SDPA keeps), which says what
+    # it keeps: its own q, k, v and output, no tile.
+    own = a.sparsity.cpu_saved_bytes(m, mm) if device == "cpu" else None
+    if own is not None:
+        return own
     if m.dropout > 0 and device == "cpu":
         # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
         # dropout and the mask, and an output copy for the projection.
@@ -117,9 +122,7 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -
     qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
     # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
     # fp32 log-sum-exp per head
-    # A sparse pattern on CPU takes the blockwise path (FlexAttention on CUDA keeps what SDPA keeps): its tiles.
-    sparse = a.sparsity.saved_elements(m) if device == "cpu" else 0
-    return (qkv + m.attention.positional.saved_elements(m) + q + sparse) * mm + a.n_heads * 4  # positional: model-wide
+    return (qkv + m.attention.positional.saved_elements(m) + q) * mm + a.n_heads * 4  # positional: model-wide
 
 
 def _ffn_saved(m: ModelSpec, mm: int, b=None) -> int:

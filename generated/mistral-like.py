@@ -258,7 +258,7 @@ class RollingKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
-_TILE_BIASES: dict = {}  # (pattern, T, chunk, dtype, device) → each tile's additive mask (eager calls only)
+_TILE_BIASES: dict = {}  # (pattern, T, chunk, query heads per K/V head, dtype, device) → each chunk's additive mask
 _BLOCK_MASKS: dict = {}  # (pattern, T, device) → FlexAttention BlockMask
 _FLEX: dict = {}  # "compiled": flex_attention through torch.compile, made on first use
 
@@ -268,70 +268,139 @@ except ImportError:  # a torch without FlexAttention: the blockwise path serves 
     create_block_mask = flex_attention = None
 
 
-def tile_bias(pattern: SparsePattern, T: int, chunk: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """What each tile adds to its scores: 0 where the query sees the gathered key, the dtype's lowest value where not.
-    (n_chunks, 1, chunk, n_global + chunk + lookback).
+def chunk_keys(pattern: SparsePattern, T: int, start: int, rows: int) -> tuple[int, int]:
+    """The band of keys the chunk of queries `start .. start + rows - 1` gathers, as (first, end): the positions
+    from `lookback` before its first query to its last, after the `min(n_global, T)` globals (gathered apart)."""
+    return max(start - pattern.lookback, min(pattern.n_global, T)), start + rows
 
-    A tile's keys are the `P = min(n_global, T)` global positions, then the band of `chunk + lookback` positions
-    ending at the tile's last query. Band slots before position P (already among the globals), before 0 or past T
-    (padding) are masked. The floor is finite, not -inf: a padding query that sees nothing gets a uniform row
-    instead of NaN (and is dropped); a query that sees something gets exactly 0 weight on what it does not see."""
-    key = (pattern, T, chunk, dtype, str(device))
+
+def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: torch.dtype,
+                device: torch.device) -> list:
+    """What each chunk's tile adds to its scores: 0 where the query sees the gathered key, the dtype's lowest value
+    where not; (groups·rows, globals + band) per chunk, rows repeated for the `groups` query heads that share a K/V
+    head. Built once per (pattern, T, chunk, groups) and cached (eager calls; a compiled graph builds them in-graph):
+    a pattern that repeats along the sequence (every one here) makes the inner chunks' tiles equal, and they share
+    one tensor. The floor is finite, not -inf: a query that saw nothing would get a uniform row instead of NaN (none
+    of the patterns here has one); a query that sees something gets exactly 0 weight on what it does not see."""
+    key = (pattern, T, chunk, groups, dtype, str(device))
     if key in _TILE_BIASES:
         return _TILE_BIASES[key]
-    n, P, width = -(-T // chunk), min(pattern.n_global, T), chunk + pattern.lookback
-    q_idx = torch.arange(n * chunk, device=device).view(n, 1, chunk, 1)  # (n, 1, chunk, 1)
-    starts = torch.arange(n, device=device).view(n, 1, 1, 1) * chunk - pattern.lookback  # each band's first position
-    band = starts + torch.arange(width, device=device)  # (n, 1, 1, width)
-    visible = pattern.mask_mod(None, None, q_idx, band) & (band >= P) & (band < T)  # (n, 1, chunk, width)
-    if P:
-        glob = torch.arange(P, device=device).view(1, 1, 1, P)  # (1, 1, 1, P)
-        visible = torch.cat([pattern.mask_mod(None, None, q_idx, glob).expand(n, 1, chunk, P), visible], dim=-1)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    if not torch.compiler.is_compiling():  # a compiled graph builds it in-graph (cheap, fused) instead
+    P, compiling = min(pattern.n_global, T), torch.compiler.is_compiling()
+    biases, last = [], None
+    for start in range(0, T, chunk):
+        rows = min(chunk, T - start)
+        first, end = chunk_keys(pattern, T, start, rows)
+        q_idx = torch.arange(start, start + rows, device=device)[:, None]  # (rows, 1)
+        kv_idx = torch.cat([torch.arange(P, device=device), torch.arange(first, end, device=device)])[None, :]
+        visible = pattern.mask_mod(None, None, q_idx, kv_idx)  # (rows, globals + band)
+        bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+        if not compiling and last is not None and last.shape[0] == groups * rows and torch.equal(last[:rows], bias):
+            biases.append(last)  # the same tile as the chunk before: one tensor for all of them
+            continue
+        last = bias.repeat(groups, 1) if groups > 1 else bias  # (groups·rows, globals + band)
+        biases.append(last)
+    if not compiling:
         if len(_TILE_BIASES) >= 64:  # many lengths (e.g. while generating): keep the cache bounded
             _TILE_BIASES.clear()
-        _TILE_BIASES[key] = bias
-    return bias
+        _TILE_BIASES[key] = biases
+    return biases
+
+
+class BlockwiseAttention(torch.autograd.Function):
+    """Attention over only the keys each chunk of queries can see, with a backward that recomputes each tile's
+    probabilities (FlashAttention's recipe): forward keeps q, k, v and the output, never a tile.
+
+    Queries are cut into chunks of `pattern.chunk` positions; each chunk takes its keys (the globals, gathered, then
+    the band from `lookback` before its first query to its last one, a view: nothing is copied) and computes one
+    (queries × keys) tile: time O(T·(n_global + chunk + lookback)), memory O(T) beyond the tile in flight. A row's
+    keys all sit in one tile, so its softmax is the usual max-subtracted one, exact and stable, and is recomputed
+    exactly in backward. The G query heads that share a K/V head form one tile: K and V are never repeated. A loop
+    over chunks (its trip count is T's, not the data's): each tile stays in cache while the matmuls, softmax and
+    gradient products use it, where whole-sequence batched tiles would go through memory at every step."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # backward then runs under the autocast state forward ran under
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
+                dropout_p: float) -> torch.Tensor:
+        B, H, T, D = q.shape
+        kv_heads = k.size(1)
+        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, D)  # one matrix per K/V head
+        # (B, N_HEADS, T, D) laid out as (B, T, N_HEADS, D): the caller's transpose back to (B, T, N_HEADS·D) for the
+        # output projection is then a view, and the one tensor the projection and this backward both keep.
+        y = q.new_empty(B, T, H, D).transpose(1, 2)
+        biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
+        masks = []
+        for i, start in enumerate(range(0, T, C)):
+            rows = min(C, T - start)
+            first, end = chunk_keys(pattern, T, start, rows)
+            q_tile = q[:, :, start:start + rows].reshape(B * kv_heads, G * rows, D)  # (B·N_KV_HEADS, G·rows, D)
+            k_tile, v_tile = keys[:, first:end], values[:, first:end]  # (B·N_KV_HEADS, band, D)
+            if P:
+                k_tile = torch.cat([keys[:, :P], k_tile], dim=1)  # (B·N_KV_HEADS, globals + band, D)
+                v_tile = torch.cat([values[:, :P], v_tile], dim=1)
+            scores = torch.baddbmm(biases[i], q_tile, k_tile.transpose(1, 2), alpha=scale)  # (B·N_KV, G·rows, keys)
+            probs = scores.softmax(dim=-1)
+            if dropout_p > 0.0:
+                keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
+                probs = probs.mul_(keep).div_(1.0 - dropout_p)
+                masks.append(keep)
+            out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, D)
+            y[:, :, start:start + rows] = out.view(B, H, rows, D)
+        ctx.pattern, ctx.dropout_p = pattern, dropout_p
+        ctx.save_for_backward(q, k, v, y, *masks)
+        return y  # (B, N_HEADS, T, D)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, dy: torch.Tensor):
+        q, k, v, y, *masks = ctx.saved_tensors
+        pattern, dropout_p = ctx.pattern, ctx.dropout_p
+        B, H, T, D = q.shape
+        kv_heads = k.size(1)
+        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, D)
+        # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs), and that row sum is Σ_D dy ∘ y (dropout included)
+        delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
+        dq = torch.empty_like(q)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        dkeys, dvalues = dk.view(B * kv_heads, T, D), dv.view(B * kv_heads, T, D)
+        biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
+        for i, start in enumerate(range(0, T, C)):
+            rows = min(C, T - start)
+            first, end = chunk_keys(pattern, T, start, rows)
+            q_tile = q[:, :, start:start + rows].reshape(B * kv_heads, G * rows, D)
+            dy_tile = dy[:, :, start:start + rows].reshape(B * kv_heads, G * rows, D)
+            delta_tile = delta[:, :, start:start + rows].reshape(B * kv_heads, G * rows, 1)
+            k_tile, v_tile = keys[:, first:end], values[:, first:end]
+            if P:
+                k_tile = torch.cat([keys[:, :P], k_tile], dim=1)
+                v_tile = torch.cat([values[:, :P], v_tile], dim=1)
+            probs = torch.baddbmm(biases[i], q_tile, k_tile.transpose(1, 2), alpha=scale).softmax(dim=-1)
+            dprobs = torch.bmm(dy_tile, v_tile.transpose(1, 2))  # (B·N_KV_HEADS, G·rows, keys)
+            if dropout_p > 0.0:
+                keep = masks[i]
+                dprobs = dprobs.mul_(keep).div_(1.0 - dropout_p)
+                dv_tile = torch.bmm((probs * keep).div_(1.0 - dropout_p).transpose(1, 2), dy_tile)
+            else:
+                dv_tile = torch.bmm(probs.transpose(1, 2), dy_tile)  # (B·N_KV_HEADS, keys, D)
+            dscores = dprobs.sub_(delta_tile).mul_(probs)  # (B·N_KV_HEADS, G·rows, keys)
+            dq[:, :, start:start + rows] = torch.bmm(dscores, k_tile).view(B, H, rows, D)
+            dk_tile = torch.bmm(dscores.transpose(1, 2), q_tile)  # (B·N_KV_HEADS, keys, D)
+            dkeys[:, first:end].add_(dk_tile[:, P:], alpha=scale)
+            dvalues[:, first:end].add_(dv_tile[:, P:])
+            if P:
+                dkeys[:, :P].add_(dk_tile[:, :P], alpha=scale)
+                dvalues[:, :P].add_(dv_tile[:, :P])
+        return dq.mul_(scale), dk, dv, None, None
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                         dropout_p: float = 0.0) -> torch.Tensor:
-    """Attention over only the keys each chunk of queries can see, in plain PyTorch (autograd gives the backward).
-
-    Queries are cut into chunks of `pattern.chunk` positions; each chunk gathers its keys (the globals, then the band of
-    `chunk + lookback` positions ending at its last query) and computes one (queries × gathered keys) tile: time and
-    memory O(T·(n_global + chunk + lookback)), not O(T²). A row's keys all sit in one tile, so the softmax is the
-    usual max-subtracted one, exact and stable. The G query heads that share a K/V head share its gathered keys:
-    K and V are never repeated per query head."""
-    B, H, T, D = q.shape
-    kv_heads = k.size(1)
-    G = H // kv_heads  # query heads per K/V head
-    C = pattern.chunk  # queries per chunk
-    n, P, W = -(-T // C), min(pattern.n_global, T), C + pattern.lookback  # chunks, global keys, band keys
-    pad = n * C - T  # queries past T: computed on padding, then dropped
-    q = q * D**-0.5  # the usual 1/sqrt(D), on T·D elements rather than on the scores
-    q = (F.pad(q, (0, 0, 0, pad)) if pad else q).reshape(B, kv_heads, G, n, C, D)  # (B, N_KV_HEADS, G, n, C, D)
-    q = q.transpose(2, 3).reshape(B, kv_heads, n, G * C, D)  # (B, N_KV_HEADS, n, G·C, D): one matmul per tile
-    # Each chunk's band is a window of the padded sequence (lookback zeros in front, pad behind), copied out
-    # contiguous (a matmul over overlapping strided windows takes a slow path on CPU), after the globals if any.
-    k_tiles = F.pad(k, (0, 0, pattern.lookback, pad)).unfold(2, W, C).transpose(-1, -2)  # (B, N_KV_HEADS, n, W, D)
-    v_tiles = F.pad(v, (0, 0, pattern.lookback, pad)).unfold(2, W, C).transpose(-1, -2)  # (B, N_KV_HEADS, n, W, D)
-    if P:  # one copy: the globals and the band, side by side
-        k_tiles = torch.cat([k[:, :, None, :P].expand(B, kv_heads, n, P, D), k_tiles], dim=3)  # (B, N_KV_HEADS, n, P + W, D)
-        v_tiles = torch.cat([v[:, :, None, :P].expand(B, kv_heads, n, P, D), v_tiles], dim=3)  # (B, N_KV_HEADS, n, P + W, D)
-    else:
-        k_tiles, v_tiles = k_tiles.contiguous(), v_tiles.contiguous()
-    scores = q @ k_tiles.transpose(-1, -2)  # (B, N_KV_HEADS, n, G·C, P + W)
-    # An additive mask (its backward passes the gradient through untouched: a masked_fill's would come back in a
-    # layout that sends the next matmul's backward down a slow path on CPU).
-    scores = scores.view(B, kv_heads, n, G, C, P + W).add_(tile_bias(pattern, T, C, scores.dtype, q.device))
-    probs = scores.softmax(dim=-1)  # (B, N_KV_HEADS, n, G, C, P + W); rows max-subtracted: stable
-    if dropout_p > 0.0:
-        probs = F.dropout(probs, dropout_p)
-    y = probs.view(B, kv_heads, n, G * C, P + W) @ v_tiles  # (B, N_KV_HEADS, n, G·C, D)
-    y = y.view(B, kv_heads, n, G, C, D).transpose(2, 3).reshape(B, H, n * C, D)  # (B, N_HEADS, n·C, D)
-    return y[:, :, :T]  # (B, N_HEADS, T, D)
+    """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D) over only the keys each chunk of
+    queries can see, in plain PyTorch on any device (see BlockwiseAttention)."""
+    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p)
 
 
 def flex_block_mask(pattern: SparsePattern, T: int, device: torch.device):
@@ -377,8 +446,8 @@ def sliding_window_mask(b, h, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torc
     return (kv_idx <= q_idx) & (q_idx - kv_idx < WINDOW)
 
 
-# No global keys; a chunk of 128 queries gathers the band reaching WINDOW - 1 positions before its first one.
-SLIDING_WINDOW = SparsePattern(sliding_window_mask, n_global=0, lookback=WINDOW - 1, chunk=128, reach=WINDOW)
+# No global keys; a chunk of 64 queries gathers the band reaching WINDOW - 1 positions before its first one.
+SLIDING_WINDOW = SparsePattern(sliding_window_mask, n_global=0, lookback=WINDOW - 1, chunk=64, reach=WINDOW)
 
 
 class Attention(nn.Module):

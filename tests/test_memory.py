@@ -40,7 +40,14 @@ def test_weights_gradients_and_moments_per_parameter_and_by_sharding():
     ["model.attention.positional.kind=learned", "model.tie_embeddings=false"],
     ["model.ffn.kind=mlp", "model.ffn.activation=relu"], ["model.ffn.kind=mlp", "model.ffn.activation=gelu_tanh"],
     ["model.ffn.activation=sigmoid"], ["model.dropout=0.1"],
-], ids=lambda o: ",".join(x.split("=")[1] for x in o) or "llama")
+    # the sparse patterns' blockwise path on CPU (its own autograd Function: what it saves is its choice)
+    ["model.attention.sparsity={kind: sliding_window, window: 16}"],
+    ["model.attention.sparsity={kind: global_local, window: 16, n_global: 4}"],
+    ["model.attention.sparsity={kind: block_sparse, block_size: 8, n_blocks_back: 2}",
+     "model.attention.positional.kind=learned"],
+    ["model.attention.sparsity={kind: sliding_window, window: 16}", "model.attention.positional.kind=none",
+     "model.attention.n_kv_heads=1"],
+], ids=lambda o: ",".join(x.split("=")[1].split(",")[0].strip("{").replace("kind: ", "") for x in o) or "llama")
 def test_activation_count_equals_what_autograd_saves(overrides):
     """The op-by-op count of the plan against the tensors autograd actually keeps (by storage, parameters and
     buffers excluded) in one forward of the generated module, for every built-in kind."""

@@ -208,7 +208,10 @@ def test_blockwise_path_multiplies_only_its_tiles(tmp_path):
     with counter:
         module.blockwise_attention(q, k, v, pattern)
     tile_keys = 16 + (w - 1)
-    assert counter.get_total_flops() == 2 * 2 * H * D * T_ * tile_keys
+    # each chunk of 16 queries × its band of 16 + (w - 1) keys, the band cut at position 0 for the first chunks
+    keys = sum(16 * (start + 16 - max(0, start - (w - 1))) for start in range(0, T_, 16))
+    assert counter.get_total_flops() == 2 * 2 * H * D * keys
+    assert keys <= T_ * tile_keys
     assert counter.get_total_flops() < 2 * 2 * H * D * T_ * T_ / 8  # dense causal would be T²/2 keys
     assert spec.model.attention.sparsity.keys(T_) < tile_keys
 
@@ -226,6 +229,50 @@ def test_training_with_attention_dropout_takes_the_blockwise_path(tmp_path):
     assert torch.isfinite(loss)
     model.eval()
     assert torch.equal(model(idx), model(idx))  # no dropout in eval
+
+
+@pytest.mark.parametrize("name", ["global_local", "block_sparse"])
+def test_blockwise_backward_with_dropout_is_the_gradient_of_its_forward(name, tmp_path):
+    """The backward recomputes each tile and reapplies the keep-mask forward drew: with the RNG reseeded before each
+    call the path is a deterministic function, and gradcheck (float64) compares it with finite differences."""
+    fields, const = PATTERNS[name]
+    module = _module(_spec(fields, context=64), tmp_path).module
+    pattern = getattr(module, const)
+    pattern = module.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, 5, pattern.reach)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 13, 4, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
+
+    def attend(q, k, v):
+        torch.manual_seed(0)
+        return module.blockwise_attention(q, k, v, pattern, dropout_p=0.3)
+
+    with torch.no_grad():
+        assert not torch.allclose(attend(q, k, v), module.blockwise_attention(q, k, v, pattern))  # something dropped
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+
+
+@pytest.mark.slow
+def test_compiled_block_equals_eager(tmp_path):
+    """The training loop compiles each block: the blockwise Function (its chunk loop unrolled) compiles, and the
+    compiled block's logits and gradients are the eager ones."""
+    module = _module(_spec({"kind": "global_local", "window": 5, "n_global": 3}, context=40), tmp_path).module
+    torch.manual_seed(0)
+    model = module.Model()
+    idx = torch.randint(0, 53, (2, 40), generator=torch.Generator().manual_seed(1))
+
+    def run():
+        model.zero_grad()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logits, grads = run()
+    for block in model.blocks:
+        block.compile()
+    compiled_logits, compiled_grads = run()
+    assert torch.allclose(logits, compiled_logits, atol=1e-5)
+    for n in grads:
+        assert torch.allclose(grads[n], compiled_grads[n], atol=1e-5, rtol=1e-4), n
 
 
 # ── FlexAttention (the CUDA path), checked on CPU as far as CPU allows: forward, eager ─────────────────────────
@@ -338,12 +385,23 @@ def test_ablation_report_shows_attention_flops_when_patterns_differ():
         2 * 2 * a.n_heads * a.head_dim * spec.model.attention.sparsity.keys(48))
 
 
-def test_memory_plan_counts_the_blockwise_tiles_on_cpu():
+def test_memory_plan_counts_what_the_blockwise_path_keeps_on_cpu():
+    """The blockwise path recomputes its tiles in backward: what it keeps (q, k, v and the output; counted against
+    autograd's saved tensors in test_memory.py) does not grow with the window; attention dropout adds a keep-mask per
+    tile entry. On CUDA, FlexAttention keeps what SDPA keeps."""
     from archspec.memory import block_saved_per_token
 
     dense = _spec({"kind": "dense"}, context=48).model
-    window = _spec(PATTERNS["sliding_window"][0], context=48).model
-    extra = window.attention.sparsity.saved_elements(window)
-    assert extra > window.attention.n_heads * (7 - 1)  # at least the softmax output over each tile's band
-    assert block_saved_per_token(window, 48, "cpu", False) == block_saved_per_token(dense, 48, "cpu", False) + 4 * extra
-    assert block_saved_per_token(window, 48, "cuda", True) == block_saved_per_token(dense, 48, "cuda", True)
+    narrow = _spec({"kind": "sliding_window", "window": 4}, context=48).model
+    wide = _spec({"kind": "sliding_window", "window": 40}, context=48).model
+    assert block_saved_per_token(narrow, 48, "cpu", False) == block_saved_per_token(wide, 48, "cpu", False)
+    a = narrow.attention
+    assert narrow.attention.sparsity.cpu_saved_bytes(narrow, 4) == (2 * a.n_heads + 2 * a.n_kv_heads) * a.head_dim * 4
+    assert dense.attention.sparsity.cpu_saved_bytes(dense, 4) is None  # SDPA's, counted by archspec.memory
+    dropout = load_spec_dict({"name": "drop", "model": {"vocab_size": 53, "context_length": 48, "d_model": 32,
+                                                         "n_layers": 1, "dropout": 0.1, "attention": {
+                                                             "n_heads": 4, "n_kv_heads": 2,
+                                                             "sparsity": {"kind": "sliding_window", "window": 4}}}}).model
+    masks = dropout.attention.sparsity.cpu_saved_bytes(dropout, 4) - narrow.attention.sparsity.cpu_saved_bytes(narrow, 4)
+    assert masks >= a.n_heads * 4  # at least a byte per query head × the window's keys
+    assert block_saved_per_token(wide, 48, "cuda", True) == block_saved_per_token(dense, 48, "cuda", True)

@@ -269,10 +269,10 @@ class SparsityKind(KindUnit):
         """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""
         raise NotImplementedError
 
-    def saved_elements(self, m: "ModelSpec") -> int:
-        """Elements per token each layer's attention keeps for backward on the CPU path beyond SDPA's q, k, v, output
-        and log-sum-exp, in the matmul dtype (archspec.memory). Dense: none."""
-        return 0
+    def cpu_saved_bytes(self, m: "ModelSpec", mm: int) -> int | None:
+        """Bytes per token one layer's attention keeps for backward on CPU when it does not go through SDPA (the
+        sparse patterns' blockwise path), `mm` the matmul element size (archspec.memory); None: SDPA's (dense)."""
+        return None
 
     def cached_positions(self, context_length: int) -> int:
         """Positions a layer's KV cache holds for a sequence of `context_length` tokens (what `new_cache` allocates,

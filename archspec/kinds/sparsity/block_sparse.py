@@ -11,7 +11,7 @@ from pydantic import Field
 
 from archspec.kinds.base import Const, SparsityKind, lit_bool, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
-from archspec.kinds.sparsity.blockwise import blockwise_saved_elements, chunk_for
+from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 
 
 def block_sparse_keys(seq_len: int, block_size: int, n_blocks_back: int, global_first_block: bool) -> int:
@@ -72,8 +72,8 @@ class BlockSparsity(SparsityKind):
         n_global, lookback, align = self._blockwise()
         return {"global_first_block": bool(self.global_first_block), "chunk": lit_int(chunk_for(lookback, align))}
 
-    def saved_elements(self, m) -> int:
-        return blockwise_saved_elements(m, *self._blockwise())
+    def cpu_saved_bytes(self, m, mm: int) -> int:
+        return blockwise_saved_bytes(m, mm, *self._blockwise())
 
     @classmethod
     def strategy_overrides(cls, ctx):

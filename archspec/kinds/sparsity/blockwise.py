@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SPARSE_CHUNK = 128  # most queries per tile (bench/bench_sparse.py: 64-128 run best on CPU)
+SPARSE_CHUNK = 64  # most queries per tile (bench/bench_sparse.py: window 256 runs best at 64, 1024 at 64-128)
 
 
 def chunk_for(lookback: int, align: int) -> int:
@@ -16,13 +16,15 @@ def chunk_for(lookback: int, align: int) -> int:
 
 
 def tile_keys(m: Any, n_global: int, lookback: int, align: int) -> int:
-    """Keys each query's tile holds: the globals, then a band of chunk + lookback positions."""
+    """The most keys a query's tile holds: the globals, then a band of chunk + lookback positions."""
     return min(n_global, m.context_length) + chunk_for(lookback, align) + lookback
 
 
-def blockwise_saved_elements(m: Any, n_global: int, lookback: int, align: int) -> int:
-    """Per token, beyond what SDPA keeps: the softmax output (every query head × its tile's keys), the gathered K and
-    V tiles (each key copied into the tiles that hold it: keys / chunk copies), and the scaled copy of q."""
+def blockwise_saved_bytes(m: Any, mm: int, n_global: int, lookback: int, align: int) -> int:
+    """Per token, what the blockwise path keeps for backward (it recomputes every tile there): q, k and v (contiguous:
+    copies of the caller's strided views, which it then no longer holds) and its output (which the output projection
+    keeps too: one tensor), in the matmul dtype; with attention dropout, a one-byte keep-mask per tile entry (at most
+    every query head × its tile's keys: the first chunks' bands are shorter)."""
     a = m.attention
-    keys = tile_keys(m, n_global, lookback, align)
-    return a.n_heads * keys + 2 * a.n_kv_heads * a.head_dim * keys // chunk_for(lookback, align) + a.n_heads * a.head_dim
+    kept = (2 * a.n_heads + 2 * a.n_kv_heads) * a.head_dim * mm
+    return kept + (a.n_heads * tile_keys(m, n_global, lookback, align) if m.dropout > 0 else 0)

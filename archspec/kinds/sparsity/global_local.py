@@ -10,7 +10,7 @@ from pydantic import Field
 
 from archspec.kinds.base import Const, SparsityKind, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
-from archspec.kinds.sparsity.blockwise import blockwise_saved_elements, chunk_for
+from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 from archspec.kinds.sparsity.sliding_window import window_keys
 
 
@@ -54,8 +54,8 @@ class GlobalLocalSparsity(SparsityKind):
     def template_context(self, m):
         return {"chunk": lit_int(chunk_for(self.window - 1, 1))}
 
-    def saved_elements(self, m) -> int:
-        return blockwise_saved_elements(m, self.n_global, self.window - 1, 1)
+    def cpu_saved_bytes(self, m, mm: int) -> int:
+        return blockwise_saved_bytes(m, mm, self.n_global, self.window - 1, 1)
 
     @classmethod
     def strategy(cls, ctx):

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from archspec.kinds.base import Const, SparsityKind, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
-from archspec.kinds.sparsity.blockwise import blockwise_saved_elements, chunk_for
+from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 
 
 def window_keys(seq_len: int, window: int) -> int:
@@ -44,8 +44,8 @@ class SlidingWindowSparsity(SparsityKind):
     def template_context(self, m):
         return {"chunk": lit_int(chunk_for(self.window - 1, 1))}
 
-    def saved_elements(self, m) -> int:
-        return blockwise_saved_elements(m, 0, self.window - 1, 1)
+    def cpu_saved_bytes(self, m, mm: int) -> int:
+        return blockwise_saved_bytes(m, mm, 0, self.window - 1, 1)
 
     # ── HF transformers interop (archspec.kinds.hf) ──
     # transformers' sliding layers mask keys with kv_idx > q_idx - sliding_window (masking_utils.sliding_window_overlay):
