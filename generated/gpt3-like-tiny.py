@@ -253,15 +253,13 @@ def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: 
                 device: torch.device) -> list:
     """What each chunk's tile adds to its scores: 0 where the query sees the gathered key, the dtype's lowest value
     where not; (groups·rows, globals + band) per chunk, rows repeated for the `groups` query heads that share a K/V
-    head. Built once per (pattern, T, chunk, groups) and cached (eager calls; a compiled graph builds them in-graph):
-    a pattern that repeats along the sequence (every one here) makes the inner chunks' tiles equal, and they share
-    one tensor. The floor is finite, not -inf: a query that saw nothing would get a uniform row instead of NaN (none
+    head. Built once per (pattern, T, chunk, groups) and cached: a pattern that repeats along the sequence (every one
+    here) makes the inner chunks' tiles equal, and they share one tensor. The floor is finite, not -inf: a query that saw nothing would get a uniform row instead of NaN (none
     of the patterns here has one); a query that sees something gets exactly 0 weight on what it does not see."""
     key = (pattern, T, chunk, groups, dtype, str(device))
     if key in _TILE_BIASES:
         return _TILE_BIASES[key]
-    P, compiling = min(pattern.n_global, T), torch.compiler.is_compiling()
-    biases, last = [], None
+    P, biases, last = min(pattern.n_global, T), [], None
     for start in range(0, T, chunk):
         rows = min(chunk, T - start)
         first, end = chunk_keys(pattern, T, start, rows)
@@ -269,15 +267,14 @@ def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: 
         kv_idx = torch.cat([torch.arange(P, device=device), torch.arange(first, end, device=device)])[None, :]
         visible = pattern.mask_mod(None, None, q_idx, kv_idx)  # (rows, globals + band)
         bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-        if not compiling and last is not None and last.shape[0] == groups * rows and torch.equal(last[:rows], bias):
+        if last is not None and last.shape[0] == groups * rows and torch.equal(last[:rows], bias):
             biases.append(last)  # the same tile as the chunk before: one tensor for all of them
             continue
         last = bias.repeat(groups, 1) if groups > 1 else bias  # (groups·rows, globals + band)
         biases.append(last)
-    if not compiling:
-        if len(_TILE_BIASES) >= 64:  # many lengths (e.g. while generating): keep the cache bounded
-            _TILE_BIASES.clear()
-        _TILE_BIASES[key] = biases
+    if len(_TILE_BIASES) >= 64:  # many lengths (e.g. while generating): keep the cache bounded
+        _TILE_BIASES.clear()
+    _TILE_BIASES[key] = biases
     return biases
 
 
@@ -371,6 +368,9 @@ class BlockwiseAttention(torch.autograd.Function):
         return dq.mul_(scale), dk, dv, None, None
 
 
+# A compiled graph calls it eagerly (a graph break): compiled, its chunk loop would be unrolled, compile time growing
+# with T (a 2-block mistral-like-tiny at T = 1024: 136 s to compile, 48 ms a step; with the break 12 s and 33 ms).
+@torch.compiler.disable
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                         dropout_p: float = 0.0) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D) over only the keys each chunk of

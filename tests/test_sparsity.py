@@ -253,8 +253,8 @@ def test_blockwise_backward_with_dropout_is_the_gradient_of_its_forward(name, tm
 
 @pytest.mark.slow
 def test_compiled_block_equals_eager(tmp_path):
-    """The training loop compiles each block: the blockwise Function (its chunk loop unrolled) compiles, and the
-    compiled block's logits and gradients are the eager ones."""
+    """The training loop compiles each block: the compiled block calls the blockwise Function eagerly (a graph break,
+    so that compile time does not grow with T), and its logits and gradients are the eager ones."""
     module = _module(_spec({"kind": "global_local", "window": 5, "n_global": 3}, context=40), tmp_path).module
     torch.manual_seed(0)
     model = module.Model()
