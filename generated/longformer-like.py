@@ -254,8 +254,9 @@ def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: 
     """What each chunk's tile adds to its scores: 0 where the query sees the gathered key, the dtype's lowest value
     where not; (groups·rows, globals + band) per chunk, rows repeated for the `groups` query heads that share a K/V
     head. Built once per (pattern, T, chunk, groups) and cached: a pattern that repeats along the sequence (every one
-    here) makes the inner chunks' tiles equal, and they share one tensor. The floor is finite, not -inf: a query that saw nothing would get a uniform row instead of NaN (none
-    of the patterns here has one); a query that sees something gets exactly 0 weight on what it does not see."""
+    here) makes the inner chunks' tiles equal, and they share one tensor. The floor is finite, not -inf: a query that
+    saw nothing would get a uniform row instead of NaN (none of the patterns here has one); a query that sees
+    something gets exactly 0 weight on what it does not see."""
     key = (pattern, T, chunk, groups, dtype, str(device))
     if key in _TILE_BIASES:
         return _TILE_BIASES[key]
@@ -282,13 +283,13 @@ class BlockwiseAttention(torch.autograd.Function):
     """Attention over only the keys each chunk of queries can see, with a backward that recomputes each tile's
     probabilities (FlashAttention's recipe): forward keeps q, k, v and the output, never a tile.
 
-    Queries are cut into chunks of `pattern.chunk` positions; each chunk takes its keys (the globals, gathered, then
-    the band from `lookback` before its first query to its last one, a view: nothing is copied) and computes one
-    (queries × keys) tile: time O(T·(n_global + chunk + lookback)), memory O(T) beyond the tile in flight. A row's
-    keys all sit in one tile, so its softmax is the usual max-subtracted one, exact and stable, and is recomputed
-    exactly in backward. The G query heads that share a K/V head form one tile: K and V are never repeated. A loop
-    over chunks (its trip count is T's, not the data's): each tile stays in cache while the matmuls, softmax and
-    gradient products use it, where whole-sequence batched tiles would go through memory at every step."""
+    Queries are cut into chunks of `pattern.chunk` positions; each chunk takes its keys (the band from `lookback`
+    before its first query to its last one: a view of K and V, copied only to put the globals in front of it) and
+    computes one (queries × keys) tile: time O(T·(n_global + chunk + lookback)), memory O(T) beyond the tile in
+    flight. A row's keys all sit in one tile, so its softmax is the usual max-subtracted one, exact and stable, and
+    is recomputed exactly in backward. The G query heads that share a K/V head form one tile: K and V are never
+    repeated. A loop over chunks (its trip count is T's, not the data's): each tile stays in cache while the matmuls,
+    softmax and gradient products use it, where whole-sequence batched tiles would go through memory at every step."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")  # backward then runs under the autocast state forward ran under
@@ -333,7 +334,7 @@ class BlockwiseAttention(torch.autograd.Function):
         kv_heads = k.size(1)
         G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
         keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, D)
-        # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs), and that row sum is Σ_D dy ∘ y (dropout included)
+        # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs); that row sum is Σ_D dy ∘ y (dropout included)
         delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
         dq = torch.empty_like(q)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
