@@ -125,7 +125,7 @@ def main() -> None:
     import torch
 
     started = time.time()
-    rows = []
+    rows, failed = [], []
     for T in args.T:
         for pattern in args.patterns:
             # a dense run at T ≥ 8192 takes minutes on CPU
@@ -136,6 +136,7 @@ def main() -> None:
                                  capture_output=True, text=True, env=env)
             if out.returncode:
                 print(f"  {pattern} T={T} failed (rc {out.returncode}):\n{out.stderr[-3000:]}", file=sys.stderr)
+                failed.append({"pattern": pattern, "T": T, "rc": out.returncode, "stderr_tail": out.stderr[-1500:]})
                 continue
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"  {pattern} T={T}: {rows[-1]['seconds']:.3f} s, {rows[-1]['peak_mib']:.0f} MiB", file=sys.stderr)
@@ -144,13 +145,16 @@ def main() -> None:
         d = dense.get(r["T"])
         r["speedup_vs_dense"] = d["seconds"] / r["seconds"] if d else None
         r["memory_vs_dense"] = r["peak_mib"] / d["peak_mib"] if d and d["peak_mib"] > 0 else None
-    meta = {"machine": f"{os.uname().machine}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                       f"{torch.get_num_threads()} threads", "load_average": os.getloadavg(),
+    machine = f"{os.uname().machine}, {os.cpu_count()} cores, torch {torch.__version__}, " \
+              f"{torch.get_num_threads()} threads"
+    if args.device == "cuda":
+        machine = f"{torch.cuda.get_device_name()}, {machine}"
+    meta = {"machine": machine, "load_average": os.getloadavg(), "failed": failed,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_seconds": round(time.time() - started),
             "heads": args.heads, "head_dim": args.head_dim, "window": args.window, "device": args.device}
     if args.json:
         print(json.dumps({**meta, "rows": rows}))
-        return
+        raise SystemExit(1 if failed else 0)
     print(f"{meta['machine']}; load average {', '.join(f'{x:.1f}' for x in meta['load_average'])}; {meta['date']}")
     print("| pattern | T | keys/query | fwd+bwd s | vs dense | peak MiB | vs dense | s per 1k tokens |")
     print("|---|---|---|---|---|---|---|---|")
@@ -159,6 +163,9 @@ def main() -> None:
         mem = f"{r['memory_vs_dense']:.2f}×" if r["memory_vs_dense"] else ""
         print(f"| {r['pattern']} | {r['T']} | {r['keys_per_query']:.1f} | {r['seconds']:.3f} | {speed} | "
               f"{r['peak_mib']:.0f} | {mem} | {1000 * r['seconds'] / r['T']:.4f} |")
+    for f in failed:
+        print(f"- {f['pattern']} T={f['T']}: FAILED (rc {f['rc']}; its stderr is above)")
+    raise SystemExit(1 if failed else 0)
 
 
 if __name__ == "__main__":

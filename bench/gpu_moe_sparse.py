@@ -9,7 +9,7 @@ stage that fails or runs out of time costs only itself:
    q/k/v gradients, T not a multiple of any block, GQA. MoE: the generated FFN under bf16 autocast (grouped_mm)
    against the same module forced onto its padded path, forward and gradients.
 2. `sparse`: bench/bench_sparse.py --device cuda (bf16; ours = FlexAttention vs SDPA flash), window 1024, 16 heads
-   of 128, T = 8k–64k (the issue's GPU comparison), then global_local and block_sparse at 16k and 64k.
+   of 128, T = 8k–64k (the issue's GPU comparison), then global_local and block_sparse at 32k.
 3. `moe`: bench/bench_moe.py --device cuda --size gpu (bf16 autocast, eager): MoE vs dense-active vs HF Mixtral's
    experts implementations and HF dense.
 4. `train`: `archspec train` through the CLI on the GPU, 40 steps each of mixtral-like-tiny and mistral-like-tiny

@@ -146,10 +146,11 @@ def test_dispatch_equals_the_naive_reference_forward_and_gradients(name, gen_dir
     elif u.capacity_factor is None:
         assert dropped == 0.0
     padding = float(ffn.router_stats[-1])  # rows the experts computed ÷ assignments
-    if name.startswith("grouped"):
+    if u.grouped(spec.model):
         assert padding == 1.0  # the grouped path computes exactly the assignments
     elif u.capacity_factor is None:
         assert padding > 1.0  # the dropless padded fallback: these routings fill no buffer evenly
+    assert name.startswith("grouped") == u.grouped(spec.model)  # each path is covered
 
 
 @pytest.mark.parametrize("policy, dropped_token", [("position", 2), ("probs", 0)])
@@ -250,10 +251,12 @@ def test_the_load_balancing_loss_spreads_a_collapsed_router(gen_dir):
 # ── FLOPs and parameters ─────────────────────────────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("name", ["dropless-glu-shared-gate", "dropless-mlp-bias-raw", "position-forced-drops"])
+@pytest.mark.parametrize("name", ["dropless-glu-shared-gate", "dropless-mlp-bias-raw", "position-forced-drops",
+                                  "grouped-glu-shared", "grouped-mlp-bias-raw"])
 def test_flops_equal_the_counter_on_the_naive_reference(name, gen_dir):
     """FlopCounterMode counts the per-token reference's matmuls: the useful work, which `flops()` claims. On the
-    padded batched path the experts' count is `padding` times that (what the docs say is not counted)."""
+    padded batched path the experts' count is `padding` times that (what the docs say is not counted); the grouped
+    path's ops carry their own FLOP formula (padding 1)."""
     spec = _spec({**CASES[name], "capacity_factor": None})
     u = spec.model.ffn
     ffn = _ffn(spec, gen_dir)
@@ -367,6 +370,59 @@ def test_the_moe_block_compiles_fullgraph(case, capacity, gen_dir):
     compiled = torch.compile(ffn, fullgraph=True)
     got = compiled(x)
     got_grads = torch.autograd.grad(got.square().sum(), inputs)
+    if case.startswith("grouped"):
+        assert float(ffn.router_stats[-1]) == 1.0  # the compiled block took the grouped path
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, h in zip(got_grads, want_grads):  # the input's and every weight's (the experts': grouped_mm_wgrad)
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)
+
+
+# ── the grouped GEMM ops and the fallback ───────────────────────────────────────────────────────────────────────
+
+
+def test_grouped_mm_ops_pass_opcheck_and_give_empty_experts_zero_gradient(gen_dir):
+    """The custom ops' schema, shape function and autograd (torch.library.opcheck), and an expert that receives no
+    row: its weight gradient is exactly zero, every other slice equals its own matmul."""
+    module = generate(_spec(CASES["grouped-glu-shared"]), out_dir=gen_dir).module
+    op = torch.ops.archspec.grouped_mm_v1.default
+    g = torch.Generator().manual_seed(0)
+    counts = torch.tensor([3, 0, 5, 0])
+    offs = counts.cumsum(0).to(torch.int32)
+    a = torch.randn(8, 16, generator=g, requires_grad=True)
+    w = torch.randn(4, 24, 16, generator=g, requires_grad=True)  # (E, out, in), as the experts store it
+    torch.library.opcheck(op, (a, w.transpose(-2, -1), offs))
+    torch.library.opcheck(torch.ops.archspec.grouped_mm_wgrad_v1.default, (a.detach().t(), torch.randn(8, 24), offs))
+    y = module.grouped_mm(a, w.transpose(-2, -1), offs)
+    gy = torch.randn(8, 24, generator=g)
+    ga, gw = torch.autograd.grad(y, (a, w), gy)
+    want = torch.cat([a[0:3] @ w[0].T, a[3:8] @ w[2].T])
+    wa, ww = torch.autograd.grad(want, (a, w), gy)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(ga, wa)
+    torch.testing.assert_close(gw, ww)
+    assert gw[1].abs().sum() == 0 and gw[3].abs().sum() == 0
+
+
+def test_without_grouped_gemm_the_padded_path_agrees(gen_dir, monkeypatch):
+    """A torch whose _grouped_mm has no CPU kernel (the module probes it at import) takes the padded path, with the
+    same result; under bf16 autocast both paths run their matmuls in bf16 and agree to bf16 precision."""
+    spec = _spec(CASES["grouped-glu-shared"])
+    gen = generate(spec, out_dir=gen_dir)
+    torch.manual_seed(0)
+    ffn = gen.Model().blocks[0].ffn
+    _randomise(ffn)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(4))
+    outs = {}
+    for label in ("grouped", "fallback"):
+        if label == "fallback":
+            monkeypatch.setattr(gen.module, "_GROUPED_MM_CPU", None)
+        outs[label] = ffn(x), float(ffn.router_stats[-1])
+        with torch.autocast("cpu", torch.bfloat16):
+            outs[label + "-bf16"] = ffn(x), float(ffn.router_stats[-1])
+    assert outs["grouped"][1] == outs["grouped-bf16"][1] == 1.0
+    assert outs["fallback"][1] > 1.0 and outs["fallback-bf16"][1] > 1.0
+    torch.testing.assert_close(outs["fallback"][0], outs["grouped"][0], rtol=1e-5, atol=1e-5)
+    assert outs["grouped-bf16"][0].dtype == outs["fallback-bf16"][0].dtype
+    torch.testing.assert_close(outs["fallback-bf16"][0].float(), outs["grouped-bf16"][0].float(), rtol=2e-2,
+                               atol=2e-2)
+    assert (outs["grouped-bf16"][0].float() - outs["grouped"][0]).abs().max() > 1e-4  # bf16 really ran

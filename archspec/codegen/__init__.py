@@ -188,13 +188,13 @@ def _distinct(units: list[Any]) -> list[Any]:
     return list(out.values())
 
 
-def _shared_code(units: list[Any]) -> dict[str, str]:
+def _shared_code(units: list[Any], m: Any) -> dict[str, str]:
     """Helper code several units share (`shared_templates`), by family: each file rendered once, in first-use order,
     however many units (kinds, or per-layer configurations) name it."""
     out: dict[str, list[str]] = {name: [] for name in ("norm", "positional", "sparsity", "ffn")}
     seen: set = set()
     for unit in units:
-        for path in type(unit).shared_template_paths():
+        for path in unit.shared_template_paths(m):
             if path not in seen:
                 seen.add(path)
                 out.setdefault(type(unit).family, []).append(_ENV.get_template(f"unit:{path}").render().strip("\n"))
@@ -294,7 +294,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "blocks": blocks,
         "layout": ", ".join(str(next(j for j, (_, ls) in enumerate(groups) if i in ls)) for i in range(m.n_layers)),
         "final_norm": norm_cfgs[0].cls,
-        "shared": _shared_code(m.units()),
+        "shared": _shared_code(m.units(), m),
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": _attention_unit.past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",

@@ -166,9 +166,13 @@ class KindUnit(Strict):
         kind = cls.model_fields["kind"].default
         return Path(inspect.getfile(cls)).with_name(cls.template or f"{kind}.py.j2")
 
-    @classmethod
-    def shared_template_paths(cls) -> list[Path]:
-        return [Path(inspect.getfile(cls)).with_name(name) for name in cls.shared_templates]
+    def shared_templates_for(self, m: "ModelSpec") -> tuple[str, ...]:
+        """The shared helper files this configuration's code calls: `shared_templates`, unless a kind narrows it (a
+        generated file carries only the helpers it uses)."""
+        return self.shared_templates
+
+    def shared_template_paths(self, m: "ModelSpec") -> list[Path]:
+        return [Path(inspect.getfile(type(self))).with_name(name) for name in self.shared_templates_for(m)]
 
     # HF transformers interop (archspec.kinds.hf; the model-level assembly is archspec.hf)
     hf_block: ClassVar[str | None] = None  # the HF building block this kind is, in HF's words; None: HF has none

@@ -54,7 +54,7 @@ Expert = kind_union(MLPSpec, GLUSpec, default="glu")
 @register
 class MoESpec(FFNKind):
     kind: Literal["moe"] = "moe"  # router → top-k of n experts (+ shared experts)
-    shared_templates = ("grouped_mm.py.j2",)  # the grouped GEMM of the dropless dispatch
+    shared_templates = ("grouped_mm.py.j2",)  # the grouped GEMM of the dropless dispatch (see grouped())
     n_experts: int = Field(8, ge=2, le=MAX_EXPERTS, description="routed experts")
     top_k: int = Field(2, ge=1, le=MAX_EXPERTS, description="experts per token, at most n_experts")
     expert: Expert = Field(default_factory=GLUSpec, description="one expert: a dense FFN (mlp or glu)")
@@ -154,6 +154,14 @@ class MoESpec(FFNKind):
                 Const("MOE_Z_LOSS_COEF", lit_float(self.z_loss_coef), "router z-loss")]
         return out
 
+    def grouped(self, m) -> bool:
+        """Whether the dispatch can take the grouped GEMM (torch._grouped_mm): dropless, and sizes that are multiples
+        of 8 (its 16-byte stride alignment, for fp32 and bf16). Else the padded batched matmul is the only path."""
+        return self.capacity_factor is None and m.d_model % 8 == 0 and self.expert.hidden_dim % 8 == 0
+
+    def shared_templates_for(self, m) -> tuple[str, ...]:
+        return self.shared_templates if self.grouped(m) else ()
+
     def describe(self, m) -> str:
         e = self.expert
         name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
@@ -176,8 +184,7 @@ class MoESpec(FFNKind):
             "renormalize": lit_bool(self.renormalize),
             "capacity": self.capacity_factor is not None,
             "drop_policy": self.drop_policy,
-            # torch._grouped_mm wants 16-byte aligned strides: sizes that are multiples of 8 serve fp32 and bf16
-            "grouped": m.d_model % 8 == 0 and e.hidden_dim % 8 == 0,
+            "grouped": self.grouped(m),
         }
 
     # ── HF transformers interop (archspec.kinds.hf) ──────────────────────────────────────────────────────────────
