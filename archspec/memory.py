@@ -110,9 +110,10 @@ def _norm_saved(m: ModelSpec, stream: int, mm: int, b=None) -> int:
 def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
     a = (b or m).attention
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-    # A sparse pattern on CPU takes the blockwise path (FlexAttention on CUDA keeps what SDPA keeps), which says what
-    # it keeps: its own q, k, v and output, no tile.
-    own = a.sparsity.cpu_saved_bytes(m, mm) if device == "cpu" else None
+    # A sparse pattern on CPU, and on any device with attention dropout (FlexAttention has none), takes the blockwise
+    # path, which says what it keeps: its own q, k, v and output (and dropout's keep-masks), no score tile.
+    # FlexAttention on CUDA keeps what SDPA keeps.
+    own = a.sparsity.cpu_saved_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
     if own is not None:
         return own
     if m.dropout > 0 and device == "cpu":

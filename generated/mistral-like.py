@@ -259,6 +259,7 @@ class RollingKVCache:
 
 
 _TILE_BIASES: dict = {}  # (pattern, T, chunk, query heads per K/V head, dtype, device) → each chunk's additive mask
+_TILE_BYTES = [0]  # what _TILE_BIASES holds, in bytes (at most 256 MiB, or one entry)
 _BLOCK_MASKS: dict = {}  # (pattern, T, device) → FlexAttention BlockMask
 _FLEX: dict = {}  # "compiled": flex_attention through torch.compile, made on first use
 
@@ -270,8 +271,10 @@ except ImportError:  # a torch without FlexAttention: the blockwise path serves 
 
 def chunk_keys(pattern: SparsePattern, T: int, start: int, rows: int) -> tuple[int, int]:
     """The band of keys the chunk of queries `start .. start + rows - 1` gathers, as (first, end): the positions
-    from `lookback` before its first query to its last, after the `min(n_global, T)` globals (gathered apart)."""
-    return max(start - pattern.lookback, min(pattern.n_global, T)), start + rows
+    from `lookback` before its first query to its last, after the `min(n_global, T)` globals (gathered apart); empty
+    for a chunk that lies within the globals."""
+    end = start + rows
+    return min(max(start - pattern.lookback, min(pattern.n_global, T)), end), end
 
 
 def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: torch.dtype,
@@ -298,9 +301,12 @@ def tile_biases(pattern: SparsePattern, T: int, chunk: int, groups: int, dtype: 
             continue
         last = bias.repeat(groups, 1) if groups > 1 else bias  # (groups·rows, globals + band)
         biases.append(last)
-    if len(_TILE_BIASES) >= 64:  # many lengths (e.g. while generating): keep the cache bounded
-        _TILE_BIASES.clear()
+    size = sum(t.numel() * t.element_size() for t in {id(t): t for t in biases}.values())
+    if len(_TILE_BIASES) >= 64 or _TILE_BYTES[0] + size > 256 * 2**20:  # many lengths (e.g. prefills while
+        _TILE_BIASES.clear()                                             # generating): keep the cache bounded
+        _TILE_BYTES[0] = 0
     _TILE_BIASES[key] = biases
+    _TILE_BYTES[0] += size
     return biases
 
 
@@ -311,7 +317,7 @@ class BlockwiseAttention(torch.autograd.Function):
     Queries are cut into chunks of `pattern.chunk` positions; each chunk takes its keys (the band from `lookback`
     before its first query to its last one: a view of K and V, copied only to put the globals in front of it) and
     computes one (queries × keys) tile: time O(T·(n_global + chunk + lookback)), memory O(T) beyond the tile in
-    flight. A row's keys all sit in one tile, so its softmax is the usual max-subtracted one, exact and stable, and
+    flight (with attention dropout, plus its keep-masks: one bool per tile entry). A row's keys all sit in one tile, so its softmax is the usual max-subtracted one, exact and stable, and
     is recomputed exactly in backward. The G query heads that share a K/V head form one tile: K and V are never
     repeated. A loop over chunks (its trip count is T's, not the data's): each tile stays in cache while the matmuls,
     softmax and gradient products use it, where whole-sequence batched tiles would go through memory at every step."""
@@ -362,7 +368,9 @@ class BlockwiseAttention(torch.autograd.Function):
         # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs); that row sum is Σ_D dy ∘ y (dropout included)
         delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
         dq = torch.empty_like(q)
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        # every chunk adds into the globals' dK and dV: accumulate bf16/fp16 in fp32 (cast back on return)
+        acc = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+        dk, dv = torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
         dkeys, dvalues = dk.view(B * kv_heads, T, D), dv.view(B * kv_heads, T, D)
         biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
         for i, start in enumerate(range(0, T, C)):
@@ -391,7 +399,7 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 dkeys[:, :P].add_(dk_tile[:, :P], alpha=scale)
                 dvalues[:, :P].add_(dv_tile[:, :P])
-        return dq.mul_(scale), dk, dv, None, None
+        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 # A compiled graph calls it eagerly (a graph break): compiled, its chunk loop would be unrolled, compile time growing

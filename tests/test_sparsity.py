@@ -22,6 +22,8 @@ from archspec.spec import SpecError, load_spec_dict
 PATTERNS = {
     "sliding_window": ({"kind": "sliding_window", "window": 7}, "SLIDING_WINDOW"),
     "global_local": ({"kind": "global_local", "window": 5, "n_global": 3}, "GLOBAL_LOCAL"),
+    # more globals than a chunk of queries: the first chunks lie within the globals (their band is empty)
+    "global_local_wide": ({"kind": "global_local", "window": 6, "n_global": 20}, "GLOBAL_LOCAL"),
     "block_sparse": ({"kind": "block_sparse", "block_size": 5, "n_blocks_back": 1}, "BLOCK_SPARSE"),
     "block_sparse_no_first": ({"kind": "block_sparse", "block_size": 4, "n_blocks_back": 2,
                                "global_first_block": False}, "BLOCK_SPARSE"),
@@ -405,3 +407,9 @@ def test_memory_plan_counts_what_the_blockwise_path_keeps_on_cpu():
     masks = dropout.attention.sparsity.cpu_saved_bytes(dropout, 4) - narrow.attention.sparsity.cpu_saved_bytes(narrow, 4)
     assert masks >= a.n_heads * 4  # at least a byte per query head × the window's keys
     assert block_saved_per_token(wide, 48, "cuda", True) == block_saved_per_token(dense, 48, "cuda", True)
+    # with attention dropout CUDA takes the blockwise path too (FlexAttention has no dropout): its bytes, in bf16
+    from archspec.memory import _attention_saved
+
+    assert _attention_saved(dropout, 48, 2, "cuda") == dropout.attention.sparsity.cpu_saved_bytes(dropout, 2)
+    assert _attention_saved(narrow, 48, 2, "cuda") != narrow.attention.sparsity.cpu_saved_bytes(narrow, 2)  # SDPA's
+
