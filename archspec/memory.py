@@ -113,7 +113,7 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -
     # A sparse pattern on CPU, and on any device with attention dropout (FlexAttention has none), takes the blockwise
     # path, which says what it keeps: its own q, k, v and output (and dropout's keep-masks), no score tile.
     # FlexAttention on CUDA keeps what SDPA keeps.
-    own = a.sparsity.cpu_saved_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
+    own = a.sparsity.blockwise_kept_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
     if own is not None:
         return own
     if m.dropout > 0 and device == "cpu":

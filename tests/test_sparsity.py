@@ -398,18 +398,18 @@ def test_memory_plan_counts_what_the_blockwise_path_keeps_on_cpu():
     wide = _spec({"kind": "sliding_window", "window": 40}, context=48).model
     assert block_saved_per_token(narrow, 48, "cpu", False) == block_saved_per_token(wide, 48, "cpu", False)
     a = narrow.attention
-    assert narrow.attention.sparsity.cpu_saved_bytes(narrow, 4) == (2 * a.n_heads + 2 * a.n_kv_heads) * a.head_dim * 4
-    assert dense.attention.sparsity.cpu_saved_bytes(dense, 4) is None  # SDPA's, counted by archspec.memory
+    assert narrow.attention.sparsity.blockwise_kept_bytes(narrow, 4) == (2 * a.n_heads + 2 * a.n_kv_heads) * a.head_dim * 4
+    assert dense.attention.sparsity.blockwise_kept_bytes(dense, 4) is None  # SDPA's, counted by archspec.memory
     dropout = load_spec_dict({"name": "drop", "model": {"vocab_size": 53, "context_length": 48, "d_model": 32,
                                                          "n_layers": 1, "dropout": 0.1, "attention": {
                                                              "n_heads": 4, "n_kv_heads": 2,
                                                              "sparsity": {"kind": "sliding_window", "window": 4}}}}).model
-    masks = dropout.attention.sparsity.cpu_saved_bytes(dropout, 4) - narrow.attention.sparsity.cpu_saved_bytes(narrow, 4)
+    masks = dropout.attention.sparsity.blockwise_kept_bytes(dropout, 4) - narrow.attention.sparsity.blockwise_kept_bytes(narrow, 4)
     assert masks >= a.n_heads * 4  # at least a byte per query head × the window's keys
     assert block_saved_per_token(wide, 48, "cuda", True) == block_saved_per_token(dense, 48, "cuda", True)
     # with attention dropout CUDA takes the blockwise path too (FlexAttention has no dropout): its bytes, in bf16
     from archspec.memory import _attention_saved
 
-    assert _attention_saved(dropout, 48, 2, "cuda") == dropout.attention.sparsity.cpu_saved_bytes(dropout, 2)
-    assert _attention_saved(narrow, 48, 2, "cuda") != narrow.attention.sparsity.cpu_saved_bytes(narrow, 2)  # SDPA's
+    assert _attention_saved(dropout, 48, 2, "cuda") == dropout.attention.sparsity.blockwise_kept_bytes(dropout, 2)
+    assert _attention_saved(narrow, 48, 2, "cuda") != narrow.attention.sparsity.blockwise_kept_bytes(narrow, 2)  # SDPA's
 

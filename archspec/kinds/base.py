@@ -273,9 +273,10 @@ class SparsityKind(KindUnit):
         """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""
         raise NotImplementedError
 
-    def cpu_saved_bytes(self, m: "ModelSpec", mm: int) -> int | None:
-        """Bytes per token one layer's attention keeps for backward on CPU when it does not go through SDPA (the
-        sparse patterns' blockwise path), `mm` the matmul element size (archspec.memory); None: SDPA's (dense)."""
+    def blockwise_kept_bytes(self, m: "ModelSpec", mm: int) -> int | None:
+        """Bytes per token one layer's attention keeps for backward when it takes the sparse patterns' blockwise path
+        (on CPU, and on any device with attention dropout), `mm` the matmul element size (archspec.memory); None:
+        the layer goes through SDPA (dense)."""
         return None
 
     def cached_positions(self, context_length: int) -> int:

@@ -72,7 +72,7 @@ class BlockSparsity(SparsityKind):
         n_global, lookback, align = self._blockwise()
         return {"global_first_block": bool(self.global_first_block), "chunk": lit_int(chunk_for(lookback, align))}
 
-    def cpu_saved_bytes(self, m, mm: int) -> int:
+    def blockwise_kept_bytes(self, m, mm: int) -> int:
         return blockwise_saved_bytes(m, mm, *self._blockwise())
 
     @classmethod

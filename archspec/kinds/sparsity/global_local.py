@@ -54,7 +54,7 @@ class GlobalLocalSparsity(SparsityKind):
     def template_context(self, m):
         return {"chunk": lit_int(chunk_for(self.window - 1, 1))}
 
-    def cpu_saved_bytes(self, m, mm: int) -> int:
+    def blockwise_kept_bytes(self, m, mm: int) -> int:
         return blockwise_saved_bytes(m, mm, self.n_global, self.window - 1, 1)
 
     @classmethod

@@ -44,7 +44,7 @@ class SlidingWindowSparsity(SparsityKind):
     def template_context(self, m):
         return {"chunk": lit_int(chunk_for(self.window - 1, 1))}
 
-    def cpu_saved_bytes(self, m, mm: int) -> int:
+    def blockwise_kept_bytes(self, m, mm: int) -> int:
         return blockwise_saved_bytes(m, mm, 0, self.window - 1, 1)
 
     # ── HF transformers interop (archspec.kinds.hf) ──
