@@ -8,9 +8,8 @@ import warnings
 
 import click
 
-from archspec.errors import UserError, printable
+from archspec.errors import Note, UserError, printable
 from archspec.signals import Terminated
-from archspec.spec.legacy import SpecNote
 from archspec.train.logger import RecordingError
 
 
@@ -45,14 +44,14 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
-        warnings.simplefilter("default", SpecNote)  # each distinct note once per command
+        warnings.simplefilter("default", Note)  # each distinct note (SpecNote, Caution, ...) once per command
         python_shows = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None) -> None:
             """A spec's note (an old spelling, a changed default) as one `note:` line on stderr; other warnings as
             Python shows them."""
-            if issubclass(category, SpecNote):
-                click.echo(f"note: {printable(str(message))}", err=True)
+            if issubclass(category, Note):
+                click.echo(f"{category.prefix}: {printable(str(message))}", err=True)
             else:
                 python_shows(message, category, filename, lineno, file, line)
 

@@ -14,6 +14,19 @@ def printable(text: str, limit: int | None = None) -> str:
     return out
 
 
+class Note(UserWarning):
+    """Something the user should know that does not stop the command: the CLI prints it as one `<prefix>: ...` line
+    on stderr (control characters escaped), Python shows it as a UserWarning."""
+
+    prefix = "note"
+
+
+class Caution(Note):
+    """A note about a risk the command accepted (an unverifiable old checkpoint): printed as `warning: ...`."""
+
+    prefix = "warning"
+
+
 class UserError(Exception):
     """Bad input (spec, sweep file, filter, checkpoint, CLI argument): the message names what and where.
 

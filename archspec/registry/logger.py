@@ -150,6 +150,10 @@ class RegistryLogger:
             n += 1
         return n
 
+    def recorded_status(self, run_id: str) -> str | None:
+        """The status the registry holds for `run_id` (None: not recorded). A read."""
+        return self.registry.run_status(run_id)
+
     def start(self, info: RunInfo) -> str:
         if self.run_id is not None:
             raise RuntimeError("RegistryLogger.start() called twice; use one logger per run")

@@ -16,8 +16,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from archspec.errors import Note
 
-class SpecNote(UserWarning):
+
+class SpecNote(Note):
     """A spec used an old spelling (or relies on a changed default): loaded, and said so."""
 
 

@@ -18,21 +18,29 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
+import pickle
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from archspec.errors import UserError, printable
+from archspec.errors import Caution, UserError, printable
 from archspec.train.cache import temp_path_beside
 from archspec.train.tokenizer import tokenizer_state_problems
 
 FORMAT = "archspec-checkpoint/2"  # /2: with a content digest
-LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify
+LEGACY_FORMATS = ("archspec-checkpoint/1",)  # read without a digest to verify, only in the exact shape /1 wrote
+# What archspec-checkpoint/1 wrote, exactly (archspec 674fb86..1fadff8): a file that claims /1 but holds anything
+# else (a digest deleted from a /2 file, a tokenizer, a sharded directory) is not an old checkpoint but an edited one.
+LEGACY_V1_KEYS = frozenset({"format", "spec_hash", "spec", "step", "model", "optimizer", "rng", "data", "world_size"})
+LEGACY_V1_DATA_KEYS = frozenset({"epoch", "cursor", "seed", "seq_len", "n_windows"})
+LEGACY_V1_RNG_KEYS = frozenset({"python", "torch", "cuda"})
 FILENAME = "checkpoint.pt"
 REQUIRED = ("spec_hash", "spec", "step", "model", "optimizer", "rng", "data")
 WEIGHTS_FORMAT = "archspec-weights/1"  # a weights checkpoint: the model alone (import-hf, export-hf, sample)
@@ -147,7 +155,8 @@ def _read(path: Path) -> Any:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file: RuntimeError, UnpicklingError, EOFError, ...
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
-        if "weights_only" in first_line:  # torch's advice (weights_only=False) would run the file's pickled code
+        if "weights_only" in first_line or "weights only" in first_line.lower():
+            # torch's advice (weights_only=False) would run the file's pickled code: never repeated
             first_line = "it holds objects beyond tensors and plain data, which a safe load refuses"
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first_line})") from None
     return state
@@ -180,10 +189,50 @@ def _training_state(path: Path, state: Any) -> dict[str, Any]:
         raise UserError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     if state["format"] == FORMAT:
         _check_digest(path, state)
+    else:
+        _check_legacy_v1(path, state)
     problems = structure_problems(state)
     if problems:
         raise UserError(f"{path}: malformed checkpoint ({len(problems)} problem{'s' * (len(problems) > 1)})", problems)
+    _check_finite(path, state["model"], "model")
+    _check_finite(path, state["optimizer"].get("state", {}), "optimizer.state")
     return state
+
+
+def _check_legacy_v1(path: Path, state: dict[str, Any]) -> None:
+    """A file of the first format has no digest to verify: it is read only when its structure is exactly what that
+    version wrote (its keys, its data position's keys, its RNG entries' keys), and with a warning."""
+    extra = sorted(map(str, set(state) - LEGACY_V1_KEYS))
+    data, rng = state.get("data"), state.get("rng")
+    if not extra and isinstance(data, dict) and set(data) != LEGACY_V1_DATA_KEYS:
+        extra = [f"data.{k}" for k in sorted(map(str, set(data) ^ LEGACY_V1_DATA_KEYS))]
+    if not extra and isinstance(rng, list):
+        extra = [f"rng[{i}]" for i, e in enumerate(rng) if not isinstance(e, dict) or not set(e) <= LEGACY_V1_RNG_KEYS
+                 or not {"python", "torch"} <= set(e)][:3]
+    if extra or "world_size" not in state:
+        what = ", ".join(printable(k, 40) for k in extra[:5]) if extra else "world_size missing"
+        raise UserError(f"{path}: claims the old format {state['format']!r} (no digest) but is not what that version "
+                        f"wrote ({what}); an edited or damaged checkpoint is refused")
+    warnings.warn(Caution(f"{path}: a checkpoint of the old format {state['format']!r} has no content digest; its integrity "
+                  "cannot be verified (resume it and the next checkpoint written is verifiable)"), stacklevel=3)
+
+
+def _check_finite(path: Path, tensors: Any, where: str) -> None:
+    """NaN or infinite values in saved weights or optimizer moments are refused, naming the first tensor that holds
+    them (training stops before a non-finite update is applied, so no checkpoint archspec writes holds one)."""
+    stack: list[tuple[str, Any]] = [(where, tensors)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() or value.is_complex():
+                if value.numel() and not bool(torch.isfinite(value).all()):
+                    bad = "NaN" if bool(torch.isnan(value).any()) else "infinite"
+                    raise UserError(f"{path}: {printable(name, 120)} holds {bad} values; the checkpoint is refused "
+                                    "(resume from an earlier checkpoint)")
+        elif isinstance(value, dict):
+            stack.extend((f"{name}.{k}", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
 def _show(value: Any) -> str:
@@ -347,29 +396,141 @@ def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optim
 
 
 def sharded_directory(path: Path, state: dict[str, Any]) -> Path | None:
-    """The directory of a sharded checkpoint, checked against the digest checkpoint.pt holds (DCP unpickles its
-    metadata file, so it is read only once its bytes are the ones that were written); None for a whole checkpoint."""
+    """The directory of a sharded checkpoint beside `path`, checked against the digest checkpoint.pt holds (a torn
+    or swapped directory is refused); None for a whole checkpoint. The digest proves integrity, not authenticity (whoever
+    wrote the directory may have written checkpoint.pt too): what makes the directory safe to read is `load_sharded`,
+    which never unpickles anything beyond plain data and DCP's own metadata classes."""
     name = state.get("sharded")
     if name is None:
         return None
-    directory = path.parent / str(name)
-    if not isinstance(name, str) or "/" in name or name.startswith(".") or not (directory / METADATA).is_file():
+    if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
+        raise UserError(f"{path}: its sharded state names {printable(repr(name), 80)}, not a directory beside it")
+    directory = path.parent / name
+    if not directory.is_dir() or directory.is_symlink() or not (directory / METADATA).is_file():
         raise UserError(f"{path}: its sharded state {name!r} is missing beside it (expected a directory {directory})")
     if file_sha256(directory / METADATA) != state.get("sharded_metadata_sha256"):
         raise UserError(f"{path}: {directory / METADATA} does not match the digest the checkpoint recorded")
     return directory
 
 
+# DCP's metadata file is a pickle (FileSystemReader.read_metadata calls pickle.load), and DCP reads every non-tensor
+# value of a state dict with torch.load(weights_only=False): both would run code a shared checkpoint carries. archspec
+# reads them itself: the metadata through an unpickler that can build only the classes below (DCP's metadata
+# dataclasses and the torch values they hold), the values with torch.load(weights_only=True).
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_METADATA_GLOBALS = frozenset({
+    (_DCP_METADATA, "Metadata"), (_DCP_METADATA, "MetadataIndex"), (_DCP_METADATA, "StorageMeta"),
+    (_DCP_METADATA, "TensorProperties"), (_DCP_METADATA, "TensorStorageMetadata"),
+    (_DCP_METADATA, "BytesStorageMetadata"), (_DCP_METADATA, "ChunkStorageMetadata"),
+    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib._local", "PosixPath"),
+})
+_METADATA_MAX_BYTES = 256 << 20  # DCP's metadata of a model with millions of tensors is still far smaller
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle's documented way to restrict globals: only DCP's metadata classes and torch dtypes resolve."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in sharded checkpoint metadata")
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """A DCP `.metadata` file, read without running code: a UserError names the file for anything else."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        size = path.stat().st_size
+        if size > _METADATA_MAX_BYTES:
+            raise UserError(f"{path}: {size:,} bytes, more than any sharded checkpoint's metadata; refused")
+        with open(path, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+    except UserError:
+        raise
+    except Exception as e:  # UnpicklingError (a refused global), EOFError, ValueError, ... : not DCP's metadata
+        raise UserError(f"{path}: not a safe sharded-checkpoint metadata file ({type(e).__name__}: "
+                        f"{printable(str(e), 200)})") from None
+    if not isinstance(metadata, Metadata):
+        raise UserError(f"{path}: not a sharded-checkpoint metadata file (it holds {type(metadata).__name__})")
+    return metadata
+
+
+def _safe_dcp_reader(directory: Path) -> Any:
+    """DCP's file reader, given the metadata archspec read safely (before DCP starts: a refusal names the file)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    safe_metadata = read_dcp_metadata(directory / METADATA)
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = safe_metadata  # archspec writes one global metadata file, never per-rank ones
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(directory))
+
+
+def _safe_dcp_planner() -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)  # DCP's own planner: weights_only=False
+            except Exception as e:
+                raise UserError(f"sharded value {printable(read_item.dest_index.fqn, 120)} holds objects beyond "
+                                f"tensors and plain data, which a safe load refuses ({type(e).__name__})") from None
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner()
+
+
 def load_sharded(path: Path, directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load a sharded checkpoint into `model` and `optimizer` as they are held here (FSDP over any number of
-    processes, or one process): each rank reads what it holds."""
+    processes, or one process): each rank reads what it holds, through the safe reader and planner above."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
+    reader = _safe_dcp_reader(directory)
     try:
-        dcp.load(state, checkpoint_id=str(directory))
+        dcp.load(state, storage_reader=reader, planner=_safe_dcp_planner())
+    except UserError as e:
+        raise UserError(f"{path}: {e}", e.problems) from None
+    except BaseException as e:  # DCP wraps what a rank raised in CheckpointException (a BaseException)
+        failures = getattr(e, "failures", None) if type(e).__name__ == "CheckpointException" else None
+        if failures is None and not isinstance(e, (RuntimeError, KeyError, ValueError, AssertionError, OSError)):
+            raise
+        causes = [f[0] if isinstance(f, tuple) else f for f in (failures or {}).values()]
+        refused = [c for c in causes if isinstance(c, UserError)]
+        if refused:
+            raise UserError(f"{path}: {directory}: {refused[0]}") from None
+        if any(isinstance(c, KeyboardInterrupt) for c in causes):
+            raise KeyboardInterrupt from None
+        e = causes[0] if causes else e
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UserError(f"{path}: sharded state in {directory} does not fit this model: {type(e).__name__}: "
+                        f"{printable(first)}") from None
+    except (RuntimeError, KeyError, ValueError, AssertionError, OSError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UserError(f"{path}: sharded state in {directory} does not fit this model: {type(e).__name__}: "
+                        f"{printable(first)}") from None
+    _check_finite(directory, state["model"], "model")
+    try:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as e:
         first = (str(e).strip().splitlines() or [""])[0][:300]
@@ -437,6 +598,7 @@ def _weights_state(path: Path, state: Any) -> dict[str, Any]:
     if problems:
         raise UserError(f"{path}: malformed weights checkpoint ({len(problems)} problem{'s' * (len(problems) > 1)})",
                         problems)
+    _check_finite(path, model, "model")
     return {"format": WEIGHTS_FORMAT, "spec_hash": state["spec_hash"], "spec": state["spec"], "model": model,
             "tokenizer": tok, "source": str(state.get("source", "")) or str(path)}
 

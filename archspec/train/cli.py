@@ -88,6 +88,9 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
             command = resume_command(spec_path, overrides, steps, device, registry_url, checkpoint, init_from)
             click.echo("resume with: " + command, err=True)
         raise
+    if result.nothing_to_do:
+        click.echo(f"run {result.run_id} already FINISHED; nothing to resume", err=True)
+        return
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")

@@ -114,6 +114,15 @@ def router_metrics(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     return out
 
 
+class AlreadyFinished(Exception):
+    """`--resume` of a run the registry holds as FINISHED, from its final step: nothing to do, nothing written."""
+
+    def __init__(self, run_id: str, step: int):
+        super().__init__(f"run {run_id} already FINISHED; nothing to resume (its checkpoint is at its final step, "
+                         f"{step})")
+        self.run_id, self.step = run_id, step
+
+
 class NonFiniteLoss(Exception):
     """A step produced a NaN/inf loss or gradient norm; the update was not applied."""
 
@@ -138,10 +147,14 @@ class TrainResult:
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, val_loss)
     run_dir: Path | None = None
     checkpoint: Path | None = None
+    nothing_to_do: bool = False  # --resume of a FINISHED run at its final step: not trained, nothing recorded
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "status": self.status, "error": self.error, "step": self.step,
-                **self.metrics, "run_dir": str(self.run_dir), "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+        out = {"run_id": self.run_id, "status": self.status, "error": self.error, "step": self.step,
+               **self.metrics, "run_dir": str(self.run_dir), "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+        if self.nothing_to_do:
+            out["nothing_to_do"] = True
+        return out
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -222,14 +235,17 @@ class Trainer:
         self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
         self.experiment_id = run_key(spec_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
         self.resume_path = resolve(resume) if resume is not None else None
+        self.resume_state = self._read_resume(self.resume_path) if self.resume_path else None
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
         repeat_for = getattr(self.logger, "repeat_for", None)
         self.repeat = repeat_for(self.experiment_id) if repeat_for and not self.resume_path else 0
         self.run_id = repeat_id(self.experiment_id, self.repeat) if self.repeat else self.experiment_id
+        if self.resume_state is not None:
+            self.run_id = self._resumed_run_id(self.resume_state)
         self.run_dir = Path(run_dir) if run_dir else (
             self.resume_path.parent if self.resume_path else default_run_dir(spec.name, self.run_id))
-        if self.run_id != self.experiment_id and (self.run_dir / FILENAME).exists():
+        if self.run_id != self.experiment_id and not self.resume_path and (self.run_dir / FILENAME).exists():
             raise UserError(f"{self.run_dir}: holds a checkpoint (of run {self.experiment_id}, which FINISHED, or of "
                             f"another run); this repeat, run {self.run_id}, needs a directory of its own: pass another "
                             "--run-dir, or none for runs/<name>-<run id>")
@@ -349,9 +365,38 @@ class Trainer:
         self._sync()
         return time.perf_counter() - t0
 
-    def _resume(self, path: Path) -> None:
+    def _read_resume(self, path: Path) -> dict[str, Any]:
+        """The checkpoint to resume, read and checked (digest, structure, finite values, same model and recipe, step
+        within the run) once, before anything is built or recorded."""
         state = load_checkpoint(path)
         check_same_spec(path, state, canonical_dict(self.spec))
+        if not 0 <= state["step"] <= self.recipe.steps:
+            raise UserError(f"{path}: checkpoint step {state['step']} is outside this run's 0..{self.recipe.steps}")
+        return state
+
+    def _resumed_run_id(self, state: dict[str, Any]) -> str:
+        """The run a checkpoint continues: the one that wrote it (its `run_id`, when it is this experiment or one of
+        its repeats), else the experiment's run. A run the registry holds as FINISHED is never reopened: resumed from
+        its final step there is nothing to do (AlreadyFinished); from an earlier step, the training continues as a
+        new repeat of the experiment."""
+        saved = state.get("run_id")
+        known = {self.experiment_id, *(repeat_id(self.experiment_id, n) for n in range(1, 1001))}
+        run_id = saved if isinstance(saved, str) and saved in known else self.experiment_id
+        recorded = getattr(self.logger, "recorded_status", None)
+        if not callable(recorded) or recorded(run_id) != FINISHED:
+            return run_id
+        if state["step"] >= self.recipe.steps:
+            raise AlreadyFinished(run_id, state["step"])
+        repeat_for = getattr(self.logger, "repeat_for", None)
+        n = repeat_for(self.experiment_id) if callable(repeat_for) else 0
+        if not n:  # a logger that does not train finished experiments again: the sweep's rule (skip) applies
+            raise AlreadyFinished(run_id, state["step"])
+        self.repeat = n
+        return repeat_id(self.experiment_id, n)
+
+    def _resume(self, path: Path) -> None:
+        state = self.resume_state if self.resume_state is not None else self._read_resume(path)
+        self.resume_state = None  # the weights are in the model now; the loaded copy is not kept
         sharded = sharded_directory(path, state)
         if sharded is not None:  # FSDP's sharded state: loads here whatever the world size, one process included
             load_sharded(path, sharded, self.model, self.optimizer)
@@ -361,8 +406,6 @@ class Trainer:
         else:
             restore_modules(path, state, self.model, self.optimizer)
         self.data.sampler.load_state_dict(state["data"])
-        if not 0 <= state["step"] <= self.recipe.steps:
-            raise UserError(f"{path}: checkpoint step {state['step']} is outside this run's 0..{self.recipe.steps}")
         self.step = self.saved_step = int(state["step"])
         per_rank = state["rng"]
         set_rng_state(per_rank[self.world.rank] if len(per_rank) == self.world.size else per_rank[0])
@@ -518,6 +561,7 @@ class Trainer:
                     self.progress.log(f"[yellow]metrics not yet flushed at step {self.step}: {_shown(e)}[/]")
             save_checkpoint(self.checkpoint_path, {
                 "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
+                "run_id": self.run_id,
                 **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": self.data.sampler.state_dict(), "world_size": self.world.size,
                 **{k: v for k, v in modules.items() if v is not None},
@@ -723,6 +767,12 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
                           progress=progress, cache=cache, world=world, init_from=init_from)
         result = trainer.run()
         finished = True
+    except AlreadyFinished as e:
+        finished = True
+        path = resolve(resume) if resume is not None else None
+        result = TrainResult(e.run_id, FINISHED, None, e.step, {}, run_dir=path.parent if path else None,
+                             checkpoint=path, nothing_to_do=True)
+
     finally:
         if world.distributed:  # the model and optimizer hold the process group: release them before destroying it
             trainer = None

@@ -61,8 +61,15 @@ def test_four_processes_write_concurrently_and_nothing_is_lost(registry_url):
 def test_kill_9_of_one_writer(registry_url):
     create_registry(registry_url)
     steps = 200
-    victim = spawn(registry_url, "victim", 0, 50, "hang", "--heartbeat-timeout", "1.0")
+    # The others start first: a run start reaps dead runs, so one that started after the victim went stale (a slow
+    # interpreter start on a loaded machine) would mark it KILLED before the test's own reap.
     others = [spawn(registry_url, f"ok{i}", i, steps, "normal") for i in range(2)]
+    reg = Registry(registry_url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(reg.run_status(run_id(f"ok{i}", i)) for i in range(2)):
+        time.sleep(0.05)
+    reg.close()
+    victim = spawn(registry_url, "victim", 0, 50, "hang", "--heartbeat-timeout", "1.0")
     line = victim.stdout.readline()
     assert line.startswith("flushed"), victim.stderr.read()
     flushed_total = 50 * METRICS_PER_STEP

@@ -148,13 +148,16 @@ def test_changed_content_that_still_unpickles_fails_the_digest(where, good_check
     assert load_checkpoint(path)["step"] == 2  # the untouched content passes
 
 
-def test_a_first_format_checkpoint_without_digest_is_still_read(good_checkpoint, tmp_path):
+def test_a_current_checkpoint_relabelled_as_the_first_format_is_refused(good_checkpoint, tmp_path):
+    """Deleting the digest and claiming the old format does not skip verification: the structure is not what the
+    first format wrote (tests/train/test_untrusted_files.py has the exact old structure, which loads with a warning)."""
     state = _raw(good_checkpoint)
     state.pop("digest")
     state["format"] = ckpt.LEGACY_FORMATS[0]
     path = tmp_path / ckpt.FILENAME
     torch.save(state, path)
-    assert load_checkpoint(path)["step"] == 2 and FORMAT != state["format"]
+    with pytest.raises(UserError, match="not what that version wrote"):
+        load_checkpoint(path)
 
 
 # ── a disk that refuses the save ─────────────────────────────────────────────────────────────────────────────────
