@@ -114,9 +114,16 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
 
     console = make_console(stderr=as_json)
     elsewhere = out_dir is None and not _inside(spec_path, Path("specs"))
-    if out_dir is None:
-        out_dir = spec_path.parent if elsewhere else DEFAULT_OUT
     spec = load_spec(spec_path, overrides)
+    # With --set the module is not what the file says: it never replaces the file's own module (generated/ holds what
+    # specs/ say, `archspec check` keeps it so); it goes under the state root, named by its model hash.
+    overridden = out_dir is None and bool(overrides)
+    if overridden:
+        from archspec.paths import builds_dir
+
+        out_dir = builds_dir() / f"{spec.name}-{spec_hash(spec)[:12]}"
+    elif out_dir is None:
+        out_dir = spec_path.parent if elsewhere else DEFAULT_OUT
     problems = trainability_problems(spec)
     if problems:  # `train` would refuse it after tokenising: say so now, at the field
         raise SpecError(f"{spec_path}: the recipe cannot train this model", problems)
@@ -126,9 +133,6 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     check_memory(spec)  # refuse before anything is allocated
     gen = generate(spec, out_dir=out_dir, source=source)
     model = gen.Model()
-    if overrides and (spec_path.parent / "..").resolve() == Path.cwd().resolve() and out_dir == DEFAULT_OUT:
-        console.print(f"[yellow]note:[/] --set changed {spec_path}'s spec, so {gen.path} no longer matches it; "
-                      "`archspec check --fix` restores it, and `--set name=...` writes a file of its own")
     actual = sum(p.numel() for p in model.parameters())
     if actual != acc.total:  # the accounting's promise; a mismatch is a bug worth shouting about
         raise RuntimeError(f"accounting says {acc.total:,} parameters, the generated module has {actual:,}")
@@ -155,7 +159,10 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     if not no_record:
         _record_spec(registry_url, spec, gen, acc, console)
 
-    if elsewhere:
+    if overridden:
+        console.print(f"note: --set changes {spec_path}'s model, so its module goes to {gen.path}, not beside the "
+                      "file's own; --out DIR puts it elsewhere", highlight=False, soft_wrap=True)
+    elif elsewhere:
         console.print(f"note: {spec_path} is not in ./specs/, so its module goes next to it ({gen.path}), not into "
                       f"{DEFAULT_OUT}/; --out DIR puts it elsewhere", highlight=False)
     if as_json:

@@ -93,14 +93,7 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
     try:
         if record:  # recording is a write: bring an older schema to head first (as any first write does)
             registry.upgrade()
-        run = registry.get_run(run_ref)
-        checkpoints = [p for kind, p in registry.artifacts(run.id) if kind == "checkpoint"]
-        if not checkpoints:
-            raise UserError(f"run {run.id} has no checkpoint recorded (status {run.status}); nothing to probe")
-        checkpoint = Path(checkpoints[-1])
-        if not checkpoint.is_file():
-            raise UserError(f"run {run.id}: its checkpoint {printable(str(checkpoint))} is not here (moved, or "
-                            "recorded on another machine)")
+        run, checkpoint = registry.run_checkpoint(run_ref, "probe")
         corpus = task_corpus(task, (run.recipe.get("data") or {}).get("corpus"), overrides or {})
         dev = resolve_device(device)
         loaded = load_model(str(checkpoint), device=dev)

@@ -69,17 +69,9 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
                         "id (pass a spec, a checkpoint, a run directory, or --registry)")
     registry = Registry(url)
     try:
-        run = registry.get_run(run_id)
-        checkpoints = [p for kind, p in registry.artifacts(run.id) if kind == "checkpoint"]
+        return registry.run_checkpoint(run_id, "sample from")[1]
     finally:
         registry.close()
-    if not checkpoints:
-        raise UserError(f"run {run.id} has no checkpoint recorded (status {run.status}); nothing to sample from")
-    path = Path(checkpoints[-1])
-    if not path.is_file():
-        raise UserError(f"run {run.id}: its checkpoint {printable(str(path))} is not here (moved, or recorded on "
-                        "another machine); pass the checkpoint file or run directory instead")
-    return path
 
 
 def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,

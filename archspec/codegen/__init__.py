@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -345,18 +344,21 @@ class Generated:
         return self.module.Model
 
 
-def import_source(path: Path) -> ModuleType:
-    """Import a generated file under a unique module name (one per content hash), without touching sys.path."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+def import_source(path: Path, text: str | None = None) -> ModuleType:
+    """Import a generated file under a unique module name (one per content hash), without touching sys.path.
+
+    `text`: the source archspec rendered for `path`; it is what runs, so a file swapped on disk between the write
+    and the import (a shared run directory) is never executed."""
+    source = path.read_text(encoding="utf-8") if text is None else text
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
     mod_name = f"archspec_generated_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    module = ModuleType(mod_name)
+    module.__file__ = str(path)
     sys.modules[mod_name] = module  # dataclasses/pickling/torch.compile look modules up by name
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 (archspec's own rendered source)
     except BaseException:
         del sys.modules[mod_name]
         raise
@@ -383,6 +385,6 @@ def generate(spec: Spec, out_dir: str | Path = DEFAULT_OUT, write: bool = True,
         tmpdir = Path(tempfile.mkdtemp(prefix="archspec-gen-"))
         path = tmpdir / f"{spec.name}.py"
         path.write_text(text, encoding="utf-8")
-    module = import_source(path)
+    module = import_source(path, text)
     return Generated(spec=spec, source=text, path=path, source_hash=hashlib.sha256(text.encode()).hexdigest(),
                      module=module)

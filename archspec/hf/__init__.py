@@ -120,11 +120,7 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise UserError(f"{printable(run_id, 80)}: no such checkpoint file, and no registry at {url} to look up a run")
     with Registry(url) as reg:
-        run = reg.get_run(run_id)
-        paths = [p for kind, p in reg.artifacts(run.id) if kind == "checkpoint"]
-    if not paths:
-        raise UserError(f"run {run.id} has no checkpoint recorded (it may not have reached its first save)")
-    return Path(paths[-1])
+        return reg.run_checkpoint(run_id, "export")[1]
 
 
 def export_hf(source: str, out_dir: str | os.PathLike, registry_url: str | None = None) -> dict[str, Any]:

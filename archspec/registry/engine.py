@@ -33,7 +33,7 @@ from archspec.registry import migrate
 
 log = logging.getLogger("archspec.registry")
 
-DEFAULT_URL = "sqlite:///registry/archspec.db"
+DEFAULT_URL = "sqlite:///registry/archspec.db"  # the default under the state root (archspec.paths), as a relative URL
 _CHUNK = 500  # ids per IN (...) list: far below SQLite's bound-variable limit on any version
 
 
@@ -52,8 +52,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def default_url() -> str:
-    """`$ARCHSPEC_REGISTRY`, else `sqlite:///registry/archspec.db` (relative to the working directory)."""
-    return os.environ.get("ARCHSPEC_REGISTRY") or DEFAULT_URL
+    """`$ARCHSPEC_REGISTRY`, else `registry/archspec.db` under the state root (archspec.paths: $ARCHSPEC_HOME, the
+    project root, or the per-user data directory), as an absolute SQLite URL."""
+    from archspec.paths import default_registry_url
+
+    return os.environ.get("ARCHSPEC_REGISTRY") or default_registry_url()
 
 
 class RegistryBusyError(RuntimeError):
@@ -268,6 +271,9 @@ class RegistryEngine:
         if self._writable:
             return
         if self._file is not None:
+            from archspec.paths import announce
+
+            announce(self._file.parent)
             try:
                 self._file.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:

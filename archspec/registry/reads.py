@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Generic
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
 from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunRecord,
                                       RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
@@ -409,6 +410,33 @@ class RegistryReader(RegistryEngine):
             (r.kind, r.path) for r in conn.execute(
                 select(Artifact.kind, Artifact.path).where(Artifact.run_id == run_id).order_by(Artifact.id))
         ], "artifacts", empty=list)
+
+    def run_checkpoint(self, run_ref: str, purpose: str = "use") -> tuple[RunRow, Path]:
+        """The run (by id or unique prefix) and the checkpoint it recorded last, as a path that exists on this host.
+
+        Paths are recorded absolute (`add_artifact`), with the writing host on the run; one that is not here (another
+        machine, or moved) is a UserError naming the host that wrote it and the path. Paths recorded relative by an
+        older archspec resolve against the working directory only, and say so when they do not."""
+        import socket
+
+        run = self.get_run(run_ref)
+        checkpoints = [p for kind, p in self.artifacts(run.id) if kind == "checkpoint"]
+        if not checkpoints:
+            raise UserError(f"run {run.id} has no checkpoint recorded (status {run.status}); nothing to {purpose}")
+        path = Path(checkpoints[-1])
+        if path.is_file():
+            return run, path
+        here = socket.gethostname()
+        where = printable(str(path), 300)
+        if not path.is_absolute():
+            raise UserError(f"run {run.id}: its checkpoint was recorded as the relative path {where} (by an older "
+                            f"archspec, on host {printable(run.host or 'unknown', 80)}) and is not under this directory; "
+                            "run this from the directory the run was started in, or pass the checkpoint file")
+        host = printable(run.host or "an unknown host", 80)
+        elsewhere = f"written on host {host}; this is {printable(here, 80)}" if run.host and run.host != here \
+            else f"written on host {host}, this host"
+        raise UserError(f"run {run.id}: its checkpoint {where} does not exist here ({elsewhere}); copy the run "
+                        "directory to this host and pass it, or the checkpoint file, instead of the run id")
 
     def evaluations(self, run_id: str) -> list[dict[str, Any]]:
         """A run's capability probes, oldest first: id, task, params, checkpoint, code_version, created, metrics."""

@@ -369,7 +369,10 @@ class RegistryWriter(RegistryEngine):
         self._write(tx, "set_summary")
 
     def add_artifact(self, run_id: str, kind: str, path: str) -> None:
-        """Record a file once per (run, kind, path): a resumed run re-announces its module and checkpoint."""
+        """Record a file once per (run, kind, path): a resumed run re-announces its module and checkpoint. The path
+        is stored absolute, so that it resolves from any directory (the run's host says which machine holds it)."""
+        path = os.path.abspath(os.fspath(path))
+
         def tx(conn: Connection) -> None:
             known = conn.execute(select(Artifact.id).where(
                 Artifact.run_id == run_id, Artifact.kind == kind, Artifact.path == str(path))).first()

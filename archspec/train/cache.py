@@ -17,14 +17,14 @@ from typing import Any, Iterator
 
 from archspec.errors import UserError
 
-DEFAULT_CACHE = ".cache/archspec"  # relative to the working directory, like registry/ and runs/
-
-
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """`override`, else `$ARCHSPEC_CACHE`, else `.cache/archspec`; created if missing. A cache that cannot be created
-    or written (read-only, under a file, a full disk) is a UserError naming it, before any work is done."""
+    """`override`, else the per-user cache (`$ARCHSPEC_CACHE`, else `$XDG_CACHE_HOME/archspec`, else
+    `~/.cache/archspec`: archspec.paths); created if missing. A cache that cannot be created or written (read-only,
+    under a file, a full disk) is a UserError naming it, before any work is done."""
+    from archspec.paths import user_cache_dir
+
     from_env = override is None and bool(os.environ.get("ARCHSPEC_CACHE"))
-    path = Path(override or os.environ.get("ARCHSPEC_CACHE") or DEFAULT_CACHE)
+    path = Path(override) if override else user_cache_dir()
     where = f"$ARCHSPEC_CACHE={path}" if from_env else f"cache directory {path}"
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
 @click.option("--measure", is_flag=True,
               help="Measure the matmul rate again now and store it (run it when the machine is otherwise idle).")
 @device_option
-@click.option("--cache", "cache", metavar="DIR", help="Cache directory [default: $ARCHSPEC_CACHE, else .cache/archspec].")
+@click.option("--cache", "cache", metavar="DIR", help="Cache directory [default: $ARCHSPEC_CACHE, else ~/.cache/archspec (per user)].")
 def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
     """Show (or --measure) the FLOP/s ceiling that MFU is a fraction of.
 

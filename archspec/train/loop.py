@@ -738,6 +738,8 @@ class Trainer:
         """MFU with its ceiling and FLOP convention beside it, and the 6N+12LHQT figure for dense models."""
         ceiling = ("of this machine's measured matmul rate" if self.peak_source.startswith("this machine")
                    else f"of the {self.peak_source}")
+        if max(m["mfu"], m.get("mfu_palm", 0.0)) > 1.0:  # never shown as a figure: the ceiling is what is wrong
+            return f"MFU not shown: above 100% {ceiling}, so that ceiling is too low"
         text = f"MFU {100 * m['mfu']:.1f}% {ceiling} ({OUR_CONVENTION}"
         if "mfu_palm" in m:
             text += f"; 6N+12LHQT: {100 * m['mfu_palm']:.1f}%"
@@ -755,7 +757,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     run_dir: where the generated module and checkpoint go (default runs/<name>-<run id>, or the resumed run's).
     compile: per-block torch.compile (default: train.compile). json_out: print the final metrics as one JSON object
     on stdout (rank 0). progress: show the progress bar and run lines on stderr. cache: the derived-data cache
-    (default $ARCHSPEC_CACHE or .cache/archspec). init_from: start from these weights (a weights checkpoint from
+    (default: the per-user cache, archspec.paths). init_from: start from these weights (a weights checkpoint from
     `archspec import-hf`, or a training checkpoint) instead of the seeded init; part of the run's identity.
     """
     if steps is not None:

@@ -14,12 +14,14 @@ from typing import Any, Mapping
 from archspec.train.cache import atomic_write_text
 from archspec.train.logger import RUNNING, RunInfo
 
-RUNS_DIR = Path("runs")
-
-
 def default_run_dir(spec_name: str, run_id: str) -> Path:
-    """Where a run's generated module, checkpoint and (without a registry) records go unless told otherwise."""
-    return RUNS_DIR / f"{spec_name}-{run_id}"
+    """Where a run's generated module, checkpoint and (without a registry) records go unless told otherwise:
+    `<state root>/runs/<name>-<run id>` (archspec.paths), an absolute path."""
+    from archspec.paths import announce, runs_dir
+
+    runs = runs_dir()
+    announce(runs)
+    return runs / f"{spec_name}-{run_id}"
 
 
 class RunDirLogger:

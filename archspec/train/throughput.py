@@ -86,8 +86,25 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[f
         if peak is not None and dtype == torch.bfloat16:
             return peak, f"datasheet bf16 peak of {name}"
     key = _measurement_key(device, dtype)
-    entry = read_ceiling(device, dtype, cache) or measure_ceiling(device, dtype, cache)
+    entry = read_ceiling(device, dtype, cache)
+    if entry is None:
+        # Measured once per machine and stored in the per-user cache, but only when the machine is quiet: a figure
+        # taken under load is too low (MFU above 100%). A busy machine gets a provisional figure for this run alone.
+        busy = device.type == "cpu" and machine_busy()
+        entry = measure_ceiling(device, dtype, cache, store=not busy)
+        if busy:
+            return entry["flops"], (f"this machine's matmul rate measured now under load (load average "
+                                    f"{entry['load_average']:.1f}; provisional, not stored: `archspec peak --measure` "
+                                    f"in a quiet moment stores it) ({key})")
     return entry["flops"], f"this machine's measured matmul rate ({key}, {entry['measured_at']})"
+
+
+def machine_busy() -> bool:
+    """Whether other work is using the CPUs now (1-minute load average above a quarter of the cores)."""
+    try:
+        return os.getloadavg()[0] > 0.25 * (os.cpu_count() or 1)
+    except OSError:
+        return False
 
 
 def _read_table(cache: Path) -> dict:
@@ -107,8 +124,9 @@ def read_ceiling(device: torch.device, dtype: torch.dtype, cache: Path) -> dict 
     return None
 
 
-def measure_ceiling(device: torch.device, dtype: torch.dtype, cache: Path, repeats: int = 10) -> dict:
-    """Measure the matmul rate now and store it (the only writer of the cache file)."""
+def measure_ceiling(device: torch.device, dtype: torch.dtype, cache: Path, repeats: int = 10,
+                    store: bool = True) -> dict:
+    """Measure the matmul rate now and (`store`) keep it in the per-user cache (the only writer of the file)."""
     # Seeded apart from the run's RNG: measuring must not change the training random stream.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         slow = device.type == "cpu" and dtype != torch.float32  # no native bf16 on most CPUs: ~0.3 GFLOP/s
@@ -116,9 +134,10 @@ def measure_ceiling(device: torch.device, dtype: torch.dtype, cache: Path, repea
         flops = measure_matmul_flops(device, dtype, n=n, repeats=repeats)
     entry = {"flops": flops, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "how": f"best of {repeats} {n}x{n} matmuls", "load_average": os.getloadavg()[0]}
-    table = _read_table(cache)
-    table[_measurement_key(device, dtype)] = entry
-    _store(cache / CEILING_FILE, table)
+    if store:
+        table = _read_table(cache)
+        table[_measurement_key(device, dtype)] = entry
+        _store(cache / CEILING_FILE, table)
     return entry
 
 

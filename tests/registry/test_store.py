@@ -16,15 +16,26 @@ from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED
 from .helpers import accounting, make_info, make_spec, record_run
 
 
-def test_default_url(monkeypatch):
+def test_default_url(monkeypatch, tmp_path):
     monkeypatch.delenv("ARCHSPEC_REGISTRY", raising=False)
-    assert default_url() == "sqlite:///registry/archspec.db"
+    monkeypatch.setenv("ARCHSPEC_HOME", str(tmp_path / "home"))
+    assert default_url() == f"sqlite:///{tmp_path}/home/registry/archspec.db"
+    monkeypatch.delenv("ARCHSPEC_HOME")
+    (tmp_path / "project" / "specs").mkdir(parents=True)
+    (tmp_path / "project" / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "project" / "a" / "b")  # a subdirectory finds its project's registry
+    assert default_url() == f"sqlite:///{tmp_path}/project/registry/archspec.db"
+    monkeypatch.chdir(tmp_path)  # no project root: the per-user data directory
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_url() == f"sqlite:///{tmp_path}/data/archspec/registry/archspec.db"
     monkeypatch.setenv("ARCHSPEC_REGISTRY", "sqlite:////tmp/x.db")
     assert default_url() == "sqlite:////tmp/x.db"
 
 
-def test_default_registry_is_created_relative_to_cwd_by_the_first_write(tmp_path, monkeypatch):
+def test_default_registry_is_created_under_the_project_root_by_the_first_write(tmp_path, monkeypatch):
     monkeypatch.delenv("ARCHSPEC_REGISTRY", raising=False)
+    monkeypatch.delenv("ARCHSPEC_HOME", raising=False)
+    (tmp_path / "specs").mkdir()
     monkeypatch.chdir(tmp_path)
     with Registry() as reg:
         assert reg.runs() == [] and reg.specs() == [] and reg.run_status("x") is None and reg.count_metrics() == 0
