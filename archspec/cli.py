@@ -70,15 +70,15 @@ def _main(argv: list[str] | None) -> int:
         # click turns KeyboardInterrupt (Ctrl-C, and SIGTERM through archspec.signals) into Abort
         cause = e.__cause__ or e.__context__
         if isinstance(cause, Terminated):
-            click.echo(f"terminated ({cause})", err=True)
-            return cause.exit_code  # 143 for SIGTERM, as the shell reports a process it killed
+            click.echo("interrupted" if cause.is_interrupt else f"terminated ({cause})", err=True)
+            return cause.exit_code  # 143 for SIGTERM, 130 for SIGINT, as the shell reports a process it killed
         click.echo("aborted", err=True)
         return 130
     except RecordingError as e:  # the registry cannot be written (disk full, read-only): not bad input, exit 1
         click.echo(f"error: {printable(str(e))}", err=True)
         return 1
     except Terminated as e:  # raised outside click's own handling
-        click.echo(f"terminated ({e})", err=True)
+        click.echo("interrupted" if e.is_interrupt else f"terminated ({e})", err=True)
         return e.exit_code
     except click.ClickException as e:
         e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines

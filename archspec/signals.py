@@ -5,16 +5,24 @@ that ends a run KILLED on Ctrl-C does the same for SIGTERM). The handler also re
 swallows the exception (a library's broad `except`, a compile worker) cannot lose it, because the training loop calls
 `raise_if_terminated()` before its first step and between steps. The memory is cleared when the handlers are
 restored, i.e. once the interruption has been dealt with.
+
+The training loop installs it for SIGINT too (Ctrl-C then raises `Terminated` with exit code 130 and is remembered the
+same way: a KeyboardInterrupt swallowed inside torch.compile is raised again between steps), and wraps the optimizer
+update in `deferred_interrupts()`: a signal that arrives while the parameters are half-updated is raised as soon as
+the update is complete, so the state a checkpoint saves on interruption is always the state after a whole step.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130: the shell's
 
 _received: list[int] = []  # signals turned into Terminated while handlers are installed
+_deferring = [0]  # > 0: inside deferred_interrupts(), signals are remembered and raised when it ends
 
 
 class Terminated(KeyboardInterrupt):
@@ -23,6 +31,11 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, message: str = "received SIGTERM", signum: int = signal.SIGTERM):
         super().__init__(message)
         self.signum = signum
+
+    @property
+    def is_interrupt(self) -> bool:
+        """Ctrl-C (SIGINT), as opposed to being told to stop (SIGTERM, a scheduler's preemption)."""
+        return self.signum == signal.SIGINT
 
     @property
     def exit_code(self) -> int:
@@ -51,7 +64,22 @@ class SignalHandlers:
 
 def _raise_terminated(signum: int, _frame) -> None:
     _received.append(signum)
+    if _deferring[0]:
+        return  # raised when deferred_interrupts() ends
     raise Terminated(f"received {signal.Signals(signum).name}", signum)
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """A block that a signal handled here must not cut in half (an optimizer update): the signal is remembered and
+    raised (as `Terminated`) when the block ends. Only signals `install_signal_handlers` installed are deferred."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0]:
+        raise_if_terminated()
 
 
 def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM,)) -> SignalHandlers:
@@ -75,4 +103,5 @@ def raise_if_terminated() -> None:
         raise Terminated(f"received {signal.Signals(signum).name}", signum)
 
 
-__all__ = ["Terminated", "SignalHandlers", "install_signal_handlers", "raise_if_terminated", "EXIT_CODES"]
+__all__ = ["Terminated", "SignalHandlers", "install_signal_handlers", "raise_if_terminated", "deferred_interrupts",
+           "EXIT_CODES"]

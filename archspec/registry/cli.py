@@ -26,6 +26,7 @@ from archspec.console import dropped_note, fit_columns, make_console, number
 from archspec.errors import UserError, printable
 from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
+from archspec.train.throughput import is_mfu_key
 
 FORMATS = ["table", "json", "csv"]
 TABLE_LIMIT = 50  # rows a `list` table shows unless --limit says otherwise
@@ -56,6 +57,8 @@ def _fmt(name: str, v: Any) -> str:
         return "-"
     if isinstance(v, datetime):
         return v.strftime("%Y-%m-%d %H:%M")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and is_mfu_key(name) and v > 1.0:
+        return "above ceiling"  # an MFU over 100% says the measured ceiling is too low, not how fast the run was
     if isinstance(v, (bool, int, float)):
         return number(v)
     if isinstance(v, (list, dict)):

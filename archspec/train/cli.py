@@ -28,18 +28,25 @@ def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False
     return RegistryLogger(registry_url or default_url(), rerun_finished=True, take_over=take_over)
 
 
-def resume_command(spec_path: str, overrides, steps: int | None, device: str, registry_url: str | None,
-                   checkpoint, init_from: str | None = None) -> str:
-    """The command that continues an interrupted `archspec train` from its checkpoint (same spec, same recipe)."""
-    args = ["archspec", "train", spec_path, *(a for o in overrides for a in ("--set", o))]
-    if steps is not None:
-        args += ["--steps", str(steps)]
-    if device != "auto":
-        args += ["--device", device]
-    if registry_url:
-        args += ["--registry", registry_url]
-    if init_from:  # part of the run's identity: the resumed run is the same run only with it
-        args += ["--init-from", init_from]
+# Options a resume command leaves out: the checkpoint brings the run directory and the starting weights, and the rest
+# are about starting (take over a dead writer) or not training at all (dry run).
+_NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dry_run", "world_size"}
+
+
+def resume_command(ctx: click.Context, checkpoint) -> str:
+    """The command that continues an interrupted `archspec train` from its checkpoint: the same spec and every option
+    the run was started with (read from the command's own parameters, so a new option is repeated too)."""
+    args = ["archspec", "train", str(ctx.params["spec_path"])]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in _NOT_REPEATED:
+            continue
+        value, flag = ctx.params.get(param.name), max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            args += [a for v in value or () for a in (flag, str(v))]
+        elif value is not None and value != param.default:
+            args += [flag, str(value)]
     return shlex.join([*args, "--resume", str(checkpoint)])
 
 
@@ -85,8 +92,10 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
         checkpoint = getattr(e, "checkpoint", None)
         if checkpoint is not None:
-            command = resume_command(spec_path, overrides, steps, device, registry_url, checkpoint, init_from)
-            click.echo("resume with: " + command, err=True)
+            click.echo("resume with: " + resume_command(click.get_current_context(), checkpoint), err=True)
+        else:
+            click.echo("no checkpoint was saved (stopped before the first step, or under several processes); "
+                       "nothing to resume", err=True)
         raise
     if result.nothing_to_do:
         click.echo(f"run {result.run_id} already FINISHED; nothing to resume", err=True)

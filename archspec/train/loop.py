@@ -18,6 +18,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -37,7 +38,7 @@ from archspec.errors import UserError, printable
 from archspec.memory import check_memory
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
-from archspec.signals import Terminated, raise_if_terminated
+from archspec.signals import Terminated, deferred_interrupts, install_signal_handlers, raise_if_terminated
 from archspec.train.checkpoint import (
     load_sharded,
     save_sharded,
@@ -229,13 +230,19 @@ class Trainer:
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
         self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
 
+        if init_from is not None and resume is not None:
+            raise UserError("--resume and --init-from: give one (a resumed run continues from its checkpoint's weights, "
+                            "and its checkpoint remembers which weights it started from)")
         self.init_weights = self._read_init(init_from) if init_from is not None else None
+        self.resume_path = resolve(resume) if resume is not None else None
+        self.resume_state = self._read_resume(self.resume_path) if self.resume_path else None
+        # The starting weights are part of the run's identity; a resumed run takes them from its checkpoint.
+        self.init_digest = self.init_weights["digest"] if self.init_weights else self._resumed_init()
+        self.step_start: tuple[dict, dict] | None = None  # (data position, RNG state) while a step is under way
         self.data = self._build_data()
         # target tokens in the validation set, over every process (each holds as many windows)
         self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
         self.experiment_id = run_key(spec_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
-        self.resume_path = resolve(resume) if resume is not None else None
-        self.resume_state = self._read_resume(self.resume_path) if self.resume_path else None
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
         repeat_for = getattr(self.logger, "repeat_for", None)
@@ -286,9 +293,9 @@ class Trainer:
         a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
         strategy and activation checkpointing are stored with it but are not part of the run id (run_key)."""
         recipe = self.recipe.model_dump(mode="json")
-        init = getattr(self, "init_weights", None)
+        init = getattr(self, "init_digest", None)
         if init is not None:  # other starting weights, another experiment: named by their digest
-            recipe["init_from"] = init["digest"]
+            recipe["init_from"] = init
         if self.world.size > 1:
             recipe["world_size"] = self.world.size
         return recipe
@@ -373,6 +380,14 @@ class Trainer:
         if not 0 <= state["step"] <= self.recipe.steps:
             raise UserError(f"{path}: checkpoint step {state['step']} is outside this run's 0..{self.recipe.steps}")
         return state
+
+    def _resumed_init(self) -> str | None:
+        digest = self.resume_state.get("init_from") if self.resume_state is not None else None
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                       and all(c in "0123456789abcdef" for c in digest)):
+            raise UserError(f"{self.resume_path}: init_from: expected the sha256 of the starting weights, got "
+                            f"{printable(repr(digest), 80)}")
+        return digest
 
     def _resumed_run_id(self, state: dict[str, Any]) -> str:
         """The run a checkpoint continues: the one that wrote it (its `run_id`, when it is this experiment or one of
@@ -468,6 +483,9 @@ class Trainer:
     def train_step(self) -> StepStats:
         """One optimizer step over `grad_accum` micro-batches. Raises NonFiniteLoss before applying a bad update."""
         t0 = time.perf_counter()
+        # Where this step started: an interruption before its update is complete saves this position and RNG state, so
+        # the resumed run draws the step's batches and dropout masks again, exactly as if it had never been cut.
+        self.step_start = (self.data.sampler.state_dict(), rng_state())
         lr = lr_at(self.step, self.recipe)
         set_lr(self.optimizer, lr)
         accum = self.recipe.grad_accum
@@ -484,10 +502,12 @@ class Trainer:
         loss_value, *aux_values, grad_norm = torch.cat([losses, grad_norm.reshape(1).float()]).tolist()
         aux_stats = dict(zip(aux_sums, aux_values))
         self._check_finite(loss_value + sum(aux_values), grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._sync()
-        self.step += 1
+        with deferred_interrupts():  # never half an update: a signal now is raised once the step is whole
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._sync()
+            self.step += 1
+            self.step_start = None
         return StepStats(loss_value, aux_stats, grad_norm, lr, time.perf_counter() - t0)
 
     def _check_finite(self, loss: float, grad_norm: float) -> None:
@@ -537,8 +557,11 @@ class Trainer:
         return self.run_dir / FILENAME
 
     def save(self) -> None:
-        """Rank 0 writes model, optimizer, step, data position and every rank's RNG state; the others wait."""
-        rngs = [rng_state()]
+        """Rank 0 writes model, optimizer, step, data position and every rank's RNG state; the others wait. Saved
+        between steps, or (interrupted) inside one whose update never happened: then the data position and RNG state
+        are those the step started from."""
+        mid_step = getattr(self, "step_start", None)
+        rngs = [mid_step[1] if mid_step else rng_state()]
         if self.world.distributed:
             rngs = [None] * self.world.size
             torch.distributed.all_gather_object(rngs, rng_state())
@@ -563,7 +586,8 @@ class Trainer:
                 "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
                 "run_id": self.run_id,
                 **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
-                "rng": rngs, "data": self.data.sampler.state_dict(), "world_size": self.world.size,
+                "rng": rngs, "data": mid_step[0] if mid_step else self.data.sampler.state_dict(),
+                "world_size": self.world.size, **({"init_from": self.init_digest} if self.init_digest else {}),
                 **{k: v for k, v in modules.items() if v is not None},
                 "tokenizer": tokenizer_state(self.data.tokenizer),
             })
@@ -617,8 +641,11 @@ class Trainer:
             self.record_failed = True
             return self._finish(FAILED, f"stopped at step {self.step}: {e}{self._save_on_stop()}", losses, evals)
         except KeyboardInterrupt as e:
-            how = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
-            result = self._finish(KILLED, f"{how} at step {self.step}", losses, evals)
+            how = f"terminated ({e})" if isinstance(e, Terminated) and not e.is_interrupt else "interrupted"
+            # Ctrl-C never loses progress: the state at the last whole step is saved (checkpoint_interval or not).
+            # Under several processes a save is collective and the others may not have been told: not attempted.
+            saved = "" if self.world.distributed else self._save_on_stop()
+            result = self._finish(KILLED, f"{how} at step {self.step}{saved}", losses, evals)
             e.checkpoint = result.checkpoint  # type: ignore[attr-defined]  # for the CLI's resume command
             raise
         except Exception as e:
@@ -764,6 +791,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
         spec = with_steps(spec, steps)
     world = init_world(device)
     trainer, finished = None, False
+    handlers = install_signal_handlers((signal.SIGTERM, signal.SIGINT))  # remembered, and deferred inside an update
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
                           progress=progress, cache=cache, world=world, init_from=init_from)
@@ -776,6 +804,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
                              checkpoint=path, nothing_to_do=True)
 
     finally:
+        handlers.restore()
         if world.distributed:  # the model and optimizer hold the process group: release them before destroying it
             trainer = None
             gc.collect()

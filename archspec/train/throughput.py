@@ -71,6 +71,7 @@ def _measurement_key(device: torch.device, dtype: torch.dtype) -> str:
 
 
 CEILING_FILE = "peak_flops.json"
+_PROVISIONAL: dict[str, dict] = {}  # measurements taken under load: this process's only, never stored
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[float, str]:
@@ -87,15 +88,20 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[f
             return peak, f"datasheet bf16 peak of {name}"
     key = _measurement_key(device, dtype)
     entry = read_ceiling(device, dtype, cache)
-    if entry is None:
+    if entry is None and key in _PROVISIONAL:
+        entry = _PROVISIONAL[key]
+    elif entry is None:
         # Measured once per machine and stored in the per-user cache, but only when the machine is quiet: a figure
-        # taken under load is too low (MFU above 100%). A busy machine gets a provisional figure for this run alone.
+        # taken under load is too low (MFU above 100%). A busy machine gets a provisional figure, kept for this process
+        # alone (measured once: a second run in the same process, or a Trainer after a planner, reads it).
         busy = device.type == "cpu" and machine_busy()
         entry = measure_ceiling(device, dtype, cache, store=not busy)
         if busy:
-            return entry["flops"], (f"this machine's matmul rate measured now under load (load average "
-                                    f"{entry['load_average']:.1f}; provisional, not stored: `archspec peak --measure` "
-                                    f"in a quiet moment stores it) ({key})")
+            entry = _PROVISIONAL[key] = {**entry, "provisional": True}
+    if entry.get("provisional"):
+        return entry["flops"], (f"this machine's matmul rate measured now under load (load average "
+                                f"{entry['load_average']:.1f}; provisional, not stored: `archspec peak --measure` "
+                                f"in a quiet moment stores it) ({key})")
     return entry["flops"], f"this machine's measured matmul rate ({key}, {entry['measured_at']})"
 
 
@@ -168,10 +174,16 @@ def palm_train_flops_per_token(acc, n_layers: int, n_heads: int, head_dim: int) 
 def mfu_flag(value: float) -> str | None:
     """Why an MFU cannot be taken at face value, or None. Above 1 means the ceiling was measured on a busy machine
     (or the FLOP count is off): flagged, never hidden by raising the ceiling."""
-    if value > 1.0:
-        return (f"MFU {value:.2f} > 1: the ceiling is below what this run achieved; measure it again in a quiet moment "
+    if value > 1.0:  # the figure itself is never printed: it says nothing about the run
+        return ("MFU above 100%: the ceiling is below what this run achieved; measure it again in a quiet moment "
                 "with `archspec peak --measure`")
     return None
+
+
+def is_mfu_key(name: str) -> bool:
+    """A recorded value that is an MFU (`mfu`, `mfu_palm`, `summary.mfu`, `metrics.last.mfu`), not its flag."""
+    last = name.rsplit(".", 1)[-1]
+    return last == "mfu" or last.startswith("mfu_") and last != "mfu_above_ceiling"
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float, devices: int) -> float:

@@ -54,7 +54,7 @@ def test_metrics_are_batched_and_end_flushes_the_rest(registry):
     logger.end(FINISHED)  # idempotent
     run = registry.get_run(info.run_id)
     assert run.status == FINISHED and registry.count_metrics(info.run_id) == 12
-    assert run.summary == {"val_loss": 0.5} and registry.artifacts(info.run_id) == [("checkpoint", "ckpt.pt")]
+    assert run.summary == {"val_loss": 0.5} and registry.artifacts(info.run_id) == [("checkpoint", os.path.abspath("ckpt.pt"))]
     with pytest.raises(RuntimeError, match="already ended"):
         logger.log_metrics(11, {"loss": 0.1})
 

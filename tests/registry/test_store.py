@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from datetime import timedelta
 
 import pytest
@@ -140,7 +141,7 @@ def test_restart_is_a_new_attempt_that_replaces_history_from_its_first_step(regi
     run = registry.get_run(info.run_id)
     assert (attempt, run.attempt, run.status, run.error, run.summary) == (2, 2, RUNNING, None, {})
     # Until the new attempt writes, the old history stays (and so do artifacts: the checkpoint file still exists).
-    assert registry.count_metrics(info.run_id) == 3 and registry.artifacts(info.run_id) == [("checkpoint", "step2.pt")]
+    assert registry.count_metrics(info.run_id) == 3 and registry.artifacts(info.run_id) == [("checkpoint", os.path.abspath("step2.pt"))]
     # A resume from step 2 replaces steps >= 2 and keeps the rest; the stats follow.
     assert registry.write_metrics(info.run_id, 2, [(2, "loss", 2.5, 0.0)], replace_from_step=2)
     assert [(p.step, p.value) for p in registry.metric_history(info.run_id, "loss")] == [(0, 5.0), (1, 4.0), (2, 2.5)]

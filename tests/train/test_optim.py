@@ -60,7 +60,7 @@ def test_optimizer_uses_the_recipe(make_spec, tmp_path):
     assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["weight_decay"] == 0.05
 
 
-def test_the_measured_ceiling_is_read_never_rewritten(tmp_path):
+def test_the_measured_ceiling_is_read_never_rewritten(tmp_path, monkeypatch):
     """The CPU ceiling is measured once (dated) and then only read; a bare number from an older release (which let
     runs raise it) is not trusted and is measured afresh."""
     import json
@@ -69,6 +69,8 @@ def test_the_measured_ceiling_is_read_never_rewritten(tmp_path):
 
     from archspec.train.throughput import _measurement_key, measure_ceiling, peak_flops, read_ceiling
 
+    monkeypatch.setattr("archspec.train.throughput.machine_busy", lambda: False)  # a quiet machine stores it
+    monkeypatch.setattr("archspec.train.throughput._PROVISIONAL", {})  # nothing measured earlier in this process
     cpu = torch.device("cpu")
     key = _measurement_key(cpu, torch.float32)
     (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1e30}))  # old format, absurdly raised
@@ -81,6 +83,22 @@ def test_the_measured_ceiling_is_read_never_rewritten(tmp_path):
     assert peak_flops(cpu, torch.float32, tmp_path)[0] == flops  # read, not measured again
     assert (tmp_path / "peak_flops.json").read_bytes() == before
     assert measure_ceiling(cpu, torch.float32, tmp_path, repeats=2)["flops"] > 0  # only an explicit measure writes
+
+
+def test_a_ceiling_measured_under_load_is_provisional_never_stored_and_measured_once(tmp_path, monkeypatch):
+    import torch
+
+    from archspec.train import throughput
+
+    monkeypatch.setattr(throughput, "machine_busy", lambda: True)
+    monkeypatch.setattr(throughput, "_PROVISIONAL", {})
+    calls = []
+    real = throughput.measure_matmul_flops
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cpu = torch.device("cpu")
+    flops, source = throughput.peak_flops(cpu, torch.float32, tmp_path)
+    assert flops > 0 and "provisional, not stored" in source and not (tmp_path / throughput.CEILING_FILE).exists()
+    assert throughput.peak_flops(cpu, torch.float32, tmp_path) == (flops, source) and len(calls) == 1
 
 
 def test_peak_command_shows_the_ceiling_without_writing(tmp_path, capsys):
