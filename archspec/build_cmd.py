@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from archspec.cli_options import registry_option, set_option
-from archspec.console import human, make_console
+from archspec.console import echo, human, make_console, terminal_text
 from rich.table import Table
 
 from archspec.accounting import Accounting, account, kv_cache_bytes
@@ -169,7 +169,7 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
         out = build_json(spec, gen, acc)
         if compile_s is not None:
             console.print(f"compiled {spec.model.n_layers} blocks + first forward in {compile_s:.1f} s")
-        click.echo(json.dumps(out))
+        echo(json.dumps(out))
         return
     console.print(accounting_table(spec, acc))
     if (per_group := block_table(spec, acc)) is not None:
@@ -239,10 +239,10 @@ def check_cmd(fix: bool, specs_dir: Path, gen_dir: Path):
         if fix:
             gen_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-            click.echo(f"fixed {target}")
+            echo(f"fixed {target}")
             continue
         diff = difflib.unified_diff(current.splitlines(True), text.splitlines(True), f"{target} (on disk)", f"{target} (from {label})")
-        sys.stdout.writelines(diff)
+        sys.stdout.writelines(terminal_text(line) for line in diff)  # file names and contents: no terminal codes
         problems.append(f"{target}: out of sync with {label}" if current else f"{target}: missing (from {label})")
     # Files no spec in specs/ generates are never touched, --fix or not (they may be a user's own, or a build of a
     # spec kept elsewhere). One whose banner names a spec file in specs/ that is gone is reported: delete it by hand.
@@ -254,12 +254,12 @@ def check_cmd(fix: bool, specs_dir: Path, gen_dir: Path):
             problems.append(f"{orphan}: generated from {source}, which no longer exists; delete it by hand if it "
                             "is not wanted (check --fix deletes nothing)")
         else:
-            click.echo(f"note: {orphan}: no spec in {specs_dir}/ generates it; left alone", err=True)
+            echo(f"note: {orphan}: no spec in {specs_dir}/ generates it; left alone", err=True)
     if problems:
-        click.echo("\n".join(problems), err=True)
-        click.echo(f"archspec check: {len(problems)} problem(s); `archspec check --fix` regenerates", err=True)
+        echo("\n".join(problems), err=True)
+        echo(f"archspec check: {len(problems)} problem(s); `archspec check --fix` regenerates", err=True)
         raise click.exceptions.Exit(1)
-    click.echo(f"archspec check: {len(expected)} generated module(s) in sync with {specs_dir}/")
+    echo(f"archspec check: {len(expected)} generated module(s) in sync with {specs_dir}/")
 
 
 @click.command()
@@ -269,6 +269,6 @@ def schema_cmd(sweep: bool):
     if sweep:
         from archspec.ablate.sweep import sweep_json_schema
 
-        click.echo(json.dumps(sweep_json_schema(), indent=2))
+        echo(json.dumps(sweep_json_schema(), indent=2))
         return
-    click.echo(json.dumps(json_schema(), indent=2))
+    echo(json.dumps(json_schema(), indent=2))

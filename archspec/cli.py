@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 import warnings
@@ -59,8 +60,25 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
+def check_argv(argv: list[str]) -> None:
+    """Every argument is text archspec can keep: a NUL byte cannot be a path or a value (only an in-process caller can
+    pass one), and bytes that are not UTF-8 (Python hands them over as lone surrogates) could be neither printed nor
+    stored in the registry. Refused here, once, for every command and option, naming the argument."""
+    for i, arg in enumerate(argv):
+        problem = "holds a NUL byte" if "\0" in arg else None
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            problem = f"is not UTF-8 text (at character {e.start})"
+        if problem:
+            before = argv[i - 1] if i and argv[i - 1].startswith("-") and "=" not in argv[i - 1] else None
+            where = f"the value of {printable(before, 40)}" if before else f"argument {i + 1}"
+            raise UserError(f"{where} ({printable(arg, 60)}) {problem}; archspec takes UTF-8 text and paths")
+
+
 def _main(argv: list[str] | None) -> int:
     try:
+        check_argv(list(sys.argv[1:] if argv is None else argv))
         # Without standalone mode click returns a command's exit code (from ctx.exit / Exit) instead of exiting.
         rc = cli.main(args=argv, prog_name="archspec", standalone_mode=False)
     except UserError as e:
@@ -80,6 +98,8 @@ def _main(argv: list[str] | None) -> int:
     except Terminated as e:  # raised outside click's own handling
         click.echo("interrupted" if e.is_interrupt else f"terminated ({e})", err=True)
         return e.exit_code
+    except OSError as e:
+        return _os_error(e)
     except click.ClickException as e:
         e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines
         e.show()
@@ -89,8 +109,23 @@ def _main(argv: list[str] | None) -> int:
     return rc if isinstance(rc, int) else 0
 
 
+# The machine, not the input: a full disk, a read-only or failing file system. Exit 1, like a registry that cannot be
+# written; every other error about a path (missing, a directory, a name too long, no permission) is the path the user
+# gave: exit 2.
+_NOT_INPUT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOMEM}
+
+
+def _os_error(e: OSError) -> int:
+    """A file-system error that no command turned into a message of its own: one line naming the path (every path
+    archspec touches comes from the user's arguments, a spec, or the state directories it names)."""
+    where = next((str(f) for f in (e.filename, e.filename2) if f is not None), None)
+    what = e.strerror or type(e).__name__
+    click.echo(f"error: {printable(where, 200) + ': ' if where else ''}{printable(what)}", err=True)
+    return 1 if e.errno in _NOT_INPUT else 2
+
+
 def entry() -> None:
-    sys.exit(main())
+    sys.exit(main())  # the console script enters through archspec.entry, which imports this module
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from archspec.spec.train import MAX_STEPS  # --steps has train.steps' own limit
+
 DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
 
 set_option = click.option(
@@ -22,3 +24,16 @@ device_option = click.option(
     "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
     help="auto: CUDA when present, else CPU.",
 )
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option with both bounds, refusing NaN and infinities (click's FloatRange lets NaN through: every
+    comparison with NaN is false). Every float option of the CLI is one of these (tests/test_cli_fuzz.py checks)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number or number in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number

@@ -8,22 +8,39 @@ import os
 import sys
 from typing import Any, Sequence
 
+import click
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.measure import Measurement
 from rich.table import Table
 
 from archspec.errors import printable
 
+MAX_COLUMNS = 10_000  # a $COLUMNS beyond this is not a terminal (rich would lay out a table that wide)
 PIPED_WIDTH = 160  # output to a pipe or a file, when $COLUMNS does not say: wide enough for a typical table
 
 
 def terminal_width(stream=None) -> int | None:
     """$COLUMNS when set (a number), else the terminal's width (None: let rich ask), else PIPED_WIDTH."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isascii() and columns.isdigit() and 0 < int(columns) <= MAX_COLUMNS:  # else: not a width, ignored
         return int(columns)
     stream = stream or sys.stdout
     return None if stream.isatty() else PIPED_WIDTH
+
+
+class MarkupConsole(Console):
+    """A console for archspec's own messages, which use rich markup (`[bold]...[/]`) around values that may come from
+    the user (a path, a spec name). Control characters are escaped in every line (newlines kept), so no value can
+    rewrite the terminal; a value that happens to read as broken markup (`a[/]b`) is shown as plain text rather than
+    raising rich's MarkupError."""
+
+    def render_str(self, text: str, **kwargs):
+        safe = shown(text)
+        try:
+            return super().render_str(safe, **kwargs)
+        except MarkupError:
+            return super().render_str(safe, **{**kwargs, "markup": False})
 
 
 class DataConsole(Console):
@@ -33,14 +50,33 @@ class DataConsole(Console):
 
     def render_str(self, text: str, **kwargs):
         kwargs["markup"] = False
-        safe = "\n".join(printable(line) for line in text.split("\n"))
-        return super().render_str(safe, **kwargs)
+        return super().render_str(shown(text), **kwargs)
+
+
+def shown(text: str) -> str:
+    """Text for the terminal: every line printable (control characters escaped), the line breaks kept."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+
+
+def terminal_text(text: str) -> str:
+    """Generated text as it streams (`archspec sample`): tabs and line breaks stay, every other control character
+    (ESC, CR, BEL, the C1 range) is shown escaped, so a model cannot write terminal codes."""
+    return text.translate(_CONTROL)
+
+
+def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
+    """click.echo for every line archspec prints: a value inside (a path, a run name, a stored error) cannot put a
+    control character on the terminal. JSON output passes unchanged (json.dumps writes ASCII escapes)."""
+    click.echo(shown(message), err=err, nl=nl)
 
 
 def make_console(stderr: bool = False, data: bool = False) -> Console:
     """`data`: a DataConsole, for output that shows stored or user-supplied text."""
     stream = sys.stderr if stderr else sys.stdout
-    return (DataConsole if data else Console)(stderr=stderr, width=terminal_width(stream), soft_wrap=False)
+    return (DataConsole if data else MarkupConsole)(stderr=stderr, width=terminal_width(stream), soft_wrap=False)
 
 
 def human(n: float) -> str:

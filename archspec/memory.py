@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from archspec.accounting import account
+from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
@@ -314,7 +315,7 @@ def available_memory_bytes() -> int:
 def device_memory(device: str, world_size: int = 1) -> tuple[int | None, str]:
     """(bytes one process may use, where the figure comes from). On CPU the node's processes share its RAM."""
     if device == "cpu":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world_size
+        local = env_int("LOCAL_WORLD_SIZE", 0) or world_size
         have = available_memory_bytes()
         share = f", shared by {local} processes" if local > 1 else ""
         return have // local, f"MemAvailable {gib(have)}{share}"
@@ -322,7 +323,7 @@ def device_memory(device: str, world_size: int = 1) -> tuple[int | None, str]:
 
     if not torch.cuda.is_available():
         return None, "no CUDA device here"
-    index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
+    index = env_int("LOCAL_RANK", 0) % torch.cuda.device_count()
     free, total = torch.cuda.mem_get_info(index)
     return int(free * CUDA_MARGIN), f"{CUDA_MARGIN:.0%} of {gib(free)} free on cuda:{index} of {gib(total)}"
 

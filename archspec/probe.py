@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from archspec.cli_options import device_option, registry_option
 from archspec.errors import UserError, printable
 from archspec.spec.train import MQARCorpus, PasskeyCorpus
+from archspec.console import echo
 from archspec.train.tasks import TASKS, check_task, describe_task, generate, task_scorer
 
 TASK_CLASSES = {"mqar": MQARCorpus, "passkey": PasskeyCorpus}
@@ -169,7 +170,7 @@ def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len,
     if json_out:
         data = result.to_json()
         data["metrics"] = {k: None if math.isnan(v) else v for k, v in data["metrics"].items()}  # JSON has no NaN
-        click.echo(json.dumps(data, sort_keys=True))
+        echo(json.dumps(data, sort_keys=True))
         return
     m = result.metrics
     corpus = TASK_CLASSES[task].model_validate({k: v for k, v in result.params.items()
@@ -181,7 +182,7 @@ def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len,
         lines.append(f"  distance {key[len('accuracy.d'):]:>5}: {_pct(m[key])}")
     lines.append(f"recorded as evaluation {result.evaluation_id} of run {result.run_id}" if result.evaluation_id
                  is not None else "not recorded (--no-record)")
-    click.echo("\n".join(lines))
+    echo("\n".join(lines))
 
 
 def _pct(v: float) -> str:

@@ -7,7 +7,8 @@ import time
 
 import click
 
-from archspec.cli_options import device_option, registry_option, set_option
+from archspec.cli_options import FiniteFloat, device_option, registry_option, set_option
+from archspec.console import echo, terminal_text
 from archspec.errors import UserError, printable
 
 DEFAULT_NEW_TOKENS = 200
@@ -18,10 +19,10 @@ DEFAULT_NEW_TOKENS = 200
 @click.option("--prompt", default="", show_default=False, help="Text to continue (default: empty, i.e. from EOS).")
 @click.option("--max-new-tokens", type=click.IntRange(1, 1 << 20), default=None,
               help=f"Tokens to generate at most [default: {DEFAULT_NEW_TOKENS}, or what the context has room for].")
-@click.option("--temperature", type=click.FloatRange(0.0, 100.0), default=1.0, show_default=True,
+@click.option("--temperature", type=FiniteFloat(0.0, 100.0), default=1.0, show_default=True,
               help="0: greedy (argmax).")
-@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens.")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+@click.option("--top-k", type=click.IntRange(1, 1 << 24), default=None, help="Sample among the k most likely tokens.")
+@click.option("--top-p", type=FiniteFloat(0.0, 1.0, min_open=True), default=None,
               help="Sample among the smallest set of tokens whose probability reaches p (nucleus).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
               help="Sampling seed (and the random weights of a bare SPEC).")
@@ -70,6 +71,9 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         if not same_tokenizer(loaded.tokenizer, drafter.tokenizer):
             raise UserError(f"--draft {printable(draft)}: its tokenizer ({drafter.tokenizer.kind}) is not the model's "
                             f"({loaded.tokenizer.kind}); a draft must share the tokenizer")
+        if drafter.spec.model.vocab_size != loaded.spec.model.vocab_size:
+            raise UserError(f"--draft {printable(draft)}: its vocabulary has {drafter.spec.model.vocab_size} ids, the "
+                            f"model's {loaded.spec.model.vocab_size}; a draft proposes the model's own token ids")
         try:
             check_length(drafter.spec, idx.size(1), max_new_tokens)
         except UserError as e:
@@ -96,9 +100,9 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         if token == eos:
             stopped = True
             break
-        out.write(text.push(token))
+        out.write(terminal_text(text.push(token)))
         out.flush()
-    out.write(text.flush() + "\n")
+    out.write(terminal_text(text.flush()) + "\n")
     out.flush()
     seconds = time.perf_counter() - t0
     if quiet:
@@ -115,4 +119,4 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     if drafter is not None:
         line += (f" · draft acceptance {100 * stats.acceptance_rate:.1f}% ({stats.accepted}/{stats.drafted}), "
                  f"{count / max(1, stats.target_forwards):.2f} tokens per target forward")
-    click.echo(line, err=True)
+    echo(line, err=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from archspec.cli_options import registry_option, set_option
+from archspec.cli_options import MAX_STEPS, registry_option, set_option
+from archspec.console import echo
 from archspec.errors import UserError, printable
 
 
@@ -70,7 +71,7 @@ def _num(v: float) -> str:
               "\"params.train.steps = 977 and params.model.n_layers >= 2\" (`archspec runs list --help`).")
 @registry_option
 @set_option
-@click.option("--steps", type=click.IntRange(min=1),
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS),
               help="With a sweep file: its runs trained by `archspec ablate SWEEP --steps N`.")
 @click.option("--over", type=click.Choice(("auto", "params", "compute")), default="auto", show_default=True,
               help="x of the fit: non-embedding (active) parameters, or training FLOPs; auto: parameters when every "
@@ -111,7 +112,7 @@ def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, 
     fits = fit_groups(points, over=over, n_boot=n_boot)
     png = plot_fits(name, fits, (out_dir or Path("reports") / name) / f"{name}-scaling.png")
     if as_json:
-        click.echo(json.dumps({"source": {"sweep": None if where else name, "where": where},
+        echo(json.dumps({"source": {"sweep": None if where else name, "where": where},
                                "registry": registry.url, "runs": len(points), "skipped": skipped,
                                "fits": [g.to_json() for g in fits], "png": str(png)}))
         return

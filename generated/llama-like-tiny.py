@@ -266,11 +266,14 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
                      top_p: float | None = None) -> torch.Tensor:
     """Logits (B, V) → the distribution to sample the next token from (B, V): logits / temperature, then only the
     top_k most likely tokens, then only the smallest set of them whose probability reaches top_p (nucleus)."""
-    logits = logits.float() / temperature
+    # In float64, less the largest logit first: any positive temperature, however small (1e-45), then sends the
+    # others to -inf and keeps the largest at 0, never a NaN from inf - inf or 0 / 0.
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # (B, V), the largest 0
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)  # (B, V)
+    probs = F.softmax(logits, dim=-1).float()  # (B, V)
     if top_p is not None and top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
         # Drop a token when the tokens ranked above it already reach top_p (the most likely one always stays).

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from archspec.cli_options import device_option, registry_option, set_option
-from archspec.console import human, make_console
+from archspec.cli_options import MAX_STEPS, device_option, registry_option, set_option
+from archspec.console import echo, human, make_console
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
@@ -93,7 +93,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta)
     effects = main_effects(variants, baseline)
     if as_json:
-        click.echo(json.dumps({"sweep": sweep_name, "baseline": baseline, "rows": rows,
+        echo(json.dumps({"sweep": sweep_name, "baseline": baseline, "rows": rows,
                                "variants": variant_numbers(variants, baseline), "main_effects": effect_numbers(effects),
                                "png": str(png), "html": str(html)}))
         return
@@ -110,8 +110,8 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
               help="Run only shard I of N (deterministic split; N machines on one registry split a sweep).")
 @set_option
 @click.option("--seeds", callback=_seeds, metavar="0,1,2", help="Seeds to train each variant with (replaces the file's seeds).")
-@click.option("--steps", type=click.IntRange(min=1), help="Train every variant this many steps (replaces the file's budget).")
-@click.option("--add-seeds", type=click.IntRange(min=1), metavar="N",
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Train every variant this many steps (replaces the file's budget).")
+@click.option("--add-seeds", type=click.IntRange(1, 1000), metavar="N",
               help="Extend a sweep that has run with N more seeds per variant (the next unused seed numbers), "
                    "training only the new runs; the report then holds every seed.")
 @click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from archspec.console import echo
 from archspec.cli_options import registry_option
 
 
@@ -27,10 +28,10 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
 
     out = import_hf(path, spec_out, checkpoint_out, name)
     if json_out:
-        click.echo(json.dumps(out, sort_keys=True))
+        echo(json.dumps(out, sort_keys=True))
     else:
         weights = f", {out['params']:,} parameters → {out['checkpoint']}" if out["checkpoint"] else ""
-        click.echo(f"{out['model_type']} → {out['spec']} (spec {out['name']}){weights}")
+        echo(f"{out['model_type']} → {out['spec']} (spec {out['name']}){weights}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,7 +49,7 @@ def export_hf_cmd(source: str, out_dir: str, registry_url: str | None, json_out:
 
     out = export_hf(source, out_dir, registry_url)
     if json_out:
-        click.echo(json.dumps(out, sort_keys=True))
+        echo(json.dumps(out, sort_keys=True))
     else:
         tok = " + tokenizer" if out["tokenizer"] else ""
-        click.echo(f"{out['source']} → {out['dir']} ({out['model_type']}, {out['params']:,} parameters{tok})")
+        echo(f"{out['source']} → {out['dir']} ({out['model_type']}, {out['params']:,} parameters{tok})")

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from archspec.cli_options import registry_option
-from archspec.console import dropped_note, fit_columns, make_console, number
+from archspec.cli_options import FiniteFloat, registry_option
+from archspec.console import dropped_note, echo, fit_columns, make_console, number
 from archspec.errors import UserError, printable
 from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
@@ -187,7 +187,7 @@ def _run_columns(rows: Sequence[RunRow], where: str | None, sort: str | None, ex
 @_registry_option
 @click.option("--where", "-w", help=_WHERE_HELP)
 @click.option("--sort", "-s", help="sort fields, e.g. 'metrics.val_loss' or '-created, name' (- or DESC: descending)")
-@click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
+@click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None,
               help=f"at most N runs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: for reading; json/csv: every row, keyed by the filter field names")
@@ -203,15 +203,15 @@ def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     more = limit is None and cut is not None and len(rows) > cut
     rows = rows[:cut] if more else rows
     if fmt == "json":
-        click.echo(_dump_json_rows([_finite(_run_record(r, extra)) for r in rows]))
+        echo(_dump_json_rows([_finite(_run_record(r, extra)) for r in rows]))
         return
     if fmt == "csv":
         out = io.StringIO()
         _write_csv([_run_record(r, extra) for r in rows], out)
-        click.echo(out.getvalue(), nl=False)
+        echo(out.getvalue(), nl=False)
         return
     if not rows:
-        click.echo(f"no runs{' match' if where else ''} in {reg.url}")
+        echo(f"no runs{' match' if where else ''} in {reg.url}")
         return
     cols = _run_columns(rows, where, sort, extra)
     heads = ["id", "name", "status", "sweep", "seed", "started", "time", *cols]
@@ -276,7 +276,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     if history_key is not None:  # the history alone: what was asked for, ready to pipe
         points = histories[history_key]
         if fmt == "json":
-            click.echo(_dump_json({"run": run.id, "key": history_key,
+            echo(_dump_json({"run": run.id, "key": history_key,
                                    "history": [[p.step, p.value, p.time] for p in points]}))
             return
         pts = Table(box=None, header_style="bold", pad_edge=False)
@@ -293,7 +293,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
         data.update(accounting=accounting_fields(run.accounting), spec=run.spec, params=run.params,
                     artifacts=[{"kind": k, "path": p} for k, p in artifacts], evaluations=evaluations,
                     history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()})
-        click.echo(_dump_json(data))
+        echo(_dump_json(data))
         return
     console = _console()
     info = Table(box=None, show_header=False, pad_edge=False)
@@ -375,7 +375,7 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
     accts = [accounting_fields(r.accounting) for r in runs]
     acct_keys = list(dict.fromkeys(k for a in accts for k in a))
     if fmt == "json":
-        click.echo(_dump_json({
+        echo(_dump_json({
             "runs": [r.id for r in runs],
             "status": [r.status for r in runs],
             "seed": [r.seed for r in runs],
@@ -421,7 +421,7 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
 
 @runs_cmd.command("reap")
 @_registry_option
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0.0, 365 * 86400.0), default=None, metavar="SECONDS",
               help="call a run dead after this long without a heartbeat (default: the timeout its writer recorded)")
 @click.pass_context
 def runs_reap(ctx, registry_url, timeout_s) -> None:
@@ -429,15 +429,15 @@ def runs_reap(ctx, registry_url, timeout_s) -> None:
     reg = _open(ctx, registry_url)
     marked = reg.reap(timeout_s=timeout_s)
     for run_id in marked:
-        click.echo(run_id)
-    click.echo(f"marked {len(marked)} stale run{'s' if len(marked) != 1 else ''} KILLED in {reg.url}", err=True)
+        echo(run_id)
+    echo(f"marked {len(marked)} stale run{'s' if len(marked) != 1 else ''} KILLED in {reg.url}", err=True)
 
 
 @runs_cmd.command("export")
 @_registry_option
 @click.option("--where", "-w", help=_WHERE_HELP)
 @click.option("--sort", "-s", help="sort fields (see runs list)")
-@click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="at most N runs (default: all)")
+@click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None, help="at most N runs (default: all)")
 @click.option("--format", "fmt", type=click.Choice(["json", "jsonl", "csv"]), default="json", show_default=True,
               help="one record per run keyed by the filter field names (params.*, flops.*, metrics.*, summary.*)")
 @click.option("--metrics/--no-metrics", "with_metrics", default=False,
@@ -476,9 +476,9 @@ def runs_export(ctx, registry_url, where, sort, limit, fmt, with_metrics, output
                 f.write(out.getvalue())
         except OSError as e:
             raise UserError(f"--output {output}: {e.strerror}") from None
-        click.echo(f"exported {len(rows)} run{'s' if len(rows) != 1 else ''} to {output}", err=True)
+        echo(f"exported {len(rows)} run{'s' if len(rows) != 1 else ''} to {output}", err=True)
     else:
-        click.echo(out.getvalue(), nl=False)
+        echo(out.getvalue(), nl=False)
 
 
 # ── specs ────────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -496,7 +496,7 @@ def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
 @_registry_option
 @click.option("--where", "-w", help="filter over params and accounting, e.g. 'params.active < 20e6'")
 @click.option("--sort", "-s", help="sort fields, e.g. 'params.active' or '-created'")
-@click.option("--limit", "-n", type=click.IntRange(min=0), default=None,
+@click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None,
               help=f"at most N specs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: for reading; json/csv: every row, keyed by the filter field names")
@@ -513,15 +513,15 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     more = limit is None and cut is not None and len(rows) > cut
     rows = rows[:cut] if more else rows
     if fmt == "json":
-        click.echo(_dump_json_rows([s.flat() for s in rows]))
+        echo(_dump_json_rows([s.flat() for s in rows]))
         return
     if fmt == "csv":
         out = io.StringIO()
         _write_csv([s.flat() for s in rows], out)
-        click.echo(out.getvalue(), nl=False)
+        echo(out.getvalue(), nl=False)
         return
     if not rows:
-        click.echo(f"no specs{' match' if where else ''} in {reg.url}")
+        echo(f"no specs{' match' if where else ''} in {reg.url}")
         return
     cols = ["params.total", "params.active", "params.embedding", "flops.forward", "flops.seq_len", "kv_cache_bytes"]
     for name in [*referenced_fields(where, sort), *extra]:
@@ -556,11 +556,11 @@ def registry_upgrade(registry_url) -> None:
     with Registry(registry_url or default_url()) as reg:
         before, after = reg.upgrade()
     if before == after:
-        click.echo(f"registry {reg.url}: already at revision {after}")
+        echo(f"registry {reg.url}: already at revision {after}")
     elif before is None:
-        click.echo(f"registry {reg.url}: created at revision {after}")
+        echo(f"registry {reg.url}: created at revision {after}")
     else:
-        click.echo(f"registry {reg.url}: upgraded from revision {before} to {after}")
+        echo(f"registry {reg.url}: upgraded from revision {before} to {after}")
     assert after == head_revision()
 
 
@@ -573,13 +573,13 @@ def registry_status(registry_url) -> None:
     with Registry(registry_url or default_url()) as reg:
         rev = reg.schema_revision
     if rev is None:
-        click.echo(f"registry {reg.url}: no registry there yet (the first write, or `archspec registry upgrade`, "
+        echo(f"registry {reg.url}: no registry there yet (the first write, or `archspec registry upgrade`, "
                    "creates it)")
     elif rev == head_revision():
-        click.echo(f"registry {reg.url}: revision {rev}, current")
+        echo(f"registry {reg.url}: revision {rev}, current")
     elif rev in readable_revisions():
-        click.echo(f"registry {reg.url}: revision {rev}, readable as it is; the next write upgrades it to "
+        echo(f"registry {reg.url}: revision {rev}, readable as it is; the next write upgrades it to "
                    f"{head_revision()}")
     else:
-        click.echo(f"registry {reg.url}: revision {rev}, older than this archspec reads; "
+        echo(f"registry {reg.url}: revision {rev}, older than this archspec reads; "
                    "`archspec registry upgrade` brings it to " + head_revision())

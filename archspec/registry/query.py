@@ -672,7 +672,10 @@ def _probe_slot(key: str, task: str) -> _Slot:
 def _parse_time(value: str) -> datetime:
     text = value.strip().replace("Z", "+00:00")
     dt = datetime.fromisoformat(text)
-    return dt.astimezone(timezone.utc) if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    try:
+        return dt.astimezone(timezone.utc) if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    except OverflowError:  # '0001-01-01T00:00+01:00' is in year 0 in UTC
+        raise ValueError("outside the years 1-9999 once converted to UTC") from None
 
 
 class _Compiler:
@@ -714,8 +717,10 @@ class _Compiler:
         if slot.time is not None:
             try:
                 return slot.time, _parse_time(v)
-            except ValueError:
+            except ValueError as e:
                 message = f"{field.name} is a time; {v!r} is not an ISO date/time like '2026-05-01'"
+                if "UTC" in str(e):
+                    message = f"{field.name} is a time; {v!r} is {e}"
                 raise self.error(lit.pos, message) from None
         raise self.error(lit.pos, f"{field.name} is numeric; compare it with a number, not the text {v!r}")
 

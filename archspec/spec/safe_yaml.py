@@ -104,12 +104,13 @@ def read_text(path: str | Path, what: str) -> str:
         raise UserError(f"{path}: no such {what} file") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read {what} file: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    st = os.fstat(fd)  # before fdopen, which refuses a directory with an OSError of its own
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
         if stat.S_ISDIR(st.st_mode):
             raise UserError(f"{path}: is a directory, expected a {what} YAML file")
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{path}: not a regular file (a device, FIFO or socket); expected a {what} YAML file")
+        raise UserError(f"{path}: not a regular file (a device, FIFO or socket); expected a {what} YAML file")
+    with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_FILE_BYTES:
             raise UserError(f"{path}: {st.st_size:,} bytes; a {what} file may hold at most {MAX_FILE_BYTES:,}")
         try:

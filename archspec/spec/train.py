@@ -16,6 +16,8 @@ EVAL_POINTS = 10  # evaluations per run when eval_interval is not given: enough 
 # ── corpus sources ───────────────────────────────────────────────────────────────────────────────────────────────
 
 
+MAX_STEPS = 10_000_000  # optimizer steps of one run at most (also the limit of every --steps option)
+
 class StdlibCorpus(_Strict):
     kind: Literal["stdlib"] = "stdlib"  # the running Python's standard-library sources: ~13 MB, always present
 
@@ -115,7 +117,7 @@ ActivationCheckpointing = kind_union(NoCheckpointing, FullCheckpointing, EveryKC
 
 class TrainSpec(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="model init, data order and dropout")
-    steps: int = Field(200, ge=1, le=10_000_000, description="optimizer steps; also the length of the schedule")
+    steps: int = Field(200, ge=1, le=MAX_STEPS, description="optimizer steps; also the length of the schedule")
     batch_size: int = Field(8, ge=1, le=65536, description="sequences per micro-batch (per process)")
     # tokens per optimizer step = batch_size · seq_len · grad_accum · processes
     grad_accum: int = Field(1, ge=1, le=4096)

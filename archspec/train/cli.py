@@ -10,9 +10,10 @@ import shlex
 
 import click
 
-from archspec.cli_options import device_option, registry_option, set_option
+from archspec.cli_options import MAX_STEPS, device_option, registry_option, set_option
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
+from archspec.console import echo
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 
@@ -53,7 +54,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("spec_path", metavar="SPEC")
 @set_option
-@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.steps, so the schedule too).")
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Optimizer steps (overrides train.steps, so the schedule too).")
 @device_option
 @click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
 @click.option("--init-from", metavar="CHECKPOINT",
@@ -68,7 +69,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @click.option("--dry-run", is_flag=True,
               help="Print the memory plan (per-device bytes, whether it fits, the cheapest fix) and exit; exit 2 when "
                    "the run would not fit.")
-@click.option("--world-size", type=click.IntRange(min=1), metavar="N",
+@click.option("--world-size", type=click.IntRange(1, 1 << 20), metavar="N",
               help="With --dry-run: plan for N processes [default: $WORLD_SIZE, else 1].")
 @click.option("--take-over", is_flag=True,
               help="The run is recorded RUNNING but its process is dead (kill -9 on another machine): start anyway. "
@@ -92,13 +93,13 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
         checkpoint = getattr(e, "checkpoint", None)
         if checkpoint is not None:
-            click.echo("resume with: " + resume_command(click.get_current_context(), checkpoint), err=True)
+            echo("resume with: " + resume_command(click.get_current_context(), checkpoint), err=True)
         else:
-            click.echo("no checkpoint was saved (stopped before the first step, or under several processes); "
+            echo("no checkpoint was saved (stopped before the first step, or under several processes); "
                        "nothing to resume", err=True)
         raise
     if result.nothing_to_do:
-        click.echo(f"run {result.run_id} already FINISHED; nothing to resume", err=True)
+        echo(f"run {result.run_id} already FINISHED; nothing to resume", err=True)
         return
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
@@ -108,17 +109,21 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
 def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     """The memory plan of the run this command would start, without starting it."""
     import json
-    import os
 
     import torch
 
     from archspec.memory import planned, refusal
+    from archspec.train.cache import cache_dir
+    from archspec.train.data import build_data
+    from archspec.train.distributed import world_env
 
+    env_world, rank, _ = world_env()  # the same checks of torchrun's variables as a real run
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    world = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world = world_size or env_world
+    build_data(spec, cache_dir(None), rank=rank if world == env_world else 0, world=world)  # the data checks too
     plan = planned(spec, device, training=True, world_size=world)
-    click.echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
+    echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
     if not plan.fits:
         raise refusal(spec, plan)
 
@@ -127,8 +132,9 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
            take_over=False, init_from=None):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
-    from archspec.train.loop import train  # torch: imported when a run starts, not for `archspec --help`
+    from archspec.train.loop import check_start, train  # torch: imported when a run starts, not for --help
 
+    check_start(resume, init_from)
     _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built
     spec = load_spec(spec_path, overrides)
     if resume and not run_dir:
@@ -159,6 +165,6 @@ def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
     dtype = autocast_dtype("auto", dev) or torch.float32
     if measure:
         entry = measure_ceiling(dev, dtype, cache_dir(cache))
-        click.echo(f"measured {entry['flops'] / 1e9:.1f} GFLOP/s ({entry['how']}, load average {entry['load_average']:.2f})")
+        echo(f"measured {entry['flops'] / 1e9:.1f} GFLOP/s ({entry['how']}, load average {entry['load_average']:.2f})")
     flops, source = peak_flops(dev, dtype, cache_dir(cache))
-    click.echo(f"MFU ceiling: {flops / 1e9:.1f} GFLOP/s, {source}")
+    echo(f"MFU ceiling: {flops / 1e9:.1f} GFLOP/s, {source}")

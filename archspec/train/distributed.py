@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from archspec.environment import ENV_INT_LIMIT, env_int
 from archspec.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -70,11 +71,8 @@ class World:
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise UserError(f"${name} must be an integer, got {raw!r}") from None
+    # Ranks and sizes may be negative here so that the checks below name the inconsistency precisely.
+    return env_int(name, default, minimum=-ENV_INT_LIMIT)
 
 
 def resolve_device(requested: str, local_rank: int = 0) -> torch.device:

@@ -168,6 +168,13 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
 
 
+def check_start(resume, init_from) -> None:
+    """A run starts from a checkpoint (--resume) or from other weights (--init-from), never both."""
+    if init_from is not None and resume is not None:
+        raise UserError("--resume and --init-from: give one (a resumed run continues from its checkpoint's weights, "
+                        "and its checkpoint remembers which weights it started from)")
+
+
 def with_steps(spec: Spec, steps: int) -> Spec:
     """The spec with train.steps replaced, validated again. A warmup longer than the shortened run is cut to the
     run's length (a 5-step smoke test of a preset with 10 warmup steps should just run)."""
@@ -230,9 +237,7 @@ class Trainer:
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
         self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
 
-        if init_from is not None and resume is not None:
-            raise UserError("--resume and --init-from: give one (a resumed run continues from its checkpoint's weights, "
-                            "and its checkpoint remembers which weights it started from)")
+        check_start(resume, init_from)
         self.init_weights = self._read_init(init_from) if init_from is not None else None
         self.resume_path = resolve(resume) if resume is not None else None
         self.resume_state = self._read_resume(self.resume_path) if self.resume_path else None

@@ -3,14 +3,14 @@ and ETA, and one line per evaluation. Disabled, every method is a no-op, so the 
 
 from __future__ import annotations
 
-from rich.console import Console
+from archspec.console import MarkupConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class ProgressBar:
     def __init__(self, enabled: bool, total: int, description: str = "train"):
         self.enabled, self.total, self.description = enabled, total, description
-        self.console = Console(stderr=True, soft_wrap=True)  # long run lines stay whole in logs
+        self.console = MarkupConsole(stderr=True, soft_wrap=True)  # long run lines stay whole in logs
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

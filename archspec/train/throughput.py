@@ -88,16 +88,17 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[f
             return peak, f"datasheet bf16 peak of {name}"
     key = _measurement_key(device, dtype)
     entry = read_ceiling(device, dtype, cache)
-    if entry is None and key in _PROVISIONAL:
-        entry = _PROVISIONAL[key]
-    elif entry is None:
+    if entry is None:
         # Measured once per machine and stored in the per-user cache, but only when the machine is quiet: a figure
         # taken under load is too low (MFU above 100%). A busy machine gets a provisional figure, kept for this process
-        # alone (measured once: a second run in the same process, or a Trainer after a planner, reads it).
+        # alone while the load lasts (a second run in the same process, or a Trainer after a planner, reads it).
         busy = device.type == "cpu" and machine_busy()
-        entry = measure_ceiling(device, dtype, cache, store=not busy)
-        if busy:
-            entry = _PROVISIONAL[key] = {**entry, "provisional": True}
+        if busy and key in _PROVISIONAL:
+            entry = _PROVISIONAL[key]
+        else:
+            entry = measure_ceiling(device, dtype, cache, store=not busy)
+            if busy:
+                entry = _PROVISIONAL[key] = {**entry, "provisional": True}
     if entry.get("provisional"):
         return entry["flops"], (f"this machine's matmul rate measured now under load (load average "
                                 f"{entry['load_average']:.1f}; provisional, not stored: `archspec peak --measure` "

@@ -98,6 +98,7 @@ def test_build_with_overrides_never_rewrites_generated(monkeypatch, capsys, tmp_
 
 def test_a_ceiling_measured_under_load_is_provisional_and_not_stored(tmp_path, monkeypatch):
     monkeypatch.setattr(throughput, "machine_busy", lambda: True)
+    monkeypatch.setattr(throughput, "_PROVISIONAL", {})
     monkeypatch.setattr(throughput, "measure_matmul_flops", lambda *a, **k: 1e9)
     flops, source = throughput.peak_flops(torch.device("cpu"), torch.float32, tmp_path)
     assert flops == 1e9 and "provisional, not stored" in source

@@ -30,6 +30,13 @@ class Llama3RopeScaling(Strict):
 
 RopeScaling = kind_union(Llama3RopeScaling, LinearRopeScaling, default="llama3")
 
+def _rope_setting(params: dict) -> dict:
+    """What a transformers rope mapping says about scaling (its type and fields; theta is compared on its own)."""
+    out = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor", "type", "rope_type")}
+    out["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    return out
+
+
 # transformers' rope dict keys → ours, per scaling type (rope_parameters in 5.x, rope_scaling before)
 _HF_FIELDS = {
     "linear": {"factor": "factor"},
@@ -110,14 +117,25 @@ class RopePositional(PositionalKind):
         """transformers 5.x writes `rope_parameters` ({rope_type, rope_theta, ...}); older files `rope_theta` and
         `rope_scaling` ({type or rope_type, factor, ...}): both are read; a type archspec lacks is refused."""
         cfg.mark("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
-        params, where = cfg.data.get("rope_parameters"), "rope_parameters"
-        if params is None:
-            params, where = cfg.data.get("rope_scaling"), "rope_scaling"
-        if params is not None and not isinstance(params, dict):
-            raise cfg.refuse(where, f"expected a mapping, got {params!r}")
-        params = dict(params or {})
+        given = {}
+        for key in ("rope_parameters", "rope_scaling"):
+            value = cfg.data.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise cfg.refuse(key, f"expected a mapping, got {value!r}")
+            if value is not None:
+                given[key] = dict(value)
+        if len(given) == 2 and _rope_setting(given["rope_parameters"]) != _rope_setting(given["rope_scaling"]):
+            # Two places for one setting that disagree (e.g. yarn in rope_scaling, default in rope_parameters):
+            # taking either would silently drop the other.
+            raise cfg.refuse("rope_scaling", f"{_rope_setting(given['rope_scaling'])} contradicts rope_parameters "
+                             f"{_rope_setting(given['rope_parameters'])}; give one, or make them agree")
+        where = next(iter(given), "rope_parameters")
+        params = {**given.get("rope_scaling", {}), **given.get("rope_parameters", {})}
         if any(isinstance(v, dict) for v in params.values()):
             raise cfg.refuse(where, "RoPE parameters per layer type: archspec has one rope for every layer")
+        for key in ("rope_theta", "partial_rotary_factor"):  # top level and inside the mapping: they must agree
+            if key in params and cfg.data.get(key) is not None and params[key] != cfg.data[key]:
+                raise cfg.refuse(key, f"{cfg.data[key]!r} contradicts {where}.{key} {params[key]!r}")
         theta = params.pop("rope_theta", None)
         if theta is None:
             theta = cfg.data.get("rope_theta", cfg.hf.defaults.get("rope_theta", 10000.0))
