@@ -137,10 +137,12 @@ def _paths(w) -> list[str]:
             str(r / "a\nb"), str(w["checkpoint"]), str(w["hf"]), "/proc/self/mem", "/", "~", "."]
 
 
-def values(w) -> st.SearchStrategy[str]:
+def values(w) -> st.SearchStrategy[tuple[str, str]]:
+    """(class, value)."""
     text = st.text(st.characters(codec=None, categories=["L", "N", "P", "S", "Z", "Cc", "Cs", "Cf"]), max_size=24)
-    return st.one_of(st.sampled_from(HOSTILE_TEXT), st.sampled_from(HOSTILE_NUMBERS), st.sampled_from(_paths(w)),
-                     st.sampled_from(HOSTILE_FILTERS), text)
+    return st.one_of(*(st.tuples(st.just(name), strategy) for name, strategy in [
+        ("text", st.sampled_from(HOSTILE_TEXT)), ("number", st.sampled_from(HOSTILE_NUMBERS)),
+        ("path", st.sampled_from(_paths(w))), ("filter", st.sampled_from(HOSTILE_FILTERS)), ("random text", text)]))
 
 
 def _value_params(command: click.Command) -> list[click.Parameter]:
@@ -152,26 +154,28 @@ def _flags(command: click.Command) -> list[click.Option]:
     return [p for p in command.params if getattr(p, "is_flag", False) and p.name not in ("help", "measure", "fix")]
 
 
-def mutate(argv: list[str], path: tuple[str, ...], command: click.Command, data, w) -> list[str]:
-    """argv with one option's value replaced (or the option added), one positional replaced, or one flag added."""
+def mutate(argv: list[str], path: tuple[str, ...], command: click.Command, data, w) -> tuple[str, list[str]]:
+    """(the value's class, argv with one option's value replaced or the option added, one positional replaced, or
+    one flag added)."""
     params = _value_params(command)
     choices = ["value"] * bool(params) + ["flag"] * bool(_flags(command))
     how = data.draw(st.sampled_from(choices or ["none"]), label="how")
     if how == "flag":
         flag = data.draw(st.sampled_from(_flags(command)), label="flag")
-        return [*argv, max(flag.opts, key=len)]
+        return "flag", [*argv, max(flag.opts, key=len)]
     if how == "none":
-        return argv
+        return "none", argv
     param = data.draw(st.sampled_from(params), label="param")
-    value = data.draw(values(w), label="value")
+    kind, value = data.draw(values(w), label="value")
     if isinstance(param, click.Argument):  # every base invocation puts its positionals right after the command
         i = len(path)
-        return [*argv[:i], value, *argv[i + 1:]] if i < len(argv) and not argv[i].startswith("-") else argv
+        fits = i < len(argv) and not argv[i].startswith("-")
+        return kind, [*argv[:i], value, *argv[i + 1:]] if fits else argv
     flag = max(param.opts, key=len)
     if flag in argv:
         i = argv.index(flag)
-        return [*argv[:i + 1], value, *argv[i + 2:]]
-    return [*argv, flag, value]
+        return kind, [*argv[:i + 1], value, *argv[i + 2:]]
+    return kind, [*argv, flag, value]
 
 
 _LINE_OK = re.compile(r"[^\x00-\x08\x0b-\x1f\x7f-\x9f]*")  # no raw control characters except \t and \n
@@ -245,7 +249,7 @@ def test_every_number_option_is_bounded_and_floats_are_finite():
 
 
 # CI runs a fixed set of examples (derandomized: the same cases each run, about 20 s); ARCHSPEC_FUZZ_EXAMPLES=N draws
-# N fresh ones, for a longer search by hand.
+# N fresh ones, for a longer search by hand (ARCHSPEC_FUZZ_REPORT=FILE tallies them).
 _FRESH = int(os.environ.get("ARCHSPEC_FUZZ_EXAMPLES", "0"))
 
 
@@ -255,9 +259,10 @@ _FRESH = int(os.environ.get("ARCHSPEC_FUZZ_EXAMPLES", "0"))
 def test_hostile_values_in_any_option_of_any_command_exit_0_or_2(world, data):
     bases = base_invocations(world)
     path = data.draw(st.sampled_from(sorted(COMMANDS)), label="command")
-    argv = mutate(bases[path], path, COMMANDS[path], data, world)
+    kind, argv = mutate(bases[path], path, COMMANDS[path], data, world)
     env = None
     if data.draw(st.integers(0, 5), label="env?") == 0:
+        kind = "environment"
         name = data.draw(st.sampled_from(ENVIRONMENT), label="env")
         env = {name: data.draw(st.sampled_from(HOSTILE_ENV), label="env value")}
         if name in ("RANK", "LOCAL_RANK") or env[name] == "\udcff":
@@ -268,7 +273,20 @@ def test_hostile_values_in_any_option_of_any_command_exit_0_or_2(world, data):
         if env and any("\udcff" in v for v in env.values()):
             return  # os.environ cannot hold a lone surrogate from Python (a real process can: see the next test)
         raise
-    assert_clean(argv, code, out, err)
+    try:
+        assert_clean(argv, code, out, err)
+    except AssertionError:
+        _tally(" ".join(path), kind, False)
+        raise
+    _tally(" ".join(path), kind, True)
+
+
+def _tally(command: str, kind: str, clean: bool) -> None:
+    """With ARCHSPEC_FUZZ_REPORT=FILE, one JSON line per case (command, class, clean): the closing note's figures."""
+    report = os.environ.get("ARCHSPEC_FUZZ_REPORT")
+    if report:
+        with open(report, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"command": command, "class": kind, "clean": clean}) + "\n")
 
 
 @pytest.mark.parametrize("case", ["prompt", "spec", "where", "run-dir", "draft", "set"])
