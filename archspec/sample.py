@@ -12,7 +12,6 @@ data cache), and runs two models together for speculative decoding.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +22,7 @@ from torch import nn
 
 from archspec import codegen
 from archspec.errors import UserError, printable
+from archspec.runtime import next_token_probs as probs_of
 from archspec.spec import Spec, load_spec, load_spec_dict
 from archspec.train.checkpoint import FILENAME, WEIGHTS_FORMAT, load_any
 from archspec.train.tokenizer import (TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_tokenizer_file,
@@ -36,7 +36,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Loaded:
     spec: Spec
     model: nn.Module  # the generated Model, in eval mode, on its device and dtype
-    module: ModuleType  # the generated module (its sampling rule: next_token_probs, sample_next)
+    module: ModuleType  # the generated module
     tokenizer: Tokenizer
     what: str  # how it was found, for messages: "checkpoint PATH (step N)", "spec PATH (random weights)"
 
@@ -280,10 +280,10 @@ def speculative_stream(target: nn.Module, draft: nn.Module, idx: torch.Tensor, m
     Sampling: kept with probability min(1, p/q), the correction drawn from max(p - q, 0) renormalised.
 
     Both models keep KV caches; after each round they are truncated to the tokens kept, and each model is fed
-    whatever its cache lacks. Distributions use the target's own rule (`next_token_probs` of its generated module)."""
+    whatever its cache lacks. Distributions use the rule every generated model samples by (archspec.runtime's
+    `next_token_probs`)."""
     if idx.size(0) != 1:
         raise ValueError("speculative decoding runs one sequence at a time")
-    probs_of = sys.modules[type(target).__module__].next_token_probs
     stats = stats if stats is not None else SpeculativeStats()
     device = idx.device
     tokens = idx[0].tolist()

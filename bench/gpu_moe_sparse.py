@@ -37,6 +37,7 @@ def check(dev: str) -> dict:
     import torch.nn.functional as F
 
     from archspec.codegen import generate
+    from archspec.runtime import sparse as runtime_sparse
     from archspec.spec import load_spec_dict
 
     out: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
@@ -62,7 +63,7 @@ def check(dev: str) -> dict:
             want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         want_grads = torch.autograd.grad(want, (q, k, v), gy)
         out[f"sparse.{name}"] = {
-            "path": "flex" if dev == "cuda" and module.flex_attention is not None else "blockwise",
+            "path": "flex" if dev == "cuda" and runtime_sparse.flex_attention is not None else "blockwise",
             "max_abs_err": float((got - want).abs().max()),
             "max_abs_grad_err": max(float((a - b).abs().max()) for a, b in zip(got_grads, want_grads))}
 

@@ -12,6 +12,7 @@ import copy
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,8 +183,9 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(gen_dir):
     assert torch.equal(run(7, top_k=1), model.generate(prompt, 18, temperature=0))  # top-1 is greedy
 
 
-def test_top_k_and_top_p_keep_the_tokens_they_promise(gen_dir):
-    module = generate(_spec(), out_dir=gen_dir).module
+def test_top_k_and_top_p_keep_the_tokens_they_promise():
+    from archspec import runtime as module  # the sampling rule every generated model's stream() uses
+
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
     assert torch.allclose(module.next_token_probs(logits), torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
     assert torch.allclose(module.next_token_probs(logits, top_k=2), torch.tensor([[2 / 3, 1 / 3, 0.0, 0.0]]))
@@ -204,23 +206,52 @@ def test_generation_stops_at_eos(gen_dir):
     assert torch.equal(stopped, greedy[:, : 3 + first + 1])
 
 
-def test_a_copied_out_generated_file_generates_with_torch_alone(tmp_path):
-    (tmp_path / "mymodel.py").write_text(render(_spec()), encoding="utf-8")
+COPY_OUT = {  # a sparse model (window and global-local layers: the blockwise kernels) and an MoE (grouped GEMM)
+    "sparse": {"vocab_size": 64, "context_length": 32, "d_model": 16, "n_layers": 2, "attention": {
+        "n_heads": 2, "n_kv_heads": 1, "sparsity": {"kind": "sliding_window", "window": 4}},
+        "layers": {"g": {"select": [1], "attention": {"sparsity": {"kind": "global_local", "window": 4,
+                                                                       "n_global": 2}}}}},
+    "moe": {"vocab_size": 64, "context_length": 32, "d_model": 16, "n_layers": 2, "attention": {"n_heads": 2},
+            "ffn": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hidden_dim": 16}}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(COPY_OUT))
+def test_a_copied_out_model_runs_with_only_the_runtime_beside_it(case, tmp_path):
+    """What the README says a copied-out model needs: its file, plus archspec/__init__.py and archspec/runtime/ (torch
+    and the standard library otherwise). In an empty directory, with nothing else of archspec importable."""
+    import shutil
+
+    import archspec
+
+    spec = load_spec_dict({"name": f"copy-{case}", "model": COPY_OUT[case]})
+    (tmp_path / "mymodel.py").write_text(render(spec), encoding="utf-8")
+    package = Path(archspec.__file__).parent
+    (tmp_path / "archspec").mkdir()
+    shutil.copy(package / "__init__.py", tmp_path / "archspec" / "__init__.py")
+    shutil.copytree(package / "runtime", tmp_path / "archspec" / "runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     code = textwrap.dedent("""
         import sys, torch
-        sys.modules.pop("archspec", None)
         import mymodel
+        import archspec.runtime
+        assert archspec.runtime.__file__.startswith(sys.argv[1]), archspec.runtime.__file__
         torch.manual_seed(0)
-        m = mymodel.Model().eval()
-        out = m.generate(torch.zeros(1, 4, dtype=torch.long), 8, temperature=0)
+        m = mymodel.Model()
+        idx = torch.randint(0, 64, (2, 24))
+        logits, loss = m(idx, idx)
+        loss.backward()  # trains: the kernels' backward is there too
+        out = m.eval().generate(idx[:1, :4], 8, temperature=0)
         assert out.shape == (1, 12), out.shape
-        assert "archspec" not in sys.modules
+        others = sorted(n for n in sys.modules if n.startswith("archspec") and n != "archspec"
+                        and not n.startswith("archspec.runtime"))
+        assert not others, others
         print("ok", sum(c.nbytes for c in m.new_cache(1, 12)))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["ok", str(kv_cache_bytes(_spec().model, 12, "fp32"))]
+    assert proc.stdout.split() == ["ok", str(kv_cache_bytes(spec.model, 12, "fp32"))]
 
 
 # ── speculative decoding ────────────────────────────────────────────────────────────────────────────────────────
@@ -268,10 +299,11 @@ def test_speculative_sampling_keeps_the_target_distribution(gen_dir):
         target.lm_head.weight.mul_(20)
         draft.lm_head.weight.mul_(20)
     prompt = torch.tensor([[1, 2]])
-    module = sys.modules[type(target).__module__]
+    from archspec.runtime import next_token_probs
+
     with torch.no_grad():
-        p = module.next_token_probs(target(prompt)[:, -1])[0]
-        q = module.next_token_probs(draft(prompt)[:, -1])[0]
+        p = next_token_probs(target(prompt)[:, -1])[0]
+        q = next_token_probs(draft(prompt)[:, -1])[0]
     assert (p - q).abs().sum() / 2 > 0.2  # the draft is a poor guess: the test would catch a biased acceptance
     n = 1000
     counts = torch.zeros(vocab)

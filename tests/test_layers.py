@@ -83,9 +83,20 @@ def test_one_block_class_per_distinct_configuration(tmp_path):
     spec = load_spec_dict(with_layers({"odd": {"select": {"start": 1, "step": 2}, "ffn": {"hidden_dim": 96}}},
                                       n_layers=6))
     gen = generate(spec, out_dir=tmp_path)
-    assert gen.module.BLOCK_LAYOUT == (0, 1, 0, 1, 0, 1)
-    assert [type(b).__name__ for b in gen.Model().blocks] == ["Block0", "Block1"] * 3
-    assert "class Block2" not in gen.source and "FFN_HIDDEN_GLU1 = 64" in gen.source
+    # Configurations that differ in a constant share one class, which takes it as an argument.
+    assert [type(b).__name__ for b in gen.Model().blocks] == ["Block"] * 6
+    assert gen.source.count("class Block(") == 1 and gen.source.count("class FeedForward(") == 1
+    assert "FFN_HIDDEN = 64" in gen.source and "FFN_HIDDEN_LAYERS_1_3_5 = 96" in gen.source
+    assert [b.ffn.ffn_hidden for b in gen.Model().blocks] == [64, 96] * 3
+
+
+def test_configurations_with_other_code_get_a_class_each_named_by_kind(tmp_path):
+    spec = load_spec_dict(with_layers({"moe": {"select": {"start": 1}, "ffn": {
+        "kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hidden_dim": 16}}}}, n_layers=4))
+    gen = generate(spec, out_dir=tmp_path)
+    assert [type(b).__name__ for b in gen.Model().blocks] == ["GLUBlock", "MoEBlock", "MoEBlock", "MoEBlock"]
+    assert "class GLUFeedForward(" in gen.source and "class MoEFeedForward(" in gen.source
+    assert "*(MoEBlock() for _ in range(3)),  # layers 1-3" in gen.source
 
 
 @settings(max_examples=12, deadline=None)

@@ -383,7 +383,9 @@ def test_the_moe_block_compiles_fullgraph(case, capacity, gen_dir):
 def test_grouped_mm_ops_pass_opcheck_and_give_empty_experts_zero_gradient(gen_dir):
     """The custom ops' schema, shape function and autograd (torch.library.opcheck), and an expert that receives no
     row: its weight gradient is exactly zero, every other slice equals its own matmul."""
-    module = generate(_spec(CASES["grouped-glu-shared"]), out_dir=gen_dir).module
+    from archspec.runtime import grouped_mm
+
+    generate(_spec(CASES["grouped-glu-shared"]), out_dir=gen_dir)
     op = torch.ops.archspec.grouped_mm_v1.default
     g = torch.Generator().manual_seed(0)
     counts = torch.tensor([3, 0, 5, 0])
@@ -392,7 +394,7 @@ def test_grouped_mm_ops_pass_opcheck_and_give_empty_experts_zero_gradient(gen_di
     w = torch.randn(4, 24, 16, generator=g, requires_grad=True)  # (E, out, in), as the experts store it
     torch.library.opcheck(op, (a, w.transpose(-2, -1), offs))
     torch.library.opcheck(torch.ops.archspec.grouped_mm_wgrad_v1.default, (a.detach().t(), torch.randn(8, 24), offs))
-    y = module.grouped_mm(a, w.transpose(-2, -1), offs)
+    y = grouped_mm(a, w.transpose(-2, -1), offs)
     gy = torch.randn(8, 24, generator=g)
     ga, gw = torch.autograd.grad(y, (a, w), gy)
     want = torch.cat([a[0:3] @ w[0].T, a[3:8] @ w[2].T])
@@ -404,7 +406,7 @@ def test_grouped_mm_ops_pass_opcheck_and_give_empty_experts_zero_gradient(gen_di
 
 
 def test_without_grouped_gemm_the_padded_path_agrees(gen_dir, monkeypatch):
-    """A torch whose _grouped_mm has no CPU kernel (the module probes it at import) takes the padded path, with the
+    """A torch whose _grouped_mm has no CPU kernel (archspec.runtime probes it at import) takes the padded path, with the
     same result; under bf16 autocast both paths run their matmuls in bf16 and agree to bf16 precision."""
     spec = _spec(CASES["grouped-glu-shared"])
     gen = generate(spec, out_dir=gen_dir)
@@ -415,7 +417,7 @@ def test_without_grouped_gemm_the_padded_path_agrees(gen_dir, monkeypatch):
     outs = {}
     for label in ("grouped", "fallback"):
         if label == "fallback":
-            monkeypatch.setattr(gen.module, "_GROUPED_MM_CPU", None)
+            monkeypatch.setattr("archspec.runtime.grouped_gemm._GROUPED_MM_CPU", None)
         outs[label] = ffn(x), float(ffn.router_stats[-1])
         with torch.autocast("cpu", torch.bfloat16):
             outs[label + "-bf16"] = ffn(x), float(ffn.router_stats[-1])

@@ -163,7 +163,9 @@ def test_causality_check_catches_a_model_that_sees_the_future(tmp_path):
     """The causality property can fail: the same check on a module with is_causal=False must raise."""
     spec = load_spec_dict({"name": "peek", "model": {"vocab_size": 32, "context_length": 8, "d_model": 16,
                                                      "n_layers": 1, "attention": {"n_heads": 2}}})
-    src = render(spec).replace("is_causal=True", "is_causal=False")
+    src = render(spec)
+    assert "is_causal=not start" in src
+    src = src.replace("is_causal=not start", "is_causal=False")
     path = tmp_path / "peek.py"
     path.write_text(src)
     from archspec.codegen import import_source

@@ -16,6 +16,7 @@ from archspec import testing as T
 from archspec.accounting import account
 from archspec.cli import main
 from archspec.codegen import generate
+from archspec.runtime import sparse
 from archspec.spec import SpecError, load_spec_dict
 
 # kind fields, and the name of the SparsePattern its template defines
@@ -127,10 +128,10 @@ def test_blockwise_path_equals_reference_in_float64(name, T_, blocks, tmp_path):
     pattern = getattr(module, const)
     if blocks is not None:
         chunk = blocks * fields.get("block_size", 4)
-        pattern = module.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, chunk, pattern.reach)
+        pattern = sparse.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, chunk, pattern.reach)
     g = torch.Generator().manual_seed(T_)
     q, k, v = (torch.randn(2, h, T_, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (6, 2, 2))
-    y = module.blockwise_attention(q, k, v, pattern)
+    y = sparse.blockwise_attention(q, k, v, pattern)
     ref = dense_masked_reference(q, k, v, pattern)
     gy = torch.randn(y.shape, dtype=torch.float64, generator=g)
     grads = torch.autograd.grad(y, (q, k, v), gy)
@@ -206,9 +207,9 @@ def test_blockwise_path_multiplies_only_its_tiles(tmp_path):
     module = _module(spec, tmp_path).module
     q, k, v = (torch.randn(1, H, T_, D) for _ in range(3))
     counter = FlopCounterMode(display=False)
-    pattern = module.SparsePattern(module.sliding_window_mask, 0, w - 1, 16, w)
+    pattern = sparse.SparsePattern(module.sliding_window_mask, 0, w - 1, 16, w)
     with counter:
-        module.blockwise_attention(q, k, v, pattern)
+        sparse.blockwise_attention(q, k, v, pattern)
     tile_keys = 16 + (w - 1)
     # each chunk of 16 queries × its band of 16 + (w - 1) keys, the band cut at position 0 for the first chunks
     keys = sum(16 * (start + 16 - max(0, start - (w - 1))) for start in range(0, T_, 16))
@@ -240,16 +241,16 @@ def test_blockwise_backward_with_dropout_is_the_gradient_of_its_forward(name, tm
     fields, const = PATTERNS[name]
     module = _module(_spec(fields, context=64), tmp_path).module
     pattern = getattr(module, const)
-    pattern = module.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, 5, pattern.reach)
+    pattern = sparse.SparsePattern(pattern.mask_mod, pattern.n_global, pattern.lookback, 5, pattern.reach)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, 13, 4, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
 
     def attend(q, k, v):
         torch.manual_seed(0)
-        return module.blockwise_attention(q, k, v, pattern, dropout_p=0.3)
+        return sparse.blockwise_attention(q, k, v, pattern, dropout_p=0.3)
 
     with torch.no_grad():
-        assert not torch.allclose(attend(q, k, v), module.blockwise_attention(q, k, v, pattern))  # something dropped
+        assert not torch.allclose(attend(q, k, v), sparse.blockwise_attention(q, k, v, pattern))  # something dropped
     assert torch.autograd.gradcheck(attend, (q, k, v))
 
 
@@ -288,14 +289,14 @@ def test_flex_block_mask_is_cached_and_flex_forward_matches(name, tmp_path):
     fields, const = PATTERNS[name]
     module = _module(_spec(fields), tmp_path).module
     pattern = getattr(module, const)
-    mask = module.flex_block_mask(pattern, 37, torch.device("cpu"))
-    assert module.flex_block_mask(pattern, 37, torch.device("cpu")) is mask  # built once per (pattern, T)
-    assert module.flex_block_mask(pattern, 36, torch.device("cpu")) is not mask
+    mask = sparse.flex_block_mask(pattern, 37, torch.device("cpu"))
+    assert sparse.flex_block_mask(pattern, 37, torch.device("cpu")) is mask  # built once per (pattern, T)
+    assert sparse.flex_block_mask(pattern, 36, torch.device("cpu")) is not mask
     q, k, v = torch.randn(1, 4, 37, 8), torch.randn(1, 2, 37, 8), torch.randn(1, 2, 37, 8)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused: here that is the point
         y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
-    assert torch.allclose(y, module.blockwise_attention(q, k, v, pattern), atol=1e-5)
+    assert torch.allclose(y, sparse.blockwise_attention(q, k, v, pattern), atol=1e-5)
 
 
 def test_cpu_never_takes_the_flex_path(tmp_path, monkeypatch):
@@ -304,8 +305,8 @@ def test_cpu_never_takes_the_flex_path(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("FlexAttention called on CPU")
 
-    monkeypatch.setattr(module, "flex_attention_fn", refuse)
-    monkeypatch.setattr(module, "flex_block_mask", refuse)
+    monkeypatch.setattr(sparse, "flex_attention_fn", refuse)
+    monkeypatch.setattr(sparse, "flex_block_mask", refuse)
     model = module.Model()
     _, loss = model(torch.randint(0, 53, (2, 20)), torch.randint(0, 53, (2, 20)))
     loss.backward()
@@ -313,13 +314,18 @@ def test_cpu_never_takes_the_flex_path(tmp_path, monkeypatch):
 
 def test_dense_keeps_sdpa_is_causal(tmp_path):
     gen = _module(_spec({"kind": "dense"}), tmp_path)
-    assert "is_causal=True" in gen.source and "sparse_attention" not in gen.source
+    assert "is_causal=not start" in gen.source and "sparse_attention" not in gen.source
 
 
-def test_the_shared_helper_is_rendered_once(tmp_path):
+def test_the_kernels_live_in_the_runtime_and_the_file_names_them(tmp_path):
+    """A sparse model file holds its pattern (the predicate and its SparsePattern) and calls sparse_attention by name;
+    the blockwise Function, the FlexAttention dispatch and the caches are archspec.runtime's, rendered nowhere."""
     gen = _module(_spec(PATTERNS["global_local"][0]), tmp_path)
-    assert gen.source.count("def blockwise_attention(") == 1
-    assert gen.source.count("class SparsePattern") == 1
+    for machinery in ("def blockwise_attention(", "class SparsePattern", "class BlockwiseAttention", "_TILE_BIASES",
+                      "class RollingKVCache", "class KVCache", "def causal_mask("):
+        assert machinery not in gen.source, machinery
+    assert "from archspec.runtime import RollingKVCache, SparsePattern, sparse_attention, stream\n" in gen.source
+    assert gen.module.sparse_attention is sparse.sparse_attention
 
 
 # ── spec validation, accounting, build --json ───────────────────────────────────────────────────────────────────

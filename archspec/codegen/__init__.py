@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 
+from archspec import runtime as _runtime
 from archspec.accounting import account
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
@@ -101,27 +102,24 @@ def _unit_part(unit: Any, m: Any, extra: dict[str, Any] | None = None) -> Part:
 
 
 # ── several configurations of one family (per-layer variation) ──────────────────────────────────────────────────
-# Units' templates are written for one configuration (`class FeedForward`, `FFN_HIDDEN`). When layers differ, each
-# configuration is rendered on its own and its top-level names, and those of its constants whose values differ
-# between configurations, get a suffix (FeedForwardMoe, FFN_HIDDEN_GLU2): no template needs to know.
+# Units' templates are written for one configuration (`class FeedForward`, `FFN_HIDDEN`). When layers differ:
+# - configurations whose code is the same and differ only in constants share one class, which takes those constants
+#   as constructor arguments (`FeedForward(hidden=FFN_HIDDEN_LAYERS_1_3)`);
+# - configurations with other code get a class each, named by kind (`WindowAttention`, `MoEFeedForward`);
+# - a constant whose value differs between layers keeps its plain name for the value most layers use, and is named by
+#   its layers for the others (`FFN_HIDDEN_LAYERS_1_3 = 480`); a function or constant of module level that two
+#   configurations define alike is renamed the same way. No template needs to know.
 
 
-def _camel(word: str) -> str:
-    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", word) if p)
-
-
-def _suffixes(words: list[str]) -> list[str]:
-    """Class-name suffixes for configurations labelled `words` (their kinds): `Glu`, `Moe`; `Glu1`, `Glu2` for
-    repeats. A single configuration gets none."""
-    if len(words) == 1:
-        return [""]
-    counts = Counter(words)
-    seen: Counter = Counter()
-    out = []
-    for w in words:
-        seen[w] += 1
-        out.append(_camel(w) + (str(seen[w]) if counts[w] > 1 else ""))
-    return out
+def _layer_suffix(layers: list[int]) -> str:
+    """A name's tail that says which layers use it: LAYER_0, LAYERS_1_3, LAYERS_1_TO_7, LAYERS_1_3_5_ETC."""
+    if len(layers) == 1:
+        return f"LAYER_{layers[0]}"
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"LAYERS_{layers[0]}_TO_{layers[-1]}"
+    if len(layers) > 4:
+        return "LAYERS_" + "_".join(map(str, layers[:3])) + "_ETC"
+    return "LAYERS_" + "_".join(map(str, layers))
 
 
 def _top_level_names(body: str) -> list[str]:
@@ -143,40 +141,141 @@ def _rename(text: str, mapping: dict[str, str]) -> str:
 
 @dataclass
 class Config:
-    """One configuration of a family: its rendered part, constants, and the name of the class it defines."""
+    """One configuration of a family as the file builds it: the code its class lives in (shared by configurations
+    that differ only in constants), the constants it uses, its class, and the constructor arguments that make it
+    this configuration (keyword → constant name)."""
 
     part: Part
     constants: list[Const]
     cls: str
+    args: dict[str, str]
+
+    def call(self, *leading: str) -> str:
+        return f"{self.cls}({', '.join([*leading, *(f'{k}={v}' for k, v in self.args.items())])})"
 
 
-def _configs(units: list[Any], labels: list[str], render_one, constants_of, base_cls: str) -> list[Config]:
-    """Render each configuration; rename per configuration when there are several."""
+def _class_span(body: str, cls: str) -> tuple[int, int]:
+    """Where `class cls` starts and ends in `body` (character offsets)."""
+    tree = ast.parse(body)
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    starts = [0] + [len(line) + 1 for line in body.split("\n")]
+    offsets = [sum(starts[: i + 1]) for i in range(len(starts))]
+    return offsets[node.lineno - 1], offsets[node.end_lineno]
+
+
+def _with_arguments(body: str, cls: str, params: dict[str, tuple[str, str]]) -> str | None:
+    """`class cls` taking `params` (constant name → (argument, type)) as constructor arguments in place of the
+    module constants; None when a constant is also used outside the class (module code cannot read `self`)."""
+    start, end = _class_span(body, cls)
+    inside, outside = body[start:end], body[:start] + body[end:]
+    if any(re.search(rf"\b{name}\b", outside) for name in params):
+        return None
+    inside = _rename(inside, {name: f"self.{arg}" for name, (arg, _) in params.items()})
+    signature = ", ".join(f"{arg}: {kind}" for arg, kind in params.values())
+    inside, n = re.subn(r"def __init__\(self((?:, [^)]*)?)\) -> None:", lambda mt: f"def __init__(self{mt.group(1)}, "
+                        f"{signature}) -> None:", inside, count=1)
+    stores = "".join(f"\n        self.{arg} = {arg}" for arg, _ in params.values())
+    inside, m = re.subn(r"(\n        super\(\).__init__\(\))", lambda mt: mt.group(1) + stores, inside, count=1)
+    if not (n and m):
+        return None
+    return body[:start] + inside + body[end:]
+
+
+def _configs(units: list[Any], labels: list[str], render_one, constants_of, base_cls: str,
+             layers: list[list[int]]) -> list[Config]:
+    """Render each configuration (`labels[i]`: its kind's class-name prefix; `layers[i]`: the layers it serves) and lay
+    out the classes as described above."""
     parts = [render_one(u) for u in units]
     consts = [constants_of(u) for u in units]
     if len(units) == 1:
-        return [Config(parts[0], consts[0], base_cls)]
-    values: dict[str, set[str]] = {}
-    for cs in consts:
+        return [Config(parts[0], consts[0], base_cls, {})]
+    main = max(range(len(units)), key=lambda i: (len(layers[i]), -i))  # the configuration most layers use
+
+    # Constants: one name per distinct value; the plain name for the main configuration's value (or the commonest).
+    values: dict[str, dict[int, Const]] = {}
+    for i, cs in enumerate(consts):
         for c in cs:
-            values.setdefault(c.name, set()).add(c.value)
-    suffixes = _suffixes(labels)
-    out = []
-    for part, cs, sfx in zip(parts, consts, suffixes):
-        upper = "_" + sfx.upper()
-        mapping = {name: name + sfx for name in _top_level_names(part.body)}
-        mapping.update({c.name: c.name + upper for c in cs if len(values[c.name]) > 1})
-        renamed = Part(_rename(part.body, mapping), {k: _rename(v, mapping) for k, v in part.hooks.items()})
-        out.append(Config(renamed, [Const(mapping.get(c.name, c.name), c.value, c.why) for c in cs], base_cls + sfx))
-    return out
+            values.setdefault(c.name, {})[i] = c
+    named: dict[tuple[str, int], str] = {}  # (constant, unit) → the name it has in the file
+    for name, by_unit in values.items():
+        by_value: dict[str, list[int]] = {}
+        for i, c in by_unit.items():
+            by_value.setdefault(c.value, []).append(i)
+        plain = by_unit[main].value if main in by_unit else max(by_value, key=lambda v: sum(len(layers[i]) for i in by_value[v]))
+        for value, us in by_value.items():
+            tail = "" if value == plain else "_" + _layer_suffix(sorted(j for i in us for j in layers[i]))
+            for i in us:
+                named[(name, i)] = name + tail
+
+    # Configurations with the same code (constants by their plain names) share a class.
+    code = [p.body + "\0" + json.dumps(p.hooks, sort_keys=True) for p in parts]
+    groups: list[list[int]] = []
+    for i in range(len(units)):
+        same = next((g for g in groups if code[g[0]] == code[i]), None)
+        (same.append(i) if same is not None else groups.append([i]))
+    if not base_cls:  # module-level code only (a sparsity pattern): nothing can take arguments
+        groups = [[i] for i in range(len(units))]
+    for g in list(groups):  # a shared constant that module-level code also reads cannot become an argument
+        varying = {c.name for i in g for c in consts[i] if len({named[(c.name, j)] for j in g}) > 1}
+        if len(g) > 1 and varying and _with_arguments(parts[g[0]].body, base_cls, {n: (n.lower(), "int") for n in varying}) is None:
+            groups[groups.index(g)] = [g[0]]
+            groups += [[i] for i in g[1:]]
+    groups.sort(key=lambda g: g[0])
+
+    prefixes = [labels[g[0]] for g in groups]
+    names = [base_cls if len(groups) == 1 else prefix + base_cls for prefix in prefixes]
+    plain = list(names)
+    for k, name in enumerate(plain):  # two groups of one kind (other code): numbered, in order of first use
+        if plain.count(name) > 1:
+            names[k] = name + str(plain[: k + 1].count(name))
+
+    defined = [set(_top_level_names(parts[g[0]].body)) - {base_cls} for g in groups]
+    out: list[Config | None] = [None] * len(units)
+    for k, g in enumerate(groups):
+        first = g[0]
+        varying = sorted({c.name for i in g for c in consts[i] if len({named[(c.name, j)] for j in g}) > 1})
+        value_of = {c.name: c.value for c in consts[first]}
+        params = {n: (n.lower(), _py_type(value_of[n])) for n in varying}
+        body = parts[first].body
+        if params:
+            body = _with_arguments(body, base_cls, params)
+        # Module-level names another group also defines: named by this group's layers (the main group keeps its own).
+        clashes = {n for n in defined[k] if any(n in d for j, d in enumerate(defined) if j != k)}
+        mapping = {} if main in g else {n: n + ("_" + _layer_suffix(sorted(x for i in g for x in layers[i]))).lower()
+                                         if not n.isupper() else n + "_" + _layer_suffix(sorted(x for i in g for x in layers[i]))
+                                         for n in clashes}
+        if base_cls:
+            mapping[base_cls] = names[k]
+        mapping.update({c.name: named[(c.name, first)] for c in consts[first] if c.name not in params})
+        hooks = {h: _rename(v, mapping) for h, v in parts[first].hooks.items()}
+        shared = Part(_rename(body, mapping), hooks)
+        for i in g:
+            args = {params[n][0]: named[(n, i)] for n in varying}
+            out[i] = Config(shared, [Const(named[(c.name, i)], c.value, c.why) for c in consts[i]], names[k], args)
+    return out  # type: ignore[return-value]
+
+
+def _py_type(literal: str) -> str:
+    return "float" if any(ch in literal for ch in ".en") else "int"  # 1e-05, 0.5, inf/nan spelled float(...)
+
+
+def _classes(configs: list[Config]) -> list[Config]:
+    """One configuration per class the file defines (configurations that share a class share its code)."""
+    return list({id(c.part): c for c in configs}.values())
 
 
 def _merge_constants(configs: list[Config]) -> list[Const]:
+    """Every configuration's constants once, a per-layer value (`FFN_HIDDEN_LAYERS_1_3`) right after the plain one."""
     seen: dict[str, Const] = {}
     for cfg in configs:
         for c in cfg.constants:
             seen.setdefault(c.name, c)
-    return list(seen.values())
+    plain = [c for c in seen.values() if not re.search(r"_LAYERS?_\d", c.name)]
+    variants = [c for c in seen.values() if c not in plain]
+    out = []
+    for c in plain:
+        out += [c, *(v for v in variants if re.sub(r"_LAYERS?_\d.*$", "", v.name) == c.name)]
+    return out + [v for v in variants if v not in out]
 
 
 def _distinct(units: list[Any]) -> list[Any]:
@@ -185,19 +284,6 @@ def _distinct(units: list[Any]) -> list[Any]:
     for u in units:
         out.setdefault(unit_json(u), u)
     return list(out.values())
-
-
-def _shared_code(units: list[Any], m: Any) -> dict[str, str]:
-    """Helper code several units share (`shared_templates`), by family: each file rendered once, in first-use order,
-    however many units (kinds, or per-layer configurations) name it."""
-    out: dict[str, list[str]] = {name: [] for name in ("norm", "positional", "sparsity", "ffn")}
-    seen: set = set()
-    for unit in units:
-        for path in unit.shared_template_paths(m):
-            if path not in seen:
-                seen.add(path)
-                out.setdefault(type(unit).family, []).append(_ENV.get_template(f"unit:{path}").render().strip("\n"))
-    return {name: "\n\n\n".join(code) for name, code in out.items()}
 
 
 def _context(spec: Spec, source: str) -> dict[str, Any]:
@@ -211,24 +297,35 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     attentions = _distinct([b.attention for b, _ in groups])
     sparsities = _distinct([att.sparsity for att in attentions])
 
-    norm_cfgs = _configs(norms, [u.kind for u in norms], lambda u: _unit_part(u, m),
-                         lambda u: u.constants(m), "Norm")
-    ffn_cfgs = _configs(ffns, [u.kind for u in ffns], lambda u: _unit_part(u, m), lambda u: u.constants(m),
-                        "FeedForward")
-    sparsity_cfgs = _configs(sparsities, [u.kind for u in sparsities],
-                             lambda u: _unit_part(u, m, {"gqa": False}), lambda u: u.constants(m), "")
+    def layers_of(units: list[Any], component) -> list[list[int]]:
+        return [sorted(i for b, ls in groups if unit_json(component(b)) == unit_json(u) for i in ls) for u in units]
+
+    def prefixes(units: list[Any]) -> list[str]:
+        return [type(u).class_prefix() for u in units]
+
+    norm_layers = layers_of(norms, lambda b: b.norm)
+    if not norm_layers[0]:  # the final norm alone: it counts as one more layer for naming
+        norm_layers[0] = [m.n_layers]
+    norm_cfgs = _configs(norms, prefixes(norms), lambda u: _unit_part(u, m), lambda u: u.constants(m), "Norm",
+                         norm_layers)
+    ffn_cfgs = _configs(ffns, prefixes(ffns), lambda u: _unit_part(u, m), lambda u: u.constants(m), "FeedForward",
+                        layers_of(ffns, lambda b: b.ffn))
+    sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity)
+    sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, {"gqa": False}),
+                             lambda u: u.constants(m), "", sparsity_layers)
 
     def render_attention(att: Any) -> Part:
         ctx = att.template_context(m)
         # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it.
-        sparsity = _configs(sparsities, [u.kind for u in sparsities], lambda u: _unit_part(u, m, ctx),
-                            lambda u: u.constants(m), "")[sparsities.index(att.sparsity)].part
-        body = _render_unit(f"unit:{ATTENTION_TEMPLATE}", (),
-                            {"unit": att, **ctx, "positional": positional, "sparsity": sparsity}).body
+        sparsity = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, ctx),
+                            lambda u: u.constants(m), "", sparsity_layers)[sparsities.index(att.sparsity)].part
+        body = _render_unit(f"unit:{ATTENTION_TEMPLATE}", (), {"unit": att, **ctx, "positional": positional,
+                                                              "sparsity": sparsity,
+                                                              "cache_class": att.sparsity.cache_class}).body
         return Part(body, {})
 
-    attention_cfgs = _configs(attentions, [att.sparsity.kind for att in attentions], render_attention,
-                              lambda att: att.constants(m), "Attention")
+    attention_cfgs = _configs(attentions, [type(att.sparsity).class_prefix() for att in attentions], render_attention,
+                              lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention))
 
     consts = [
         Const("VOCAB_SIZE", lit_int(m.vocab_size)),
@@ -246,15 +343,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
     ]
 
-    blocks = []
-    for j, (b, layers) in enumerate(groups):
-        blocks.append({
-            "name": "Block" if len(groups) == 1 else f"Block{j}",
-            "norm": norm_cfgs[norms.index(b.norm)].cls,
-            "attention": attention_cfgs[attentions.index(b.attention)].cls,
-            "ffn": ffn_cfgs[ffns.index(b.ffn)].cls,
-            "layers": _comment_safe(_layer_list(layers)),
-        })
+    blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], attention_cfgs[attentions.index(b.attention)],
+                                            ffn_cfgs[ffns.index(b.ffn)]) for b, _ in groups], m.n_layers)
     model_methods = list(dict.fromkeys(c.part.hooks.get("model_methods", "") for c in ffn_cfgs if
                                        c.part.hooks.get("model_methods")))
     if len(model_methods) > 1:
@@ -285,19 +375,65 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "spec_json_chunks": _str_chunks(cjson),
         "constants": consts,
         "positional": positional,
-        "norms": norm_cfgs,
-        "sparsities": sparsity_cfgs,
-        "attentions": attention_cfgs,
-        "ffns": ffn_cfgs,
+        "norms": _classes(norm_cfgs),
+        "sparsities": _classes(sparsity_cfgs),
+        "attentions": _classes(attention_cfgs),
+        "ffns": _classes(ffn_cfgs),
         "model_methods": model_methods[0] if model_methods else "",
         "blocks": blocks,
-        "layout": ", ".join(str(next(j for j, (_, ls) in enumerate(groups) if i in ls)) for i in range(m.n_layers)),
-        "final_norm": norm_cfgs[0].cls,
-        "shared": _shared_code(m.units(), m),
+        "layer_calls": layer_calls,
+        "final_norm": norm_cfgs[0].call("D_MODEL"),
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": _attention_unit.past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
     }
+
+
+_PART_BASES = ("Norm", "Attention", "FeedForward")
+
+
+def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int) -> tuple[list[dict], list]:
+    """The Block classes (one per distinct triple of part classes, named by the parts that differ: `MoEBlock`,
+    `WindowBlock`) and how each layer is built: [(constructor call, first layer, last layer)] in runs."""
+    keys = [tuple(c.cls for c in triple) for triple in parts]
+    distinct = list(dict.fromkeys(keys))
+    differing = [c for c in range(3) if len({k[c] for k in distinct}) > 1]
+    names = {k: "".join(k[c].removesuffix(_PART_BASES[c]) for c in differing) + "Block" for k in distinct}
+    blocks, calls = {}, {}
+    for (b, layers), triple, key in zip(groups, parts, keys):
+        # The parts' constructor arguments become the block's; one that two parts share is told apart by its part.
+        args: dict[str, tuple[str, str, str]] = {}  # block argument → (part, part's argument, constant)
+        for part, cfg in zip(("norm", "attn", "ffn"), triple):
+            for arg, const in cfg.args.items():
+                name = arg if all(arg not in c.args for c in triple if c is not cfg) else f"{part}_{arg}"
+                args[name] = (part, arg, const)
+        types = {const.name: _py_type(const.value) for cfg in triple for const in cfg.constants}
+        block = blocks.setdefault(key, {
+            "name": names[key],
+            "signature": "".join(f", {n}: {types[c]}" for n, (_, _, c) in args.items()),
+            "norm": _part_call(triple[0], "norm", args, "D_MODEL"),
+            "attention": _part_call(triple[1], "attn", args),
+            "ffn": _part_call(triple[2], "ffn", args),
+            "cache_class": b.attention.sparsity.cache_class,
+            "layers": [],
+        })
+        block["layers"] += layers
+        call = f"{names[key]}({', '.join(f'{n}={c}' for n, (_, _, c) in args.items())})"
+        calls.update({i: call for i in layers})
+    runs: list[list] = []
+    for i in range(n_layers):
+        if runs and runs[-1][0] == calls[i]:
+            runs[-1][2] = i
+        else:
+            runs.append([calls[i], i, i])
+    for block in blocks.values():
+        block["layers"] = _comment_safe(_layer_list(sorted(block["layers"])))
+    return list(blocks.values()), [tuple(r) for r in runs]
+
+
+def _part_call(cfg: Config, part: str, args: dict[str, tuple[str, str, str]], *leading: str) -> str:
+    given = [f"{arg}={name}" for name, (p, arg, _) in args.items() if p == part]
+    return f"{cfg.cls}({', '.join([*leading, *given])})"
 
 
 def _layer_list(layers: list[int]) -> str:
@@ -306,10 +442,32 @@ def _layer_list(layers: list[int]) -> str:
     return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
+_IMPORT_MARK = "# <archspec.runtime imports>"
+_KERNELS = {"sparse_attention": "sparse attention", "grouped_mm": "the MoE grouped GEMM"}
+
+
+def _runtime_import(text: str) -> tuple[str, str]:
+    """The import line of the archspec.runtime names the rendered file uses, and the kernels it names among them:
+    a file imports (and so reads as using) only what it calls."""
+    names = {node.id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Name)}  # code, not comments
+    used = [name for name in _runtime.__all__ if name in names]
+    if not used:
+        return "", ""
+    used.sort(key=lambda n: (not n.isupper(), not n[:1].isupper(), n.lower()))  # constants, classes, functions
+    line = "from archspec.runtime import " + ", ".join(used)
+    if len(line) > 120:
+        line = "from archspec.runtime import (\n" + "".join(f"    {n},\n" for n in used) + ")"
+    kernels = "".join(f", {_KERNELS[n]}" for n in used if n in _KERNELS)
+    return line, kernels
+
+
 def render(spec: Spec, source: str | None = None) -> str:
     """The generated module's source. Deterministic: the same spec and source label give the same bytes."""
     context = _context(spec, source or f"the spec {spec.name!r}")
-    text = _ENV.get_template("model.py.j2").render(**context, from_file=source is not None)
+    text = _ENV.get_template("model.py.j2").render(**context, from_file=source is not None,
+                                                   runtime_import=_IMPORT_MARK, runtime_kernels="<kernels>")
+    line, kernels = _runtime_import(text)
+    text = text.replace(_IMPORT_MARK, line).replace("<kernels>", kernels)
     # Normalise blank lines the includes leave behind (at most two in a row, as black would).
     lines, blank = [], 0
     for line in text.splitlines():

@@ -130,10 +130,9 @@ class KindUnit(Strict):
 
     family: ClassVar[str]
     template: ClassVar[str | None] = None
-    # Helper code several kinds share (template files beside the unit's module, e.g. the blockwise attention every
-    # sparse pattern calls): codegen renders each file once per generated module, however many units name it, before
-    # the bodies of the family's units.
-    shared_templates: ClassVar[tuple[str, ...]] = ()
+    prefix: ClassVar[str | None] = None  # see class_prefix
+    # Code several kinds call (sparse attention's kernels, the MoE grouped GEMM, the KV caches) is not rendered: it
+    # lives once in archspec.runtime, and a generated file imports the names it uses.
 
     # spec
     def fill_defaults(self, m: "ModelSpec") -> None:
@@ -162,17 +161,16 @@ class KindUnit(Strict):
         return {}
 
     @classmethod
+    def class_prefix(cls) -> str:
+        """How a generated file names this kind's class when layers differ (`WindowAttention`, `MoEFeedForward`):
+        `prefix`, else the kind in CamelCase."""
+        kind = cls.model_fields["kind"].default
+        return cls.prefix or "".join(p[:1].upper() + p[1:] for p in kind.split("_"))
+
+    @classmethod
     def template_path(cls) -> Path:
         kind = cls.model_fields["kind"].default
         return Path(inspect.getfile(cls)).with_name(cls.template or f"{kind}.py.j2")
-
-    def shared_templates_for(self, m: "ModelSpec") -> tuple[str, ...]:
-        """The shared helper files this configuration's code calls: `shared_templates`, unless a kind narrows it (a
-        generated file carries only the helpers it uses)."""
-        return self.shared_templates
-
-    def shared_template_paths(self, m: "ModelSpec") -> list[Path]:
-        return [Path(inspect.getfile(type(self))).with_name(name) for name in self.shared_templates_for(m)]
 
     # HF transformers interop (archspec.kinds.hf; the model-level assembly is archspec.hf)
     hf_block: ClassVar[str | None] = None  # the HF building block this kind is, in HF's words; None: HF has none
@@ -255,19 +253,20 @@ class SparsityKind(KindUnit):
 
     Generation (a KV cache) has two optional hooks; without them a layer caches every position (dense):
     `new_cache` (the body of `Attention.new_cache(batch_size, max_len, device, dtype, rollback)`: return this layer's
-    cache; the dense default is `KVCache`, see model.py.j2) and `decode` (the lines in Attention.forward that, given
+    cache; the dense default is archspec.runtime's `KVCache`) and `decode` (the lines in Attention.forward that, given
     `cache` and this step's `q`, `k`, `v` for T new positions starting at `cache.length`, store k and v and produce
     `y`). A cache has `length` (positions seen), `truncate(length)` (speculative decoding takes back rejected drafts:
     up to `rollback` positions) and `nbytes` (its K and V, which `cached_positions` prices).
 
-    A sparse pattern's template defines its predicate `mask_mod(b, h, q_idx, kv_idx)` and a `SparsePattern` (from the
-    shared `sparsity/sparse_attention.py.j2`, named in `shared_templates`) saying what the fast paths need; its
+    A sparse pattern's template defines its predicate `mask_mod(b, h, q_idx, kv_idx)` and a `SparsePattern`
+    (archspec.runtime.sparse) saying what the fast paths need; its
     `attend` calls `sparse_attention(q, k, v, PATTERN, ...)`, which picks FlexAttention on CUDA and the blockwise
     path everywhere else; its `new_cache` returns a `RollingKVCache(PATTERN, ...)`, which keeps the pattern's
     `n_global` leading positions and a ring buffer of the last `reach` positions (what `cached_positions` says), and
     its `decode` is `y = cache.attend(q, k, v)`."""
 
     family: ClassVar[str] = "sparsity"
+    cache_class: ClassVar[str] = "KVCache"  # what `new_cache` returns (archspec.runtime): the annotation of `cache`
 
     def keys(self, seq_len: int) -> float:
         """Mean number of keys a query attends to over a sequence of `seq_len` tokens (exact, as a rational)."""

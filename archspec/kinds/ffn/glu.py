@@ -16,6 +16,7 @@ from archspec.kinds.limits import MAX_HIDDEN
 @register
 class GLUSpec(FFNKind):
     kind: Literal["glu"] = "glu"  # down(act(gate(x)) * up(x)): silu = SwiGLU, gelu = GEGLU, relu = ReGLU, sigmoid = GLU
+    prefix = "GLU"
     activation: Activation = "silu"
     hidden_dim: int | None = Field(
         None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 32 (LLaMA)"

@@ -16,6 +16,7 @@ from archspec.kinds.limits import MAX_HIDDEN
 @register
 class MLPSpec(FFNKind):
     kind: Literal["mlp"] = "mlp"  # up → activation → down
+    prefix = "MLP"
     activation: MLPActivation = "gelu"
     hidden_dim: int | None = Field(None, ge=1, le=MAX_HIDDEN, description="default 4 · d_model")
     bias: bool = True

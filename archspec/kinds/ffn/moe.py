@@ -54,7 +54,7 @@ Expert = kind_union(MLPSpec, GLUSpec, default="glu")
 @register
 class MoESpec(FFNKind):
     kind: Literal["moe"] = "moe"  # router → top-k of n experts (+ shared experts)
-    shared_templates = ("grouped_mm.py.j2",)  # the grouped GEMM of the dropless dispatch (see grouped())
+    prefix = "MoE"
     n_experts: int = Field(8, ge=2, le=MAX_EXPERTS, description="routed experts")
     top_k: int = Field(2, ge=1, le=MAX_EXPERTS, description="experts per token, at most n_experts")
     expert: Expert = Field(default_factory=GLUSpec, description="one expert: a dense FFN (mlp or glu)")
@@ -158,9 +158,6 @@ class MoESpec(FFNKind):
         """Whether the dispatch can take the grouped GEMM (torch._grouped_mm): dropless, and sizes that are multiples
         of 8 (its 16-byte stride alignment, for fp32 and bf16). Else the padded batched matmul is the only path."""
         return self.capacity_factor is None and m.d_model % 8 == 0 and self.expert.hidden_dim % 8 == 0
-
-    def shared_templates_for(self, m) -> tuple[str, ...]:
-        return self.shared_templates if self.grouped(m) else ()
 
     def describe(self, m) -> str:
         e = self.expert

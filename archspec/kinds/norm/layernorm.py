@@ -13,6 +13,7 @@ from archspec.kinds.hf import HFWeight, put_fact
 @register
 class LayerNormSpec(NormKind):
     kind: Literal["layernorm"] = "layernorm"
+    prefix = "Layer"
     eps: float = Field(1e-5, gt=0, le=0.1)
     bias: bool = True  # GPT-2 LayerNorm has a bias; set false for the bias-free variant
 

@@ -13,6 +13,7 @@ from archspec.kinds.hf import HFWeight
 @register
 class RMSNormSpec(NormKind):
     kind: Literal["rmsnorm"] = "rmsnorm"
+    prefix = "RMS"
     eps: float = Field(1e-5, gt=0, le=0.1)
 
     def params(self, d_model: int) -> int:

@@ -1,4 +1,4 @@
-"""Attention patterns (which keys each query sees): each module here is one kind. The sparse ones share
-sparse_attention.py.j2 (the blockwise path and the FlexAttention dispatch), rendered once per generated file."""
+"""Attention patterns (which keys each query sees): each module here is one kind. The sparse ones call
+archspec.runtime.sparse (the blockwise path and the FlexAttention dispatch), which generated files import."""
 
 from archspec.kinds.sparsity import block_sparse, dense, global_local, sliding_window  # noqa: F401 (registers the kinds)

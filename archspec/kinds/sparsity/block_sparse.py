@@ -33,11 +33,11 @@ def block_sparse_keys(seq_len: int, block_size: int, n_blocks_back: int, global_
 @register
 class BlockSparsity(SparsityKind):
     kind: Literal["block_sparse"] = "block_sparse"  # own block, n_blocks_back blocks before it, maybe the first block
+    cache_class = "RollingKVCache"
     block_size: int = Field(64, ge=1, le=MAX_CONTEXT, description="positions per block (T need not be a multiple)")
     n_blocks_back: int = Field(3, ge=0, le=MAX_CONTEXT, description="whole blocks before its own a query sees")
     global_first_block: bool = Field(True, description="every query also sees the first block")
 
-    shared_templates = ("sparse_attention.py.j2",)
 
     def keys(self, seq_len: int) -> Fraction:
         return Fraction(block_sparse_keys(seq_len, self.block_size, self.n_blocks_back, self.global_first_block),

@@ -1,5 +1,5 @@
 """What the sparse patterns share on the Python side: the blockwise path's chunk size (the templates receive it as a
-literal) and what that path keeps for backward (archspec.memory). The code itself is sparse_attention.py.j2."""
+literal) and what that path keeps for backward (archspec.memory). The code itself is archspec.runtime.sparse."""
 
 from __future__ import annotations
 

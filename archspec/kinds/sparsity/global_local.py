@@ -26,11 +26,11 @@ def global_local_keys(seq_len: int, window: int, n_global: int) -> int:
 @register
 class GlobalLocalSparsity(SparsityKind):
     kind: Literal["global_local"] = "global_local"  # a local window plus the first n_global positions
+    cache_class = "RollingKVCache"
     window: int = Field(256, ge=1, le=MAX_CONTEXT, description="positions of the local window, the query included")
     n_global: int = Field(1, ge=1, le=MAX_CONTEXT,
                           description="the first n_global positions are global (< context_length)")
 
-    shared_templates = ("sparse_attention.py.j2",)
 
     def problems(self, m, path):
         if self.n_global >= m.context_length:

@@ -21,10 +21,11 @@ def window_keys(seq_len: int, window: int) -> int:
 @register
 class SlidingWindowSparsity(SparsityKind):
     kind: Literal["sliding_window"] = "sliding_window"  # query i sees keys j with i - window < j <= i
+    prefix = "Window"
+    cache_class = "RollingKVCache"
     window: int = Field(256, ge=1, le=MAX_CONTEXT,
                         description="positions each query sees, itself included (HF Mistral's sliding_window)")
 
-    shared_templates = ("sparse_attention.py.j2",)
 
     def keys(self, seq_len: int) -> Fraction:
         return Fraction(window_keys(seq_len, self.window), seq_len)

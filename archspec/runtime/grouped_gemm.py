@@ -1,11 +1,14 @@
-{#- Shared by the MoE FFN (MoESpec.shared_templates_for): rendered once per generated file, only where its dispatch
-    can take the grouped path; it holds no spec value. #}
-# Grouped GEMM for mixture-of-experts: rows sorted by expert, each expert's contiguous slice times that expert's own
-# weight, all in one call (torch._grouped_mm, the kernel torchtitan uses). It runs on CPU (fp32, bf16; torch 2.9+)
-# and on CUDA (bf16, Hopper), but through torch 2.13 its shape function accepts bf16 only, so torch.compile cannot
-# trace it in fp32. On CPU it is therefore called through the two ops below, which give it a shape function and a
-# FLOP count of their own and a backward made of the same two ops: an fp32 MoE block compiles whole, each grouped GEMM
-# one opaque call. Rows and weights need 16-byte aligned strides (sizes that are multiples of 8). No double backward.
+"""Grouped GEMM for mixture-of-experts: rows sorted by expert, each expert's contiguous slice times that expert's own
+weight, all in one call (torch._grouped_mm, the kernel torchtitan uses). It runs on CPU (fp32, bf16; torch 2.9+) and
+on CUDA (bf16, Hopper), but through torch 2.13 its shape function accepts bf16 only, so torch.compile cannot trace it
+in fp32. On CPU it is therefore called through the two ops below, which give it a shape function and a FLOP count of
+their own and a backward made of the same two ops: an fp32 MoE block compiles whole, each grouped GEMM one opaque
+call. Rows and weights need 16-byte aligned strides (sizes that are multiples of 8). No double backward.
+"""
+
+from __future__ import annotations
+
+import torch
 
 
 def _define_grouped_mm_ops():

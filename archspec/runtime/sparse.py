@@ -1,9 +1,14 @@
-{#- Shared by every sparse pattern (SparsityKind.shared_templates): rendered once per generated file. It takes
-    everything from its arguments, so it holds no spec value and never needs renaming. #}
-# Sparse attention, shared by every sparse pattern. A pattern is a predicate, `mask_mod(b, h, q_idx, kv_idx)`
-# (FlexAttention's convention: tensors of positions in, booleans out), plus what the fast paths need to gather only
-# the keys it can see. Masking a dense T×T score matrix would give the same answer at the full O(T²) cost; here time
-# and memory fall with the pattern's density.
+"""Sparse attention: the machinery behind `sparse_attention(q, k, v, PATTERN)` in a generated model file.
+
+A pattern is a predicate, `mask_mod(b, h, q_idx, kv_idx)` (FlexAttention's convention: tensors of positions in,
+booleans out), plus what the fast paths need to gather only the keys it can see. Masking a dense T×T score matrix
+would give the same answer at the full O(T²) cost; here time and memory fall with the pattern's density.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
 
 
 class SparsePattern:
