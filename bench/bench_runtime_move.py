@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BEFORE = "81831ec"  # the last commit whose generated files carried the kernels
+BEFORE = "5475eb5"  # the last commit whose generated files carried the kernels
 
 
 def _steps(model, idx, n: int, opt) -> list[float]:

@@ -20,8 +20,13 @@ WATCHED = [ROOT / "registry", ROOT / "runs", ROOT / ".cache", ROOT / "generated"
            _REAL_HOME / ".cache" / "archspec", _REAL_HOME / ".local" / "share" / "archspec"]
 
 
+_SCRATCH = {".hypothesis", ".pytest_cache", ".venv", "__pycache__", "archspec.egg-info", "build", "dist"}
+
+
 def _snapshot() -> dict[str, str]:
-    out: dict[str, str] = {}
+    # The checkout's top level: a test that writes into the working directory (a relative path it was handed) adds an
+    # entry here.
+    out: dict[str, str] = {f"top-level entry {name!r}": "present" for name in os.listdir(ROOT) if name not in _SCRATCH}
     for top in WATCHED:
         if not top.exists():
             continue

@@ -197,8 +197,9 @@ def _alarm(seconds: int):
 
 
 def run_cli(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """main(argv) in a scratch working directory (hostile relative paths land there, never in the checkout)."""
     runner = CliRunner()
-    with runner.isolation(env=env) as outstreams:
+    with runner.isolated_filesystem(), runner.isolation(env=env) as outstreams:
         with _alarm(60):
             try:
                 code = main(argv)
