@@ -30,6 +30,7 @@ _SUBCOMMANDS = [
     ("archspec.sample_cmd", ["sample"]),
     ("archspec.probe", ["probe"]),
     ("archspec.scaling_cmd", ["scaling"]),
+    ("archspec.ui.cli", ["ui"]),
 ]
 
 

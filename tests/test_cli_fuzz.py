@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,7 +83,10 @@ def world(tmp_path_factory):
         "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
         "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}))
-    return {"root": root, "spec": spec, "specs": specs, "sweep": sweep, "fifo": fifo, "url": url, "run": run,
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"port": port, "root": root, "spec": spec, "specs": specs, "sweep": sweep, "fifo": fifo, "url": url, "run": run,
             "hf": hf, "checkpoint": checkpoint}
 
 
@@ -112,6 +116,7 @@ def base_invocations(w) -> dict[tuple[str, ...], list[str]]:
         ("probe",): ["probe", run, "--task", "mqar", "--pairs", "2", "--examples", "2", "--no-record", "--registry", url,
                      "--device", "cpu"],
         ("scaling",): ["scaling", "fz", "--registry", url],
+        ("ui",): ["ui", "--registry", url, "--check", "--port", str(w["port"])],  # --check: never serves
     }
 
 

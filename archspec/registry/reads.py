@@ -462,6 +462,11 @@ class RegistryReader(RegistryEngine):
             q = q.where(Metric.run_id == run_id)
         return self._read(lambda conn: int(conn.execute(q).scalar_one()), "count_metrics", empty=int)
 
+    def sweep_names(self) -> list[tuple[str, int]]:
+        """Every sweep the registry knows, with how many runs belong to it, by name."""
+        q = select(SweepRun.sweep, func.count(SweepRun.run_id)).group_by(SweepRun.sweep).order_by(SweepRun.sweep)
+        return self._read(lambda conn: [(str(a), int(b)) for a, b in conn.execute(q)], "sweep_names", empty=list)
+
     def specs(
         self, where: str | None = None, sort: str | None = None, limit: int | None = None
     ) -> QueryResult[SpecRow]:
