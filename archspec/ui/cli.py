@@ -27,7 +27,7 @@ def _loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind. Anything but loopback exposes the registry to the network: the app has no "
                    "authentication.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="Port to listen on.")
 @click.option("--check", is_flag=True, help="Open the registry and build the app, print the URL, and exit.")
 def ui_cmd(registry_url: str | None, host: str, port: int, check: bool) -> None:
     """Browse the registry: runs (filters as `runs list --where`), curves, a run's spec, accounting and generated
