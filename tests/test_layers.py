@@ -285,3 +285,18 @@ def test_rope_buffers_follow_the_layers_head_width(tmp_path):
     spec = load_spec_dict(raw)
     model = generate(spec, out_dir=tmp_path).Model()
     assert account(spec).buffer_elements == sum(b.numel() for b in model.buffers())
+
+
+def test_layers_with_windows_of_two_sizes_share_one_attention_class_taking_the_pattern(tmp_path):
+    """A window that differs by layer is a pattern object per size; the one Attention class takes it (and n_kv_heads)
+    as constructor arguments, the module-level patterns named by their layers."""
+    spec = load_spec_dict(with_layers({"wide": {"select": [1, 3], "attention": {
+        "n_kv_heads": 1, "sparsity": {"kind": "sliding_window", "window": 16}}}},
+        n_layers=4, attention={"n_heads": 2, "n_kv_heads": 2, "sparsity": {"kind": "sliding_window", "window": 8}}))
+    gen = generate(spec, out_dir=tmp_path)
+    assert gen.source.count("class Attention(") == 1 and gen.source.count("class Block(") == 1
+    assert "SLIDING_WINDOW_LAYERS_1_3 = SparsePattern(" in gen.source and "WINDOW_LAYERS_1_3 = 16" in gen.source
+    model = gen.Model()
+    assert [b.attn.sliding_window.reach for b in model.blocks] == [8, 16, 8, 16]
+    assert account(spec).total == sum(p.numel() for p in model.parameters())
+    T.assert_causal(model, spec.model.vocab_size, 40, position=20)

@@ -17,7 +17,7 @@ import re
 import sys
 import textwrap
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -132,6 +132,15 @@ def _top_level_names(body: str) -> list[str]:
     return names
 
 
+def _objects(body: str) -> list[tuple[str, str]]:
+    """Module-level objects built by a call (`SLIDING_WINDOW = SparsePattern(...)`): (name, the called name)."""
+    out = []
+    for node in ast.parse(body).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            out += [(t.id, node.value.func.id) for t in node.targets if isinstance(t, ast.Name)]
+    return out
+
+
 def _rename(text: str, mapping: dict[str, str]) -> str:
     if not mapping:
         return text
@@ -149,6 +158,7 @@ class Config:
     constants: list[Const]
     cls: str
     args: dict[str, str]
+    arg_types: dict[str, str] = field(default_factory=dict)  # argument → its annotation
 
     def call(self, *leading: str) -> str:
         return f"{self.cls}({', '.join([*leading, *(f'{k}={v}' for k, v in self.args.items())])})"
@@ -182,14 +192,20 @@ def _with_arguments(body: str, cls: str, params: dict[str, tuple[str, str]]) -> 
 
 
 def _configs(units: list[Any], labels: list[str], render_one, constants_of, base_cls: str,
-             layers: list[list[int]]) -> list[Config]:
+             layers: list[list[int]], refs: list[dict[str, tuple[str, str]]] | None = None) -> list[Config]:
     """Render each configuration (`labels[i]`: its kind's class-name prefix; `layers[i]`: the layers it serves) and lay
-    out the classes as described above."""
+    out the classes as described above. `refs[i]`: module-level objects the code names by a generic name, with the
+    name and type they have for configuration i (an attention's sparsity pattern): like constants, an object that
+    differs between configurations of one class becomes a constructor argument."""
     parts = [render_one(u) for u in units]
     consts = [constants_of(u) for u in units]
     if len(units) == 1:
-        return [Config(parts[0], consts[0], base_cls, {})]
+        mapping = {name: actual for name, (actual, _) in (refs or [{}])[0].items() if name != actual}
+        part = Part(_rename(parts[0].body, mapping), {h: _rename(v, mapping) for h, v in parts[0].hooks.items()})
+        return [Config(part, consts[0], base_cls, {})]
     main = max(range(len(units)), key=lambda i: (len(layers[i]), -i))  # the configuration most layers use
+    refs = refs or [{} for _ in units]
+    ref_types = {name: kind for r in refs for name, (_, kind) in r.items()}
 
     # Constants: one name per distinct value; the plain name for the main configuration's value (or the commonest).
     values: dict[str, dict[int, Const]] = {}
@@ -206,6 +222,9 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
             tail = "" if value == plain else "_" + _layer_suffix(sorted(j for i in us for j in layers[i]))
             for i in us:
                 named[(name, i)] = name + tail
+    for i, r in enumerate(refs):
+        named.update({(name, i): actual for name, (actual, _) in r.items()})
+    names_of = [[c.name for c in consts[i]] + list(refs[i]) for i in range(len(units))]
 
     # Configurations with the same code (constants by their plain names) share a class.
     code = [p.body + "\0" + json.dumps(p.hooks, sort_keys=True) for p in parts]
@@ -216,7 +235,7 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
     if not base_cls:  # module-level code only (a sparsity pattern): nothing can take arguments
         groups = [[i] for i in range(len(units))]
     for g in list(groups):  # a shared constant that module-level code also reads cannot become an argument
-        varying = {c.name for i in g for c in consts[i] if len({named[(c.name, j)] for j in g}) > 1}
+        varying = {n for i in g for n in names_of[i] if len({named[(n, j)] for j in g}) > 1}
         if len(g) > 1 and varying and _with_arguments(parts[g[0]].body, base_cls, {n: (n.lower(), "int") for n in varying}) is None:
             groups[groups.index(g)] = [g[0]]
             groups += [[i] for i in g[1:]]
@@ -233,9 +252,9 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
     out: list[Config | None] = [None] * len(units)
     for k, g in enumerate(groups):
         first = g[0]
-        varying = sorted({c.name for i in g for c in consts[i] if len({named[(c.name, j)] for j in g}) > 1})
+        varying = sorted({n for i in g for n in names_of[i] if len({named[(n, j)] for j in g}) > 1})
         value_of = {c.name: c.value for c in consts[first]}
-        params = {n: (n.lower(), _py_type(value_of[n])) for n in varying}
+        params = {n: (n.lower(), ref_types[n] if n in ref_types else _py_type(value_of[n])) for n in varying}
         body = parts[first].body
         if params:
             body = _with_arguments(body, base_cls, params)
@@ -246,12 +265,13 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
                                          for n in clashes}
         if base_cls:
             mapping[base_cls] = names[k]
-        mapping.update({c.name: named[(c.name, first)] for c in consts[first] if c.name not in params})
+        mapping.update({n: named[(n, first)] for n in names_of[first] if n not in params})
         hooks = {h: _rename(v, mapping) for h, v in parts[first].hooks.items()}
         shared = Part(_rename(body, mapping), hooks)
         for i in g:
             args = {params[n][0]: named[(n, i)] for n in varying}
-            out[i] = Config(shared, [Const(named[(c.name, i)], c.value, c.why) for c in consts[i]], names[k], args)
+            out[i] = Config(shared, [Const(named[(c.name, i)], c.value, c.why) for c in consts[i]], names[k], args,
+                            {arg: kind for arg, kind in params.values()})
     return out  # type: ignore[return-value]
 
 
@@ -316,16 +336,23 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
 
     def render_attention(att: Any) -> Part:
         ctx = att.template_context(m)
-        # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it.
-        sparsity = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, ctx),
-                            lambda u: u.constants(m), "", sparsity_layers)[sparsities.index(att.sparsity)].part
+        # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it; under its own
+        # names (SLIDING_WINDOW): the pattern object a configuration uses is one of its refs.
+        sparsity = _unit_part(att.sparsity, m, ctx)
         body = _render_unit(f"unit:{ATTENTION_TEMPLATE}", (), {"unit": att, **ctx, "positional": positional,
                                                               "sparsity": sparsity,
                                                               "cache_class": att.sparsity.cache_class}).body
         return Part(body, {})
 
+    def pattern_refs(att: Any) -> dict[str, tuple[str, str]]:
+        """The module-level objects of the attention's pattern (its SparsePattern), as the file names them."""
+        own = _objects(_unit_part(att.sparsity, m, {"gqa": False}).body)
+        in_file = _objects(sparsity_cfgs[sparsities.index(att.sparsity)].part.body)
+        return {name: (actual, kind) for (name, kind), (actual, _) in zip(own, in_file)}
+
     attention_cfgs = _configs(attentions, [type(att.sparsity).class_prefix() for att in attentions], render_attention,
-                              lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention))
+                              lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention),
+                              [pattern_refs(att) for att in attentions])
 
     consts = [
         Const("VOCAB_SIZE", lit_int(m.vocab_size)),
@@ -403,14 +430,15 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
     for (b, layers), triple, key in zip(groups, parts, keys):
         # The parts' constructor arguments become the block's; one that two parts share is told apart by its part.
         args: dict[str, tuple[str, str, str]] = {}  # block argument → (part, part's argument, constant)
+        types: dict[str, str] = {}
         for part, cfg in zip(("norm", "attn", "ffn"), triple):
             for arg, const in cfg.args.items():
                 name = arg if all(arg not in c.args for c in triple if c is not cfg) else f"{part}_{arg}"
                 args[name] = (part, arg, const)
-        types = {const.name: _py_type(const.value) for cfg in triple for const in cfg.constants}
+                types[name] = cfg.arg_types[arg]
         block = blocks.setdefault(key, {
             "name": names[key],
-            "signature": "".join(f", {n}: {types[c]}" for n, (_, _, c) in args.items()),
+            "signature": "".join(f", {n}: {types[n]}" for n in args),
             "norm": _part_call(triple[0], "norm", args, "D_MODEL"),
             "attention": _part_call(triple[1], "attn", args),
             "ffn": _part_call(triple[2], "ffn", args),
