@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import sys
 import warnings
 
@@ -77,9 +78,29 @@ def check_argv(argv: list[str]) -> None:
             raise UserError(f"{where} ({printable(arg, 60)}) {problem}; archspec takes UTF-8 text and paths")
 
 
+# Where archspec finds paths besides its arguments: they end up in the registry too, so they must be UTF-8 as well.
+PATH_VARIABLES = ("ARCHSPEC_HOME", "ARCHSPEC_CACHE", "ARCHSPEC_REGISTRY", "XDG_DATA_HOME", "XDG_CACHE_HOME", "HOME")
+
+
+def check_surroundings() -> None:
+    """The working directory and the path variables archspec reads, checked like the arguments (relative paths and
+    defaults are resolved against them, and stored)."""
+    try:
+        cwd = os.getcwd()
+    except OSError as e:  # removed under us
+        raise UserError(f"the working directory is gone ({e.strerror}); cd somewhere that exists") from None
+    for what, value in [("the working directory", cwd), *((f"${n}", os.environ.get(n) or "") for n in PATH_VARIABLES)]:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{what} ({printable(value, 80)}) is not UTF-8 text; archspec stores the paths it "
+                            "derives from it as UTF-8") from None
+
+
 def _main(argv: list[str] | None) -> int:
     try:
         check_argv(list(sys.argv[1:] if argv is None else argv))
+        check_surroundings()
         # Without standalone mode click returns a command's exit code (from ctx.exit / Exit) instead of exiting.
         rc = cli.main(args=argv, prog_name="archspec", standalone_mode=False)
     except UserError as e:

@@ -17,7 +17,8 @@ def env_int(name: str, default: int, minimum: int = 0, maximum: int = ENV_INT_LI
     if not raw.strip():
         return default
     text = raw.strip()
-    if len(text) > 20 or not (text.isascii() and text.lstrip("+-").isdigit()):
+    digits = text[1:] if text[:1] in "+-" else text  # one sign at most
+    if len(text) > 20 or not (digits.isascii() and digits.isdigit()):
         raise UserError(f"${name} must be an integer, got {printable(repr(raw), 60)}")
     value = int(text)
     if not minimum <= value <= maximum:

@@ -22,7 +22,7 @@ import os
 import warnings
 from pathlib import Path
 
-from archspec.errors import Note, UserError
+from archspec.errors import Note, UserError, printable
 
 HOME_ENV = "ARCHSPEC_HOME"
 CACHE_ENV = "ARCHSPEC_CACHE"
@@ -43,7 +43,14 @@ def _env_path(name: str) -> Path | None:
         return None
     if "\0" in value:
         raise UserError(f"${name}: holds a NUL byte; expected a directory path")
-    return Path(value).expanduser().absolute()
+    try:
+        value.encode("utf-8")
+        return Path(value).expanduser().absolute()
+    except UnicodeEncodeError:
+        raise UserError(f"${name}: {printable(value, 80)} is not UTF-8; archspec keeps its paths in the registry as "
+                        "UTF-8 text") from None
+    except RuntimeError as e:  # ~nosuchuser
+        raise UserError(f"${name}: {printable(value, 80)}: {e}") from None
 
 
 def _declares_archspec(pyproject: Path) -> bool:

@@ -1,7 +1,7 @@
 """Sampling from a model: what `archspec sample` loads, and speculative decoding.
 
-The KV cache, the sampling rule (temperature, top-k, top-p) and `generate()` live in the generated module itself, so
-a copied-out file can generate with torch alone. This module only finds the model (a registry run, a checkpoint, a
+Every generated model generates by itself (`generate()`, `stream()`: its KV cache and archspec.runtime's sampling rule
+and decode loop). This module only finds the model (a registry run, a checkpoint, a
 run directory, or a bare spec with random weights), its tokenizer (stored in the checkpoint: nothing is read from the
 data cache), and runs two models together for speculative decoding.
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from archspec.cli_options import MAX_STEPS, registry_option, set_option
+from archspec.registry.query import text_literal
 from archspec.console import echo
 from archspec.errors import UserError, printable
 
@@ -38,7 +39,7 @@ def _source_rows(registry, sweep: str | None, where: str | None, overrides: tupl
     if not ids:
         raise UserError(f"sweep {printable(name, 100)!r}: no runs in the registry {registry.url} "
                         f"(`archspec ablate` trains a sweep; `archspec runs list --where 'sweep = ...'` lists them)")
-    rows = [r for r in registry.runs(where=f"sweep = {json.dumps(name)}", sort="created") if r.id in ids]
+    rows = [r for r in registry.runs(where=f"sweep = {text_literal(name)}", sort="created") if r.id in ids]
     return rows, name
 
 

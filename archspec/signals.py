@@ -82,6 +82,17 @@ def deferred_interrupts() -> Iterator[None]:
         raise_if_terminated()
 
 
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """A block that must finish once the work is already stopping (its last checkpoint, its record): signals handled
+    here are remembered but not raised, in it or when it ends (the stop they ask for is under way)."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+
+
 def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM,)) -> SignalHandlers:
     """Turn SIGTERM (and any other `signals`) into `Terminated` in the main thread.
 
@@ -104,4 +115,4 @@ def raise_if_terminated() -> None:
 
 
 __all__ = ["Terminated", "SignalHandlers", "install_signal_handlers", "raise_if_terminated", "deferred_interrupts",
-           "EXIT_CODES"]
+           "interrupts_held", "EXIT_CODES"]

@@ -146,10 +146,9 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 @pytest.mark.parametrize("extra,needle", [
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_scaling": YARN},
-     "rope_scaling: {'factor': 4.0, 'original_max_position_embeddings': 8, 'rope_type': 'yarn'} contradicts "
-     "rope_parameters {'rope_type': 'default'}"),
+     "rope_scaling: rope_type 'yarn' contradicts rope_parameters' 'default'"),
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
-      "rope_scaling": {"type": "linear", "factor": 3.0}}, "contradicts rope_parameters"),
+      "rope_scaling": {"type": "linear", "factor": 3.0}}, "factor 3.0 contradicts rope_parameters' 2.0"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5},
      "rope_theta: 500000.0 contradicts rope_parameters.rope_theta 10000.0"),
 ])
@@ -211,3 +210,55 @@ def test_ctrl_c_at_any_moment_of_startup_never_prints_a_traceback(spec_file, tmp
         assert proc.returncode in (0, 130), (delay, proc.returncode, text)
         if proc.returncode == 130:
             assert text.strip().splitlines()[-1] in ("interrupted", "aborted"), (delay, text)
+
+
+# ── found by review (each a member of a class above) ─────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("value", ["+-1", "--1", "+", "1-", "１"])
+def test_numbers_from_the_environment_take_one_sign_at_most(value, spec_file, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", value)
+    _refused(*_run(capsys, "train", spec_file, "--dry-run")[::2], "$WORLD_SIZE must be an integer")
+
+
+@pytest.mark.parametrize("url,needle", [("postgresql://u@h:abc/db", "invalid registry URL"),
+                                        ("sqlite:///a\udcffb.db", "is not UTF-8 text")])
+def test_registry_urls_that_cannot_be_parsed_or_stored_are_refused(url, needle, tmp_path, capsys):
+    code, _, err = _run(capsys, "runs", "list", "--registry", url)
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_path_variables_and_the_working_directory_must_be_utf8(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ARCHSPEC_HOME", "~nosuchuser-archspec/x")
+    code, _, err = _run(capsys, "runs", "list")
+    assert code == 2 and "$ARCHSPEC_HOME: ~nosuchuser-archspec/x" in err, err
+    monkeypatch.delenv("ARCHSPEC_HOME")
+    odd = tmp_path / "cw\udcff"
+    os.mkdir(odd)
+    monkeypatch.chdir(odd)
+    code, _, err = _run(capsys, "runs", "list", "--registry", f"sqlite:///{tmp_path}/r.db")
+    assert code == 2 and "the working directory" in err and "is not UTF-8 text" in err, err
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 5e-324, 1e-46])
+def test_any_positive_top_p_keeps_the_most_likely_token(top_p):
+    from archspec import runtime
+
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
+    probs = runtime.next_token_probs(logits, 1.0, top_p=top_p)
+    assert torch.isfinite(probs).all() and torch.equal(probs.argmax(-1), logits.argmax(-1))
+    assert torch.all(probs.max(-1).values == 1.0)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"rope_theta": [1]}, "rope_theta"),
+    ({"rope_parameters": {"rope_type": ["linear"], "factor": 2.0}}, "rope_type"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+      "rope_scaling": {"rope_type": "default", "rope_theta": 5e5}}, "contradicts rope_parameters"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0},
+      "rope_scaling": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "contradicts rope_parameters"),
+    ({"rope_parameters": {"rope_type": "linear", "type": "dynamic", "factor": 2.0}}, "contradicts"),
+])
+def test_import_hf_refuses_odd_or_contradicting_rope_values(extra, needle, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
+    code, _, err = _run(capsys, "import-hf", tmp_path / "config.json", "-o", tmp_path / "out.yaml")
+    assert code == 2 and needle in err and "Traceback" not in err, err

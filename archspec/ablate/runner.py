@@ -10,7 +10,6 @@ RUNNING (with a live heartbeat, i.e. another machine on the same registry) is le
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -21,6 +20,7 @@ from archspec.ablate.report import RunResult, VariantResult, label_overrides
 from archspec.ablate.sweep import Job, Sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
+from archspec.registry.query import text_literal
 from archspec.spec import parse_spec, spec_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
@@ -175,7 +175,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     variants with no runs yet are listed empty. Without it, variants are
     grouped by the variant their membership records, the latest attempt per (variant, seed).
     """
-    rows = registry.runs(where=f"sweep = {json.dumps(sweep_name)}", sort="created")
+    rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
     wanted = {_identity(spec_hash(j.spec), j.spec.train.model_dump(mode="json")): j
               for j in sweep.jobs} if sweep else {}
     by_variant: dict[int, dict[int, Any]] = {}

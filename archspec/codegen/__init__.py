@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import linecache
 import math
 import os
 import re
@@ -192,7 +193,8 @@ def _with_arguments(body: str, cls: str, params: dict[str, tuple[str, str]]) -> 
 
 
 def _configs(units: list[Any], labels: list[str], render_one, constants_of, base_cls: str,
-             layers: list[list[int]], refs: list[dict[str, tuple[str, str]]] | None = None) -> list[Config]:
+             layers: list[list[int]], refs: list[dict[str, tuple[str, str]]] | None = None,
+             main: int | None = None) -> list[Config]:
     """Render each configuration (`labels[i]`: its kind's class-name prefix; `layers[i]`: the layers it serves) and lay
     out the classes as described above. `refs[i]`: module-level objects the code names by a generic name, with the
     name and type they have for configuration i (an attention's sparsity pattern): like constants, an object that
@@ -203,7 +205,8 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
         mapping = {name: actual for name, (actual, _) in (refs or [{}])[0].items() if name != actual}
         part = Part(_rename(parts[0].body, mapping), {h: _rename(v, mapping) for h, v in parts[0].hooks.items()})
         return [Config(part, consts[0], base_cls, {})]
-    main = max(range(len(units)), key=lambda i: (len(layers[i]), -i))  # the configuration most layers use
+    if main is None:  # the configuration most layers use keeps the plain names
+        main = max(range(len(units)), key=lambda i: (len(layers[i]), -i))
     refs = refs or [{} for _ in units]
     ref_types = {name: kind for r in refs for name, (_, kind) in r.items()}
 
@@ -270,7 +273,8 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
         shared = Part(_rename(body, mapping), hooks)
         for i in g:
             args = {params[n][0]: named[(n, i)] for n in varying}
-            out[i] = Config(shared, [Const(named[(c.name, i)], c.value, c.why) for c in consts[i]], names[k], args,
+            out[i] = Config(shared, [Const(named[(c.name, i)], c.value, _rename(c.why, {c.name: named[(c.name, i)]}))
+                                     for c in consts[i]], names[k], args,
                             {arg: kind for arg, kind in params.values()})
     return out  # type: ignore[return-value]
 
@@ -324,10 +328,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         return [type(u).class_prefix() for u in units]
 
     norm_layers = layers_of(norms, lambda b: b.norm)
-    if not norm_layers[0]:  # the final norm alone: it counts as one more layer for naming
-        norm_layers[0] = [m.n_layers]
+    # The model-wide norm (also the final norm) keeps the plain names; a layer group's norm is named by its layers.
     norm_cfgs = _configs(norms, prefixes(norms), lambda u: _unit_part(u, m), lambda u: u.constants(m), "Norm",
-                         norm_layers)
+                         norm_layers, main=0)
     ffn_cfgs = _configs(ffns, prefixes(ffns), lambda u: _unit_part(u, m), lambda u: u.constants(m), "FeedForward",
                         layers_of(ffns, lambda b: b.ffn))
     sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity)
@@ -542,6 +545,7 @@ def import_source(path: Path, text: str | None = None) -> ModuleType:
         return sys.modules[mod_name]
     module = ModuleType(mod_name)
     module.__file__ = str(path)
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))  # tracebacks, inspect
     sys.modules[mod_name] = module  # dataclasses/pickling/torch.compile look modules up by name
     try:
         exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 (archspec's own rendered source)
@@ -565,12 +569,8 @@ def generate(spec: Spec, out_dir: str | Path = DEFAULT_OUT, write: bool = True,
                 os.replace(tmp, path)
         except OSError as e:
             raise UserError(f"{path}: cannot write generated module: {e}") from None
-    else:
-        import tempfile
-
-        tmpdir = Path(tempfile.mkdtemp(prefix="archspec-gen-"))
-        path = tmpdir / f"{spec.name}.py"
-        path.write_text(text, encoding="utf-8")
+    else:  # nothing on disk: the module runs from the text, and tracebacks and inspect read it from linecache
+        path = Path(f"<archspec generated {spec.name}>")
     module = import_source(path, text)
     return Generated(spec=spec, source=text, path=path, source_hash=hashlib.sha256(text.encode()).hexdigest(),
                      module=module)

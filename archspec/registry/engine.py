@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.registry import migrate
 
 log = logging.getLogger("archspec.registry")
@@ -72,11 +72,13 @@ def utcnow() -> datetime:
 
 def _normalize_url(url: str):
     try:
+        str(url).encode("utf-8")
         u = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError, UnicodeEncodeError) as e:  # a port that is not a number, bytes not UTF-8
+        why = f" ({printable(str(e), 120)})" if isinstance(e, ValueError) and not isinstance(e, UnicodeError) else ""
         raise UserError(
-            f"invalid registry URL {url!r}: expected a SQLAlchemy URL such as sqlite:///registry/archspec.db "
-            "or postgresql+psycopg://user@host/db"
+            f"invalid registry URL {printable(repr(url), 200)}{why}: expected a SQLAlchemy URL such as "
+            "sqlite:///registry/archspec.db or postgresql+psycopg://user@host/db"
         ) from None
     if u.drivername == "postgresql":
         # SQLAlchemy's default PostgreSQL driver is psycopg2; archspec's postgres extra installs psycopg 3.

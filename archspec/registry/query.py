@@ -78,6 +78,12 @@ MAX_SORT_KEYS = 16
 # ── errors ───────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
+def text_literal(value: str) -> str:
+    """`value` as a string literal of the filter language ('...' with '' for a quote): what code that builds a filter
+    from a stored or given name must use (JSON's \\" and \\\\ escapes mean nothing here)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 class FilterError(UserError):
     """A bad filter or sort: the message names the column, and `problems` echo the text with a caret under it."""
 

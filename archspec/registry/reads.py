@@ -354,6 +354,8 @@ class RegistryReader(RegistryEngine):
     def get_run(self, run_id: str) -> RunRow:
         """One run by id or by a unique id prefix (at least 4 characters); UserError when unknown or ambiguous."""
         run_id = run_id.strip()
+        if len(run_id) > 64:  # ids are 16 hex characters; a longer "prefix" matches nothing (and LIKE has limits)
+            raise UserError(f"no run {printable(run_id, 40)!r} in registry {self.url}: run ids are 16 characters")
 
         def tx(conn: Connection) -> RunRow:
             row = conn.execute(select(RunRecord).where(RunRecord.id == run_id)).first()

@@ -21,14 +21,15 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1).float()  # (B, V)
+    probs = F.softmax(logits, dim=-1)  # (B, V), float64
     if top_p is not None and top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
-        # Drop a token when the tokens ranked above it already reach top_p (the most likely one always stays).
+        # Drop a token when the tokens ranked above it already reach top_p (the most likely one always stays: what
+        # precedes it sums to 0, and 0 >= top_p never holds for a top_p > 0, however small, in float64).
         sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return probs.float()
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,

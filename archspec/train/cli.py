@@ -6,6 +6,7 @@ when `train.parallel.kind` is `fsdp`.
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import click
@@ -37,7 +38,7 @@ _NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dr
 def resume_command(ctx: click.Context, checkpoint) -> str:
     """The command that continues an interrupted `archspec train` from its checkpoint: the same spec and every option
     the run was started with (read from the command's own parameters, so a new option is repeated too)."""
-    args = ["archspec", "train", str(ctx.params["spec_path"])]
+    args = ["archspec", "train", os.path.abspath(str(ctx.params["spec_path"]))]  # works from any directory
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name in _NOT_REPEATED:
             continue

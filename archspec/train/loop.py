@@ -38,7 +38,8 @@ from archspec.errors import UserError, printable
 from archspec.memory import check_memory
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
-from archspec.signals import Terminated, deferred_interrupts, install_signal_handlers, raise_if_terminated
+from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
+                              raise_if_terminated)
 from archspec.train.checkpoint import (
     load_sharded,
     save_sharded,
@@ -649,8 +650,10 @@ class Trainer:
             how = f"terminated ({e})" if isinstance(e, Terminated) and not e.is_interrupt else "interrupted"
             # Ctrl-C never loses progress: the state at the last whole step is saved (checkpoint_interval or not).
             # Under several processes a save is collective and the others may not have been told: not attempted.
-            saved = "" if self.world.distributed else self._save_on_stop()
-            result = self._finish(KILLED, f"{how} at step {self.step}{saved}", losses, evals)
+            # More signals (Ctrl-C pressed again) must not cut the last checkpoint or the record short: held.
+            with interrupts_held():
+                saved = "" if self.world.distributed else self._save_on_stop()
+                result = self._finish(KILLED, f"{how} at step {self.step}{saved}", losses, evals)
             e.checkpoint = result.checkpoint  # type: ignore[attr-defined]  # for the CLI's resume command
             raise
         except Exception as e:
@@ -796,7 +799,9 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
         spec = with_steps(spec, steps)
     world = init_world(device)
     trainer, finished = None, False
-    handlers = install_signal_handlers((signal.SIGTERM, signal.SIGINT))  # remembered, and deferred inside an update
+    # Remembered, and deferred inside an update. A SIGINT the shell told us to ignore (a background job) stays ignored.
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    handlers = install_signal_handlers((signal.SIGTERM,) if ignored else (signal.SIGTERM, signal.SIGINT))
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
                           progress=progress, cache=cache, world=world, init_from=init_from)

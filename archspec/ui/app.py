@@ -70,7 +70,7 @@ def _limit(request: Request, default: int) -> int:
     raw = request.query_params.get("limit", "")
     if not raw:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise HTTPException(400, f"limit: expected a whole number from 1 to {MAX_LIMIT}, got {raw[:40]!r}")
     return int(raw)
 
@@ -129,6 +129,7 @@ class App:
 
     def run(self, run_id: str) -> tuple[RunRow, dict[str, Any]]:
         run = self._get_run(run_id)
+        run_id = run.id  # a prefix in the URL: the run's own id from here on
         histories = self.registry.metric_histories(run_id)
         data = run.to_dict()
         data.update(spec=run.spec, params=run.params, artifacts=[{"kind": k, "path": p} for k, p in
@@ -138,6 +139,7 @@ class App:
 
     def metric(self, run_id: str, key: str) -> dict[str, Any]:
         run = self._get_run(run_id)
+        run_id = run.id
         points = self.registry.metric_history(run_id, key)
         recipe = run.recipe
         tokens_per_step = 1
@@ -157,7 +159,10 @@ class App:
         from archspec.ablate.report import effect_numbers, effect_rows, main_effects, table_rows, variant_numbers
         from archspec.ablate.runner import collect
 
-        variants, baseline = collect(self.registry, name, None)
+        try:
+            variants, baseline = collect(self.registry, name, None)
+        except UserError:  # a name the filter language cannot hold is no sweep of this registry either
+            variants, baseline = [], 0
         if not variants or not any(v.runs for v in variants):
             raise HTTPException(404, f"no sweep {name[:80]!r} in this registry")
         effects = main_effects(variants, baseline)
@@ -210,10 +215,11 @@ class App:
                                  headers={"Content-Disposition": 'attachment; filename="spec.yaml"'})
 
     async def compare_page(self, request: Request) -> Response:
-        ids = [i for i in request.query_params.get("ids", "").split(",") if i][:8]
-        if len(ids) < 2:
-            raise HTTPException(400, "compare: give two or more run ids, ?ids=A,B")
+        ids = [i for i in request.query_params.get("ids", "").split(",") if i]
+        if not 2 <= len(ids) <= 8:
+            raise HTTPException(400, f"compare: give 2 to 8 run ids, ?ids=A,B (got {len(ids)})")
         runs = [self._get_run(i) for i in ids]
+        ids = [r.id for r in runs]
         flat = [flatten({"model": r.spec.get("model") or {}, "train": r.recipe}) for r in runs]
         keys = sorted(set().union(*flat))
         fields = [{"key": k, "values": [json.dumps(f.get(k), sort_keys=True) if k in f else "-" for f in flat]}
@@ -247,8 +253,12 @@ def _generated_source(spec: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def _reproduce(run: RunRow, base_url: str) -> str:
-    """The command that trains the run again: its stored spec (model and the recipe as run) through `train`."""
-    return f"curl -s {base_url}runs/{run.id}/spec.yaml > {run.name}.yaml && archspec train {run.name}.yaml"
+    """The command that trains the run again: its stored spec (model and the recipe as run) through `train`. Every
+    part quoted for the shell: the name and the URL come from the registry and the request."""
+    import shlex
+
+    file = shlex.quote(f"{run.name}.yaml")
+    return f"curl -s {shlex.quote(f'{base_url}runs/{run.id}/spec.yaml')} > {file} && archspec train {file}"
 
 
 async def _error(request: Request, exc: HTTPException) -> Response:
@@ -257,7 +267,16 @@ async def _error(request: Request, exc: HTTPException) -> Response:
     return _page("error.html.j2", status=exc.status_code, status_code=exc.status_code, message=exc.detail)
 
 
-def create_app(registry_url: str | None = None) -> Starlette:
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]", "testserver")
+
+
+def create_app(registry_url: str | None = None, allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK_NAMES
+               ) -> Starlette:
+    """`allowed_hosts`: the Host headers answered (others: 400). Loopback names by default, so a page elsewhere
+    whose domain is rebound to 127.0.0.1 (DNS rebinding) cannot read the registry through a browser."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
     app = App(registry_url)
     routes = [
         Route("/", app.runs_page),
@@ -272,6 +291,7 @@ def create_app(registry_url: str | None = None) -> Starlette:
         Route("/api/sweeps/{name:path}", app.api_sweep),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    starlette = Starlette(routes=routes, exception_handlers={HTTPException: _error})
+    starlette = Starlette(routes=routes, exception_handlers={HTTPException: _error},
+                          middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
     starlette.state.archspec = app
     return starlette

@@ -245,3 +245,10 @@ def test_password_is_not_echoed():
     with pytest.raises(UserError) as e:
         Registry("postgresql+psycopg://user:s3cret@127.0.0.1:1/db")
     assert "s3cret" not in str(e.value)
+
+
+def test_a_run_id_longer_than_any_id_is_unknown_not_a_database_error(registry):
+    """A 60,000-character "prefix" once reached SQLite's LIKE ('pattern too complex'): exit 1 and a 500 in the UI."""
+    record_run(registry, make_info())
+    with pytest.raises(UserError, match="run ids are 16 characters"):
+        registry.get_run("a" * 60_000)

@@ -214,3 +214,29 @@ def test_a_real_browser_shows_runs_filters_them_draws_a_chart_and_compares(tmp_p
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_review_findings_stay_fixed(fixture):
+    """A run id prefix shows the run's own data; '²' is no limit; a sweep name with a quote is a 404, not a 500;
+    the reproduce command quotes what it took from the registry; a Host header of another name is refused (DNS
+    rebinding)."""
+    registry, ids, client = fixture
+    prefix = ids["llama0"][:6]
+    data = client.get(f"/api/runs/{prefix}").json()
+    assert data["id"] == ids["llama0"] and data["metric_keys"] == ["train_loss", "val_loss"]
+    assert client.get(f"/api/runs/{prefix}/metrics/val_loss").json()["value"] == [4.0, 3.0]
+    assert client.get("/api/runs", params={"limit": "²"}).status_code == 400
+    assert client.get('/sweeps/a"b').status_code == 404 and client.get('/api/sweeps/a"b\\c').status_code == 404
+    assert client.get(f"/sweeps/{SCRIPT}").status_code == 200  # its own link works: the filter literal is quoted
+    page = client.get(f"/runs/{ids['llama0']}").text
+    assert "curl -s http://testserver/runs/" in page and "&gt; llama.yaml &amp;&amp; archspec train llama.yaml" in page
+    assert client.get("/api/runs", headers={"Host": "evil.example:1"}).status_code == 400
+    assert client.get("/compare", params={"ids": ",".join([ids["llama0"]] * 9)}).status_code == 400
+
+
+def test_the_reproduce_command_quotes_a_hostile_name():
+    from archspec.ui.app import _reproduce
+
+    run = type("R", (), {"id": "ab12", "name": "x; touch /tmp/pwned #"})()
+    command = _reproduce(run, "http://h/")
+    assert "'x; touch /tmp/pwned #.yaml'" in command and "> x;" not in command

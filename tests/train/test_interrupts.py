@@ -97,3 +97,21 @@ def test_an_interrupt_swallowed_during_setup_still_ends_the_run(tmp_path, corpus
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 130 and "FINISHED" not in err and "KILLED: interrupted at step 0" in err
+
+
+def test_ctrl_c_pressed_again_during_the_last_save_still_saves_it(tmp_path, corpus_dir, capsys, monkeypatch):
+    """Three Ctrl-C in a row once cut the stopping run's checkpoint short ("no checkpoint was saved"): once the run is
+    stopping, more signals are held until its checkpoint and record are written."""
+    _interrupt(monkeypatch, "_forward_backward", 3)
+    real_save = Trainer.save
+
+    def save_while_interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the second and third press, in the middle of the save
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_save(self)
+
+    monkeypatch.setattr(Trainer, "save", save_while_interrupted)
+    code = main(_argv(_spec(tmp_path, corpus_dir), tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert code == 130 and "resume with: " in err and "no checkpoint was saved" not in err, err
+    assert load_checkpoint(tmp_path / "run")["step"] == 2

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from archspec.errors import printable
 from archspec.kinds.base import Const, PositionalKind, Strict, kind_union, lit_float, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 
@@ -30,11 +31,33 @@ class Llama3RopeScaling(Strict):
 
 RopeScaling = kind_union(Llama3RopeScaling, LinearRopeScaling, default="llama3")
 
-def _rope_setting(params: dict) -> dict:
-    """What a transformers rope mapping says about scaling (its type and fields; theta is compared on its own)."""
-    out = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor", "type", "rope_type")}
-    out["rope_type"] = params.get("rope_type") or params.get("type") or "default"
-    return out
+_MAY_BE_ELSEWHERE = ("rope_theta", "partial_rotary_factor")  # an older rope_scaling leaves them to the top level
+
+
+def _rope_type(cfg, where: str, params: dict) -> str:
+    """The scaling type a mapping names (`rope_type`, or `type` in older files; both must agree)."""
+    named = [params[k] for k in ("rope_type", "type") if params.get(k) is not None]
+    for value in named:
+        if not isinstance(value, str):
+            raise cfg.refuse(where, f"rope_type: expected a word, got {value!r}")
+    if len(set(named)) > 1:
+        raise cfg.refuse(where, f"rope_type {named[0]!r} contradicts type {named[1]!r}; give one")
+    return named[0] if named else "default"
+
+
+def _rope_contradiction(cfg, a: dict, b: dict) -> str | None:
+    """Why two rope mappings (rope_parameters, rope_scaling) disagree, or None: another type, or a field both give
+    with other values, or a scaling field only one gives."""
+    ta, tb = _rope_type(cfg, "rope_parameters", a), _rope_type(cfg, "rope_scaling", b)
+    if ta != tb:
+        return f"rope_type {tb!r} contradicts rope_parameters' {ta!r}"
+    fields = {k for k in {*a, *b} if k not in ("rope_type", "type")}
+    for k in sorted(fields):
+        if k in a and k in b and a[k] != b[k]:
+            return f"{k} {b[k]!r} contradicts rope_parameters' {a[k]!r}"
+        if (k in a) != (k in b) and k not in _MAY_BE_ELSEWHERE:
+            return f"{k} is given in only one of them"
+    return None
 
 
 # transformers' rope dict keys → ours, per scaling type (rope_parameters in 5.x, rope_scaling before)
@@ -124,11 +147,9 @@ class RopePositional(PositionalKind):
                 raise cfg.refuse(key, f"expected a mapping, got {value!r}")
             if value is not None:
                 given[key] = dict(value)
-        if len(given) == 2 and _rope_setting(given["rope_parameters"]) != _rope_setting(given["rope_scaling"]):
-            # Two places for one setting that disagree (e.g. yarn in rope_scaling, default in rope_parameters):
-            # taking either would silently drop the other.
-            raise cfg.refuse("rope_scaling", f"{_rope_setting(given['rope_scaling'])} contradicts rope_parameters "
-                             f"{_rope_setting(given['rope_parameters'])}; give one, or make them agree")
+        why = _rope_contradiction(cfg, given["rope_parameters"], given["rope_scaling"]) if len(given) == 2 else None
+        if why:  # two places for one setting that disagree: taking either would silently drop the other
+            raise cfg.refuse("rope_scaling", f"{why}; give one, or make them agree")
         where = next(iter(given), "rope_parameters")
         params = {**given.get("rope_scaling", {}), **given.get("rope_parameters", {})}
         if any(isinstance(v, dict) for v in params.values()):
@@ -136,13 +157,17 @@ class RopePositional(PositionalKind):
         for key in ("rope_theta", "partial_rotary_factor"):  # top level and inside the mapping: they must agree
             if key in params and cfg.data.get(key) is not None and params[key] != cfg.data[key]:
                 raise cfg.refuse(key, f"{cfg.data[key]!r} contradicts {where}.{key} {params[key]!r}")
+            for value, at in ((params.get(key), f"{where}.{key}"), (cfg.data.get(key), key)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                    raise cfg.refuse(at, f"expected a number, got {printable(repr(value), 60)}")
         theta = params.pop("rope_theta", None)
         if theta is None:
             theta = cfg.data.get("rope_theta", cfg.hf.defaults.get("rope_theta", 10000.0))
         partial = params.pop("partial_rotary_factor", cfg.data.get("partial_rotary_factor"))
         if partial is not None and partial != 1.0:
             raise cfg.refuse("partial_rotary_factor", f"{partial}: archspec rotates every dimension of a head")
-        rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        rope_type = _rope_type(cfg, where, params)
+        params.pop("rope_type", None)
         params.pop("type", None)
         out: dict[str, Any] = {"kind": "rope", "theta": float(theta)}
         if rope_type != "default":

@@ -96,7 +96,7 @@ async function fetchSeries(ids, key) {
   return out;
 }
 
-let chartState = null;
+let chartState = { ids: [], wired: false };
 
 async function drawChart() {
   const holder = document.getElementById("chart");
@@ -138,8 +138,8 @@ async function drawChart() {
 }
 
 function setupChart(ids) {
-  chartState = { ids };
-  if (!chartState.wired) {
+  chartState.ids = ids;
+  if (!chartState.wired) {  // once: a second "chart selected" redraws, it does not add listeners
     for (const id of ["chart-key", "chart-x", "chart-logx", "chart-logy", "chart-smooth"]) {
       const el = document.getElementById(id);
       if (el) el.addEventListener("change", drawChart);
