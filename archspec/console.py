@@ -108,6 +108,13 @@ def number(v: Any) -> str:
     return f"{v:.3e}"
 
 
+def is_mfu_key(name: str) -> bool:
+    """A recorded value that is an MFU (`mfu`, `mfu_palm`, `summary.mfu`, `metrics.last.mfu`), not its flag: one above
+    1 (100%) says the measured ceiling is too low, so tables show it as "above ceiling", never as a figure."""
+    last = name.rsplit(".", 1)[-1]
+    return last == "mfu" or last.startswith("mfu_") and last != "mfu_above_ceiling"
+
+
 def fit_columns(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Any]], keep: int,
                 make_table) -> tuple[Table, int]:
     """Build the table with as many trailing columns as fit the console's width, never fewer than `keep`: a table

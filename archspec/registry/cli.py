@@ -22,11 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from archspec.cli_options import FiniteFloat, registry_option
-from archspec.console import dropped_note, echo, fit_columns, make_console, number
+from archspec.console import dropped_note, echo, fit_columns, is_mfu_key, make_console, number
 from archspec.errors import UserError, printable
 from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
-from archspec.train.throughput import is_mfu_key
 
 FORMATS = ["table", "json", "csv"]
 TABLE_LIMIT = 50  # rows a `list` table shows unless --limit says otherwise

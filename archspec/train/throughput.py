@@ -181,11 +181,5 @@ def mfu_flag(value: float) -> str | None:
     return None
 
 
-def is_mfu_key(name: str) -> bool:
-    """A recorded value that is an MFU (`mfu`, `mfu_palm`, `summary.mfu`, `metrics.last.mfu`), not its flag."""
-    last = name.rsplit(".", 1)[-1]
-    return last == "mfu" or last.startswith("mfu_") and last != "mfu_above_ceiling"
-
-
 def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float, devices: int) -> float:
     return flops_per_token * tokens_per_s / (peak_per_device * devices)
