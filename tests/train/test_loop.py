@@ -185,10 +185,17 @@ def test_peak_memory_is_the_runs_own(make_spec, tmp_path, cache):
 
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("peak RSS can be reset only on Linux")
+    # A first run in this process pays its one-time costs (imports, caches, the CPU ceiling): what is measured is how
+    # the second one reports, as in a sweep.
+    train(make_spec(steps=2), run_dir=tmp_path / "warm", cache=cache, device="cpu")
     big = torch.ones(100_000_000)  # 400 MB, touched
     hwm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
                if line.startswith("VmHWM:"))
     del big
+    rss = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    if rss > hwm - 350_000_000:  # nothing to tell apart: the freed 400 MB are still resident
+        pytest.skip(f"the allocator kept the freed tensor resident (RSS {rss:,} of peak {hwm:,})")
     result = train(make_spec(steps=2), run_dir=tmp_path / "m", cache=cache, device="cpu")
     peak = result.metrics["peak_mem_bytes"]
     assert 0 < peak < hwm - 300_000_000
