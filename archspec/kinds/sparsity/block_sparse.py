@@ -58,7 +58,9 @@ class BlockSparsity(SparsityKind):
     def constants(self, m) -> list[Const]:
         return [Const("BLOCK_SIZE", lit_int(self.block_size), "positions per block"),
                 Const("N_BLOCKS_BACK", lit_int(self.n_blocks_back), "whole blocks before its own a query sees"),
-                Const("GLOBAL_FIRST_BLOCK", lit_bool(self.global_first_block), "every query also sees block 0")]
+                Const("GLOBAL_FIRST_BLOCK", lit_bool(self.global_first_block),
+                      "every query also sees block 0" if self.global_first_block else
+                      "block 0 is seen only from within N_BLOCKS_BACK blocks")]
 
     def describe(self, m) -> str:
         first = ", plus the first block" if self.global_first_block else ""
