@@ -30,3 +30,11 @@ def test_shared_options_are_spelled_one_way():
     assert all(len(v) == 1 for v in seen.values()), seen
     with_set = {name for name, cmd in _commands(cli) for opt in cmd.params if getattr(opt, "opts", [""])[0] == "--set"}
     assert {"build", "train", "ablate"} <= with_set
+
+
+def test_python_dash_m_archspec_is_the_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "archspec", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("Usage: archspec "), out.stderr[-2000:]
