@@ -5,13 +5,14 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import signal
 import sys
 import warnings
 
 import click
 
 from archspec.errors import Note, UserError, printable
-from archspec.signals import Terminated
+from archspec.signals import Terminated, install_signal_handlers, raise_if_terminated, received, stop_signals
 from archspec.train.logger import RecordingError
 
 
@@ -59,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 python_shows(message, category, filename, lineno, file, line)
 
         warnings.showwarning = show
-        return _main(argv)
+        # Ctrl-C and SIGTERM are remembered for the whole command, so one that a library swallowed (a half-finished
+        # import, a broad `except`) still ends it as an interruption, never as the error it left behind.
+        with install_signal_handlers(stop_signals()):
+            return _main(argv)
 
 
 def check_argv(argv: list[str]) -> None:
@@ -78,31 +82,27 @@ def check_argv(argv: list[str]) -> None:
             raise UserError(f"{where} ({printable(arg, 60)}) {problem}; archspec takes UTF-8 text and paths")
 
 
-# Where archspec finds paths besides its arguments: they end up in the registry too, so they must be UTF-8 as well.
-PATH_VARIABLES = ("ARCHSPEC_HOME", "ARCHSPEC_CACHE", "ARCHSPEC_REGISTRY", "XDG_DATA_HOME", "XDG_CACHE_HOME", "HOME")
-
-
-def check_surroundings() -> None:
-    """The working directory and the path variables archspec reads, checked like the arguments (relative paths and
-    defaults are resolved against them, and stored)."""
+def check_working_directory() -> None:
+    """Relative paths are resolved against the working directory and stored, so it is checked like the arguments.
+    (The path variables are checked where they are read: archspec.paths, and the registry URL in its engine.)"""
     try:
         cwd = os.getcwd()
     except OSError as e:  # removed under us
         raise UserError(f"the working directory is gone ({e.strerror}); cd somewhere that exists") from None
-    for what, value in [("the working directory", cwd), *((f"${n}", os.environ.get(n) or "") for n in PATH_VARIABLES)]:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise UserError(f"{what} ({printable(value, 80)}) is not UTF-8 text; archspec stores the paths it "
-                            "derives from it as UTF-8") from None
+    try:
+        cwd.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"the working directory ({printable(cwd, 80)}) is not UTF-8 text; archspec stores the paths "
+                        "it derives from it as UTF-8") from None
 
 
 def _main(argv: list[str] | None) -> int:
     try:
         check_argv(list(sys.argv[1:] if argv is None else argv))
-        check_surroundings()
+        check_working_directory()
         # Without standalone mode click returns a command's exit code (from ctx.exit / Exit) instead of exiting.
         rc = cli.main(args=argv, prog_name="archspec", standalone_mode=False)
+        raise_if_terminated()  # swallowed on the way, and the command finished anyway: it was still interrupted
     except UserError as e:
         click.echo(f"error: {e.render()}", err=True)
         return 2
@@ -121,7 +121,13 @@ def _main(argv: list[str] | None) -> int:
         click.echo("interrupted" if e.is_interrupt else f"terminated ({e})", err=True)
         return e.exit_code
     except OSError as e:
-        return _os_error(e)
+        if received() is None:
+            return _os_error(e)
+        return _stopped(received())
+    except Exception:
+        if received() is not None:  # whatever broke did so because the interrupt cut something short
+            return _stopped(received())
+        raise
     except click.ClickException as e:
         e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines
         e.show()
@@ -144,6 +150,12 @@ def _os_error(e: OSError) -> int:
     what = e.strerror or type(e).__name__
     click.echo(f"error: {printable(where, 200) + ': ' if where else ''}{printable(what)}", err=True)
     return 1 if e.errno in _NOT_INPUT else 2
+
+
+def _stopped(signum: int) -> int:
+    stop = Terminated(f"received {signal.Signals(signum).name}", signum)
+    click.echo("interrupted" if stop.is_interrupt else f"terminated ({stop})", err=True)
+    return stop.exit_code
 
 
 def entry() -> None:

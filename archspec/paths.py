@@ -31,8 +31,20 @@ RUNS = "runs"
 BUILDS = "builds"
 
 
+def _utf8(name: str, value: str) -> str:
+    """A path read from the environment: it ends up in the registry, so it must be UTF-8 (bytes that are not arrive
+    as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"${name}: {printable(value, 80)} is not UTF-8 text; archspec stores the paths it derives "
+                        "from it as UTF-8") from None
+    return value
+
+
 def _user_dir(env: str, default: str) -> Path:
-    base = os.environ.get(env)
+    base = _utf8(env, os.environ.get(env) or "") or None
+    _utf8("HOME", os.environ.get("HOME") or "")
     root = Path(base) if base and Path(base).is_absolute() else Path.home() / default
     return root / "archspec"
 
@@ -44,11 +56,7 @@ def _env_path(name: str) -> Path | None:
     if "\0" in value:
         raise UserError(f"${name}: holds a NUL byte; expected a directory path")
     try:
-        value.encode("utf-8")
-        return Path(value).expanduser().absolute()
-    except UnicodeEncodeError:
-        raise UserError(f"${name}: {printable(value, 80)} is not UTF-8; archspec keeps its paths in the registry as "
-                        "UTF-8 text") from None
+        return Path(_utf8(name, value)).expanduser().absolute()
     except RuntimeError as e:  # ~nosuchuser
         raise UserError(f"${name}: {printable(value, 80)}: {e}") from None
 

@@ -70,27 +70,37 @@ def _raise_terminated(signum: int, _frame) -> None:
 
 
 @contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """A block that a signal handled here must not cut in half (an optimizer update): the signal is remembered and
-    raised (as `Terminated`) when the block ends. Only signals `install_signal_handlers` installed are deferred."""
+def _holding(raise_after: bool) -> Iterator[None]:
     _deferring[0] += 1
     try:
         yield
     finally:
         _deferring[0] -= 1
-    if not _deferring[0]:
+    if raise_after and not _deferring[0]:
         raise_if_terminated()
 
 
-@contextmanager
-def interrupts_held() -> Iterator[None]:
+def deferred_interrupts():
+    """A block that a signal handled here must not cut in half (an optimizer update): the signal is remembered and
+    raised (as `Terminated`) when the block ends. Only signals `install_signal_handlers` installed are deferred."""
+    return _holding(raise_after=True)
+
+
+def interrupts_held():
     """A block that must finish once the work is already stopping (its last checkpoint, its record): signals handled
     here are remembered but not raised, in it or when it ends (the stop they ask for is under way)."""
-    _deferring[0] += 1
-    try:
-        yield
-    finally:
-        _deferring[0] -= 1
+    return _holding(raise_after=False)
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals that stop archspec: SIGTERM, and SIGINT unless the shell told this process to ignore it (a
+    background job)."""
+    return (signal.SIGTERM,) if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else (signal.SIGTERM, signal.SIGINT)
+
+
+def received() -> int | None:
+    """The first stop signal received since the handlers were installed (swallowed or not), or None."""
+    return _received[0] if _received else None
 
 
 def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM,)) -> SignalHandlers:
@@ -115,4 +125,4 @@ def raise_if_terminated() -> None:
 
 
 __all__ = ["Terminated", "SignalHandlers", "install_signal_handlers", "raise_if_terminated", "deferred_interrupts",
-           "interrupts_held", "EXIT_CODES"]
+           "interrupts_held", "stop_signals", "received", "EXIT_CODES"]

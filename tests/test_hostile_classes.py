@@ -227,6 +227,21 @@ def test_registry_urls_that_cannot_be_parsed_or_stored_are_refused(url, needle, 
     assert code == 2 and needle in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("name,value,needle", [
+    ("ARCHSPEC_HOME", "/tmp/a\udcffb", "$ARCHSPEC_HOME: /tmp/a\\udcffb is not UTF-8 text"),
+    ("ARCHSPEC_CACHE", "/tmp/a\udcffb", "$ARCHSPEC_CACHE: /tmp/a\\udcffb is not UTF-8 text"),
+    ("ARCHSPEC_REGISTRY", "sqlite:////tmp/a\udcff.db", "(not UTF-8 text)"),
+])
+def test_path_variables_that_are_not_utf8_are_refused_where_they_are_read(name, value, needle, tmp_path, monkeypatch,
+                                                                           capsys):
+    monkeypatch.chdir(tmp_path)  # outside any project: the per-user state directories are read
+    monkeypatch.setenv(name, value)
+    code, _, err = _run(capsys, "runs", "list")
+    if name == "ARCHSPEC_CACHE":
+        code, _, err = _run(capsys, "peak")
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
 def test_path_variables_and_the_working_directory_must_be_utf8(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ARCHSPEC_HOME", "~nosuchuser-archspec/x")
     code, _, err = _run(capsys, "runs", "list")
@@ -262,3 +277,22 @@ def test_import_hf_refuses_odd_or_contradicting_rope_values(extra, needle, tmp_p
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
     code, _, err = _run(capsys, "import-hf", tmp_path / "config.json", "-o", tmp_path / "out.yaml")
     assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("then", ["breaks", "finishes"])
+def test_an_interrupt_a_library_swallowed_still_ends_the_command_as_interrupted(then, spec_file, monkeypatch, capsys):
+    """Ctrl-C during an import once left numpy half-imported: a library's broad `except` swallowed it, and the
+    command died later with an AttributeError traceback. Any command: the interrupt is remembered, and it decides."""
+    import archspec.train.cli as train_cli
+
+    def swallowing(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # what a library's broad except does
+        if then == "breaks":
+            raise AttributeError("module 'numpy' has no attribute 'may_share_memory'")
+
+    monkeypatch.setattr(train_cli, "_dry_run", swallowing)
+    code, out, err = _run(capsys, "train", spec_file, "--dry-run")
+    assert code == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err

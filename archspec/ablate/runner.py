@@ -148,11 +148,6 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
     return outcome
 
 
-def _tokens_per_step(recipe: Mapping[str, Any], tags: Mapping[str, str]) -> int:
-    world = int(tags.get("world_size", "1") or 1)
-    return int(recipe["batch_size"]) * int(recipe["grad_accum"]) * int(recipe["seq_len"]) * world
-
-
 def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
     """The baseline the sweep's memberships recorded (the latest run's word wins), else the first variant."""
     for row in reversed(rows):
@@ -212,7 +207,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
                 run_id=row.id, seed=seed, status=row.status,
                 final_val_loss=row.summary.get("val_loss", row.metrics.get("val_loss")),
                 tokens_per_s=row.summary.get("tokens_per_s"),
-                history=history, tokens_per_step=_tokens_per_step(row.recipe, row.tags), summary=dict(row.summary),
+                history=history, tokens_per_step=row.tokens_per_step or 0, summary=dict(row.summary),
             ))
         spec = specs[index]
         if sweep is not None:

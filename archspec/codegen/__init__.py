@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import itertools
 import json
 import linecache
 import math
@@ -105,7 +106,7 @@ def _unit_part(unit: Any, m: Any, extra: dict[str, Any] | None = None) -> Part:
 # ── several configurations of one family (per-layer variation) ──────────────────────────────────────────────────
 # Units' templates are written for one configuration (`class FeedForward`, `FFN_HIDDEN`). When layers differ:
 # - configurations whose code is the same and differ only in constants share one class, which takes those constants
-#   as constructor arguments (`FeedForward(hidden=FFN_HIDDEN_LAYERS_1_3)`);
+#   as constructor arguments (`FeedForward(ffn_hidden=FFN_HIDDEN_LAYERS_1_3)`);
 # - configurations with other code get a class each, named by kind (`WindowAttention`, `MoEFeedForward`);
 # - a constant whose value differs between layers keeps its plain name for the value most layers use, and is named by
 #   its layers for the others (`FFN_HIDDEN_LAYERS_1_3 = 480`); a function or constant of module level that two
@@ -161,16 +162,17 @@ class Config:
     args: dict[str, str]
     arg_types: dict[str, str] = field(default_factory=dict)  # argument → its annotation
 
-    def call(self, *leading: str) -> str:
-        return f"{self.cls}({', '.join([*leading, *(f'{k}={v}' for k, v in self.args.items())])})"
+    def call(self, *leading: str, values: dict[str, str] | None = None) -> str:
+        """`Cls(leading..., arg=value, ...)`: the constants it was configured with, or the `values` given."""
+        given = self.args if values is None else values
+        return f"{self.cls}({', '.join([*leading, *(f'{k}={v}' for k, v in given.items())])})"
 
 
 def _class_span(body: str, cls: str) -> tuple[int, int]:
     """Where `class cls` starts and ends in `body` (character offsets)."""
     tree = ast.parse(body)
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    starts = [0] + [len(line) + 1 for line in body.split("\n")]
-    offsets = [sum(starts[: i + 1]) for i in range(len(starts))]
+    offsets = [0, *itertools.accumulate(len(line) + 1 for line in body.split("\n"))]  # where each line starts
     return offsets[node.lineno - 1], offsets[node.end_lineno]
 
 
@@ -280,7 +282,10 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
 
 
 def _py_type(literal: str) -> str:
-    return "float" if any(ch in literal for ch in ".en") else "int"  # 1e-05, 0.5, inf/nan spelled float(...)
+    """The annotation of a constant's literal (lit_int, lit_float, lit_bool wrote it)."""
+    if literal in ("True", "False"):
+        return "bool"
+    return "float" if any(ch in literal for ch in ".e") else "int"  # repr of a float always has one
 
 
 def _classes(configs: list[Config]) -> list[Config]:
@@ -442,9 +447,10 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
         block = blocks.setdefault(key, {
             "name": names[key],
             "signature": "".join(f", {n}: {types[n]}" for n in args),
-            "norm": _part_call(triple[0], "norm", args, "D_MODEL"),
-            "attention": _part_call(triple[1], "attn", args),
-            "ffn": _part_call(triple[2], "ffn", args),
+            # inside the block, each part takes the block's own arguments
+            **{key: cfg.call(*lead, values={arg: name for name, (p, arg, _) in args.items() if p == part})
+               for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("attention", "attn", triple[1], ()),
+                                            ("ffn", "ffn", triple[2], ()))},
             "cache_class": b.attention.sparsity.cache_class,
             "layers": [],
         })
@@ -460,11 +466,6 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
     for block in blocks.values():
         block["layers"] = _comment_safe(_layer_list(sorted(block["layers"])))
     return list(blocks.values()), [tuple(r) for r in runs]
-
-
-def _part_call(cfg: Config, part: str, args: dict[str, tuple[str, str, str]], *leading: str) -> str:
-    given = [f"{arg}={name}" for name, (p, arg, _) in args.items() if p == part]
-    return f"{cfg.cls}({', '.join([*leading, *given])})"
 
 
 def _layer_list(layers: list[int]) -> str:

@@ -75,7 +75,8 @@ def _normalize_url(url: str):
         str(url).encode("utf-8")
         u = make_url(url)
     except (ArgumentError, ValueError, UnicodeEncodeError) as e:  # a port that is not a number, bytes not UTF-8
-        why = f" ({printable(str(e), 120)})" if isinstance(e, ValueError) and not isinstance(e, UnicodeError) else ""
+        why = (" (not UTF-8 text)" if isinstance(e, UnicodeError) else
+               f" ({printable(str(e), 120)})" if isinstance(e, ValueError) else "")
         raise UserError(
             f"invalid registry URL {printable(repr(url), 200)}{why}: expected a SQLAlchemy URL such as "
             "sqlite:///registry/archspec.db or postgresql+psycopg://user@host/db"

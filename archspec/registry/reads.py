@@ -178,6 +178,17 @@ class RunRow:
         return run_params(self.spec, self.recipe)
 
     @property
+    def tokens_per_step(self) -> int | None:
+        """Tokens one optimizer step trained on (batch × grad_accum × seq_len × processes); None when the stored
+        recipe does not say (a damaged row)."""
+        r = self.recipe
+        try:
+            n = int(r["batch_size"]) * int(r["grad_accum"]) * int(r["seq_len"]) * int(self.tags.get("world_size") or 1)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return n if n > 0 else None
+
+    @property
     def stale(self) -> bool:
         """RUNNING, but its writer stopped beating (the process died or was killed); `archspec runs reap` (or the next
         run start or sweep) marks it KILLED. Computed when asked, never written by a read."""

@@ -12,9 +12,9 @@ import shlex
 import click
 
 from archspec.cli_options import MAX_STEPS, device_option, registry_option, set_option
+from archspec.console import echo
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
-from archspec.console import echo
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 

@@ -18,7 +18,6 @@ import os
 import random
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -39,7 +38,7 @@ from archspec.memory import check_memory
 from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
-                              raise_if_terminated)
+                              raise_if_terminated, stop_signals)
 from archspec.train.checkpoint import (
     load_sharded,
     save_sharded,
@@ -799,9 +798,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
         spec = with_steps(spec, steps)
     world = init_world(device)
     trainer, finished = None, False
-    # Remembered, and deferred inside an update. A SIGINT the shell told us to ignore (a background job) stays ignored.
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    handlers = install_signal_handlers((signal.SIGTERM,) if ignored else (signal.SIGTERM, signal.SIGINT))
+    handlers = install_signal_handlers(stop_signals())  # remembered, and deferred inside an update
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
                           progress=progress, cache=cache, world=world, init_from=init_from)

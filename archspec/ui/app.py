@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from archspec.console import number
 from archspec.errors import UserError
-from archspec.registry.query import FilterError
+from archspec.registry.query import resolve_field
 from archspec.registry.store import Registry, RunRow
 from archspec.registry.values import flatten
 
@@ -82,12 +82,9 @@ def _columns(request: Request) -> list[str]:
 
 
 def _steps(run: RunRow) -> int | None:
-    """How far a run got: its last logged step (the summary's count once it ended)."""
+    """How far a run got: the summary's count once it ended, else its last logged step."""
     done = run.summary.get("steps")
-    if isinstance(done, (int, float)):
-        return int(done)
-    counts = [v for v in (run.steps or {}).values() if isinstance(v, (int, float))] if isinstance(run.steps, dict) else []
-    return int(max(counts)) if counts else None
+    return int(done) if done is not None else max(run.steps.values(), default=None)
 
 
 def _run_record(run: RunRow, columns: list[str]) -> dict[str, Any]:
@@ -111,12 +108,10 @@ class App:
         columns = _columns(request)
         limit = _limit(request, default_limit)
         try:
-            from archspec.registry.query import resolve_field
-
             for c in columns:
                 resolve_field(c, "runs")
             rows = self.registry.runs(where=where, sort=sort or "-created", limit=limit + 1)
-        except (FilterError, UserError, ValueError) as e:
+        except (UserError, ValueError) as e:  # a FilterError (with its caret) is a UserError
             raise HTTPException(400, e.render() if isinstance(e, UserError) else str(e)) from None
         return {"where": where, "sort": sort, "columns": columns, "limit": limit, "more": len(rows) > limit,
                 "runs": [_run_record(r, columns) for r in rows[:limit]]}
@@ -130,30 +125,21 @@ class App:
     def run(self, run_id: str) -> tuple[RunRow, dict[str, Any]]:
         run = self._get_run(run_id)
         run_id = run.id  # a prefix in the URL: the run's own id from here on
-        histories = self.registry.metric_histories(run_id)
         data = run.to_dict()
         data.update(spec=run.spec, params=run.params, artifacts=[{"kind": k, "path": p} for k, p in
                                                                  self.registry.artifacts(run_id)],
-                    evaluations=self.registry.evaluations(run_id), metric_keys=sorted(histories))
+                    evaluations=self.registry.evaluations(run_id), metric_keys=sorted(run.steps))  # keys, no points
         return run, data
 
     def metric(self, run_id: str, key: str) -> dict[str, Any]:
         run = self._get_run(run_id)
         run_id = run.id
         points = self.registry.metric_history(run_id, key)
-        recipe = run.recipe
-        tokens_per_step = 1
-        for k in ("batch_size", "seq_len", "grad_accum"):
-            v = recipe.get(k)
-            tokens_per_step *= v if isinstance(v, int) and v > 0 else 1
-        tokens_per_step *= recipe.get("world_size", 1) if isinstance(recipe.get("world_size"), int) else 1
-        per_token = run.accounting.get("flops_per_token") if isinstance(run.accounting, dict) else None
-        flops = per_token.get("train") if isinstance(per_token, dict) else None
-        flops = flops if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None
+        tokens, flops = run.tokens_per_step, run.accounting_fields.get("flops.train")  # None where a row lacks them
         return {"run": run_id, "key": key, "name": run.name,
                 "step": [p.step for p in points], "value": [p.value for p in points],
-                "tokens": [p.step * tokens_per_step for p in points],
-                "flops": [p.step * tokens_per_step * flops for p in points] if flops else None}
+                "tokens": [p.step * tokens for p in points] if tokens else None,
+                "flops": [p.step * tokens * flops for p in points] if tokens and flops else None}
 
     def sweep(self, name: str) -> dict[str, Any]:
         from archspec.ablate.report import effect_numbers, effect_rows, main_effects, table_rows, variant_numbers

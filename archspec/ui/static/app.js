@@ -117,7 +117,8 @@ async function drawChart() {
     return;
   }
   // One x axis for all: the union of every run's x values; a run without a point at some x has a gap there.
-  const xsOf = (s) => (xKind === "tokens" ? s.tokens : xKind === "flops" && s.flops ? s.flops : s.step);
+  // A run whose row cannot say its tokens or FLOPs (a damaged recipe) stays on steps.
+  const xsOf = (s) => (xKind === "tokens" && s.tokens ? s.tokens : xKind === "flops" && s.flops ? s.flops : s.step);
   const xs = [...new Set(series.flatMap(xsOf))].sort((a, b) => a - b).filter((x) => !logx || x > 0);
   const index = new Map(xs.map((x, i) => [x, i]));
   const data = [xs];
