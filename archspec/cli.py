@@ -124,16 +124,16 @@ def _main(argv: list[str] | None) -> int:
         if received() is None:
             return _os_error(e)
         return _stopped(received())
-    except Exception:
-        if received() is not None:  # whatever broke did so because the interrupt cut something short
-            return _stopped(received())
-        raise
     except click.ClickException as e:
         e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines
         e.show()
         return e.exit_code
     except click.exceptions.Exit as e:
         return e.exit_code
+    except Exception:
+        if received() is not None:  # whatever broke did so because the interrupt cut something short
+            return _stopped(received())
+        raise
     return rc if isinstance(rc, int) else 0
 
 
