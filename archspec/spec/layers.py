@@ -222,7 +222,11 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
             problems.append((path + ("attention", "positional"), "positional settings are model-wide (position "
                              "tables and rotary angles are shared by every layer): set model.attention.positional",
                              group.attention["positional"]))
-        if not any(getattr(group, c) for c in COMPONENTS):
+        empty = [c for c in COMPONENTS if c in group.model_fields_set and not getattr(group, c)]
+        for c in empty:  # `ffn:` with nothing under it (null or {}): blamed where it is written
+            problems.append((path + (c,), f"is empty: give {c} fields for the selected layers, or leave {c} out",
+                             getattr(group, c)))
+        if not empty and not any(getattr(group, c) for c in COMPONENTS):
             problems.append((path, "sets nothing: give norm, attention or ffn fields for the selected layers", name))
 
     per_layer: dict[str, list[Any]] = {c: [base[c]] * m.n_layers for c in COMPONENTS}
