@@ -20,7 +20,7 @@ from archspec.accounting import Accounting, account, kv_cache_bytes
 from archspec.codegen import DEFAULT_OUT, generate, render, source_label
 from archspec.errors import UserError
 from archspec.memory import check_memory
-from archspec.spec import SpecError, json_schema, load_spec, spec_hash
+from archspec.spec import SpecError, json_schema, load_spec, model_hash
 from archspec.spec.rules import trainability_problems
 
 
@@ -29,7 +29,7 @@ def build_json(spec, gen, acc: Accounting) -> dict:
     """The `build --json` object (DESIGN.md): integers throughout."""
     return {
         "name": spec.name,
-        "spec_hash": spec_hash(spec),
+        "model_hash": model_hash(spec),
         "generated": str(gen.path),
         # to_dict() includes kv_cache_bytes_per_sequence: one sequence of context_length, each layer holding what its
         # pattern needs (a window layer at most its window), bf16
@@ -50,7 +50,7 @@ def accounting_table(spec, acc: Accounting) -> Table:
     if "lm_head" not in acc.by_component:
         rows.append(("lm_head (tied to embedding)", 0, flops["lm_head"]))
 
-    table = Table(title=f"{spec.name}  ({spec_hash(spec)[:12]})", title_justify="left")
+    table = Table(title=f"{spec.name}  ({model_hash(spec)[:12]})", title_justify="left")
     for col in ("component", "params", "share", "fwd FLOPs/token", "share"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for name, n, f in rows:
@@ -121,7 +121,7 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     if overridden:
         from archspec.paths import builds_dir
 
-        out_dir = builds_dir() / f"{spec.name}-{spec_hash(spec)[:12]}"
+        out_dir = builds_dir() / f"{spec.name}-{model_hash(spec)[:12]}"
     elif out_dir is None:
         out_dir = spec_path.parent if elsewhere else DEFAULT_OUT
     problems = trainability_problems(spec)

@@ -331,10 +331,6 @@ def device_memory(device: str, world_size: int = 1) -> tuple[int | None, str]:
 # ── the check, and the cheapest fix ─────────────────────────────────────────────────────────────────────────────
 
 
-def _with(spec: Spec, setup: Setup, available: int, source: str) -> MemoryPlan:
-    return replace(plan_memory(spec, setup), available=available, available_source=source)
-
-
 def cheapest_fix(spec: Spec, setup: Setup, available: int) -> tuple[str, MemoryPlan] | None:
     """The least costly change that makes the run fit, tried in order of cost: a smaller micro-batch with more
     accumulation (the same tokens per step, so the same run), activation checkpointing (one more forward per step),
@@ -406,8 +402,3 @@ def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu", *,
     if not plan.fits:
         raise refusal(spec, plan)
     return plan
-
-
-def memory_estimate_bytes(spec: Spec, for_training: bool = False, device: str = "cpu") -> int:
-    """Bytes per device of `spec` with its own recipe on one process (kept for callers of the old codegen name)."""
-    return plan_memory(spec, device=device, training=for_training).total

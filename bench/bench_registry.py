@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from archspec.registry import Registry, RegistryLogger  # noqa: E402
 from archspec.registry.store import run_params, typed_value  # noqa: E402
-from archspec.spec import canonical_dict, load_spec_dict, spec_hash  # noqa: E402
+from archspec.spec import canonical_dict, load_spec_dict, model_hash  # noqa: E402
 from archspec.train.logger import FINISHED, NullLogger, RunInfo, run_key  # noqa: E402
 
 WHERE = "params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2"
@@ -91,8 +91,8 @@ def build(path: Path, n_runs: int, n_points: int, n_specs: int = 200) -> dict:
     for i in range(n_runs):
         spec = specs[i % n_specs]
         data = canonical_dict(spec)
-        rid = run_key(spec_hash(spec), data["train"], "bench-data", i)
-        runs.append((rid, spec_hash(spec), spec.name, "bench-data", i, json.dumps(data["train"]), "bench", FINISHED,
+        rid = run_key(model_hash(spec), data["train"], "bench-data", i)
+        runs.append((rid, model_hash(spec), spec.name, "bench-data", i, json.dumps(data["train"]), "bench", FINISHED,
                      "benchhost", None, now, now, now, now, 120.0, 1, "{}"))
         members.append((f"sweep-{i % 20}", rid, i % 7, "label", "", 0, now))
         params.extend((rid, k, *typed_value(v)) for k, v in run_params(data, data["train"]).items())
@@ -166,7 +166,7 @@ def bench_query(path: Path, repeat: int) -> dict:
 def _info(seed: int) -> RunInfo:
     spec = _specs(1)[0]
     data = canonical_dict(spec)
-    return RunInfo(spec.name, spec_hash(spec), data, "0" * 64, _accounting(spec), "bench-data", 10**6 + seed,
+    return RunInfo(spec.name, model_hash(spec), data, "0" * 64, _accounting(spec), "bench-data", 10**6 + seed,
                    data["train"], code_version="bench")
 
 

@@ -26,7 +26,7 @@ def test_build_json_is_exactly_the_contract(tmp_path, capsys):
     rc, out, err = run(capsys, "build", str(TINY), "--json", "--out", str(tmp_path), "--no-record")
     assert rc == 0
     obj = json.loads(out)  # exactly one JSON object on stdout
-    assert set(obj) == {"name", "spec_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token",
+    assert set(obj) == {"name", "model_hash", "generated", "params", "flops_per_token", "kv_cache_bytes_per_token",
                         "kv_cache_bytes_per_sequence"}
     assert set(obj["params"]) == {"total", "active", "embedding", "by_component"}
     assert set(obj["flops_per_token"]) == {"forward", "train", "attention"}

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from archspec.codegen import generate, render
-from archspec.spec import canonical_dict, load_spec, load_spec_dict, model_json, spec_hash
+from archspec.spec import canonical_dict, load_spec, load_spec_dict, model_json, model_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"name": "tiny", "model": {"vocab_size": 61, "context_length": 16, "d_model": 32, "n_layers": 2,
@@ -37,7 +37,7 @@ def test_module_api_banner_and_hash(tiny):
     assert from_file[3].startswith("# Regenerate with `archspec build specs/tiny.yaml`")
     mod = tiny.module
     assert mod.SPEC_JSON == model_json(tiny.spec)  # the model alone: no name, no recipe
-    assert mod.SPEC_HASH == spec_hash(tiny.spec) == hashlib.sha256(mod.SPEC_JSON.encode()).hexdigest()
+    assert mod.SPEC_HASH == model_hash(tiny.spec) == hashlib.sha256(mod.SPEC_JSON.encode()).hexdigest()
     assert json.loads(mod.SPEC_JSON) == canonical_dict(tiny.spec)["model"]
     model = mod.Model()
     idx = torch.randint(0, 61, (3, 16))

@@ -11,7 +11,7 @@ import torch
 
 from archspec.cli import main
 from archspec.codegen import generate, render
-from archspec.spec import load_spec_dict, model_json, spec_hash
+from archspec.spec import load_spec_dict, model_json, model_hash
 from archspec.spec.legacy import SpecNote
 
 MODEL = {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_layers": 1, "attention": {"n_heads": 2}}
@@ -47,8 +47,8 @@ def test_scaling_is_independent_of_the_positional_kind(positional):
 
 def test_the_option_is_part_of_the_model_and_its_default_is_none():
     assert spec().model.embedding_scale == "none"
-    assert spec_hash(spec()) == spec_hash(spec(embedding_scale="none"))  # the default written out: one hash
-    assert spec_hash(spec()) != spec_hash(spec(embedding_scale="sqrt_d_model"))
+    assert model_hash(spec()) == model_hash(spec(embedding_scale="none"))  # the default written out: one hash
+    assert model_hash(spec()) != model_hash(spec(embedding_scale="sqrt_d_model"))
     text = render(spec(embedding_scale="sqrt_d_model"))
     assert "EMBEDDING_SCALE = 5.656854249492381" in text and "x = x * EMBEDDING_SCALE" in text
     assert "EMBEDDING_SCALE" not in render(spec())
@@ -95,7 +95,7 @@ def test_hf_export_refuses_a_scaled_model(tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
     s = load_spec_dict({"name": "x", "model": {**MODEL, "vocab_size": 320, "embedding_scale": "sqrt_d_model"}})
-    save_weights(tmp_path / "x.pt", canonical_dict(s), spec_hash(s), generate(s, write=False).Model().state_dict())
+    save_weights(tmp_path / "x.pt", canonical_dict(s), model_hash(s), generate(s, write=False).Model().state_dict())
     assert main(["export-hf", str(tmp_path / "x.pt"), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "model.embedding_scale" in err and "Traceback" not in err and not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ import torch
 
 from archspec.cli import main
 from archspec.codegen import generate
-from archspec.spec import canonical_dict, load_spec, load_spec_dict, spec_hash
+from archspec.spec import canonical_dict, load_spec, load_spec_dict, model_hash
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -219,7 +219,7 @@ def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, cap
                                                      "n_layers": 2, **model}})
     ours = generate(spec, write=False).Model()
     _randomise(ours, 7)
-    save_weights(tmp_path / "mine.pt", canonical_dict(spec), spec_hash(spec), ours.state_dict())
+    save_weights(tmp_path / "mine.pt", canonical_dict(spec), model_hash(spec), ours.state_dict())
     out = tmp_path / "hf"
     assert main(["export-hf", str(tmp_path / "mine.pt"), "-o", str(out)]) == 0, capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["model_type"] == model_type
@@ -350,7 +350,7 @@ def test_export_refuses_what_hf_cannot_express(model, field, tmp_path, capsys):
 
     spec = load_spec_dict({"name": "x", "model": {"vocab_size": V, "context_length": C, "d_model": 32,
                                                   "n_layers": 2, **model}})
-    save_weights(tmp_path / "x.pt", canonical_dict(spec), spec_hash(spec),
+    save_weights(tmp_path / "x.pt", canonical_dict(spec), model_hash(spec),
                  generate(spec, write=False).Model().state_dict())
     code = main(["export-hf", str(tmp_path / "x.pt"), "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -363,7 +363,7 @@ def test_export_refuses_a_non_empty_directory_and_a_missing_source(tmp_path, cap
 
     spec = load_spec_dict({"name": "x", "model": {"vocab_size": V, "context_length": C, "d_model": 32,
                                                   "n_layers": 1, "attention": {"n_heads": 4}}})
-    save_weights(tmp_path / "x.pt", canonical_dict(spec), spec_hash(spec),
+    save_weights(tmp_path / "x.pt", canonical_dict(spec), model_hash(spec),
                  generate(spec, write=False).Model().state_dict())
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "mine.txt").write_text("keep")

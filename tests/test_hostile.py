@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from archspec.cli import main
 from archspec.codegen import generate, render
-from archspec.spec import SpecError, canonical_dict, load_spec_dict, model_json, parse_spec, spec_hash
+from archspec.spec import SpecError, canonical_dict, load_spec_dict, model_json, parse_spec, model_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +103,7 @@ def _assert_inert(spec, benign, tmp_path: Path, marker: Path, source: str | None
     module = generate(spec, out_dir=tmp_path / "gen", source=source).module
     assert not marker.exists(), "importing the generated module ran spec content"
     assert module.SPEC_JSON == model_json(spec)
-    assert module.SPEC_HASH == spec_hash(spec) == hashlib.sha256(module.SPEC_JSON.encode()).hexdigest()
+    assert module.SPEC_HASH == model_hash(spec) == hashlib.sha256(module.SPEC_JSON.encode()).hexdigest()
     assert json.loads(module.SPEC_JSON) == canonical_dict(spec)["model"]
 
 

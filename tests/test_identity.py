@@ -9,7 +9,7 @@ import yaml
 
 from archspec.cli import main
 from archspec.registry import Registry
-from archspec.spec import load_spec_dict, model_json, spec_hash
+from archspec.spec import load_spec_dict, model_json, model_hash
 from archspec.train.logger import learning_recipe, recipe_hash, run_key
 
 MODEL = {"vocab_size": 320, "context_length": 64, "d_model": 32, "n_layers": 1, "attention": {"n_heads": 2}}
@@ -50,22 +50,22 @@ def test_spec_json_and_hash_are_the_model_alone():
     a = load_spec_dict({"name": "a", "model": MODEL, "train": {"lr": 1e-3}})
     b = load_spec_dict({"name": "b", "model": MODEL, "train": {"lr": 5e-3, "steps": 3, "warmup_steps": 0}})
     c = load_spec_dict({"name": "a", "model": {**MODEL, "d_model": 64}})
-    assert spec_hash(a) == spec_hash(b) != spec_hash(c)
+    assert model_hash(a) == model_hash(b) != model_hash(c)
     assert json.loads(model_json(a)) == a.model.model_dump(mode="json") and "lr" not in model_json(a)
 
 
 def test_the_run_key_covers_what_is_learned_and_nothing_else():
     spec = load_spec_dict({"name": "a", "model": MODEL})
     recipe = spec.train.model_dump(mode="json")
-    key = run_key(spec_hash(spec), recipe, "data", 0)
+    key = run_key(model_hash(spec), recipe, "data", 0)
     for observed in ({"compile": not recipe["compile"]}, {"eval_interval": 7}, {"eval_batches": 9}, {"eval_tokens": 999},
                      {"checkpoint_interval": 3}, {"world_size": 1}):
-        assert run_key(spec_hash(spec), {**recipe, **observed}, "data", 0) == key, observed
+        assert run_key(model_hash(spec), {**recipe, **observed}, "data", 0) == key, observed
     for learned in ({"lr": 1.0}, {"steps": 3}, {"batch_size": 3}, {"seq_len": 8}, {"grad_accum": 2},
                     {"precision": "bf16"}, {"world_size": 2}, {"warmup_steps": 0}, {"weight_decay": 0.0},
                     {"data": {**recipe["data"], "val_fraction": 0.1}}):
-        assert run_key(spec_hash(spec), {**recipe, **learned}, "data", 0) != key, learned
-    assert run_key(spec_hash(spec), recipe, "data2", 0) != key != run_key(spec_hash(spec), recipe, "data", 1)
+        assert run_key(model_hash(spec), {**recipe, **learned}, "data", 0) != key, learned
+    assert run_key(model_hash(spec), recipe, "data2", 0) != key != run_key(model_hash(spec), recipe, "data", 1)
     assert "seed" not in learning_recipe(recipe) and recipe_hash(recipe) == recipe_hash({**recipe, "seed": 5})
 
 

@@ -15,7 +15,7 @@ from archspec.accounting import account
 from archspec.codegen import generate, render
 from archspec.errors import UserError
 from archspec.registry.query import compile_filter, resolve_field
-from archspec.spec import canonical_dict, load_spec_dict, parse_spec, spec_hash
+from archspec.spec import canonical_dict, load_spec_dict, parse_spec, model_hash
 
 BASE = {"name": "pl", "model": {"vocab_size": 67, "context_length": 24, "d_model": 32, "n_layers": 4,
                                 "attention": {"n_heads": 4, "n_kv_heads": 2}, "ffn": {"kind": "glu", "hidden_dim": 64}}}
@@ -121,7 +121,7 @@ def test_uniform_setting_written_once_or_per_layer_hashes_alike():
     once = load_spec_dict(copy.deepcopy(BASE))
     every = load_spec_dict(with_layers({f"l{i}": {"select": [i], "ffn": {"hidden_dim": 64}} for i in range(4)}))
     all_at_once = load_spec_dict(with_layers({"all": {"select": {}, "ffn": {"kind": "glu", "hidden_dim": 64}}}))
-    assert spec_hash(once) == spec_hash(every) == spec_hash(all_at_once)
+    assert model_hash(once) == model_hash(every) == model_hash(all_at_once)
     assert render(once) == render(every)
 
 
@@ -129,14 +129,14 @@ def test_group_names_and_spellings_are_labels():
     a = with_layers({"wide": {"select": {"start": 1, "step": 2}, "ffn": {"hidden_dim": 128}}})
     b = with_layers({"x": {"select": [3, 1], "ffn": {"hidden_dim": 128}}})
     c = with_layers({"p": {"select": [1], "ffn": {"hidden_dim": 128}}, "q": {"select": {"start": 3}, "ffn": {"hidden_dim": 128}}})
-    hashes = {spec_hash(load_spec_dict(r)) for r in (a, b, c)}
+    hashes = {model_hash(load_spec_dict(r)) for r in (a, b, c)}
     assert len(hashes) == 1
     # a model-wide glu with every layer overridden to mlp is the model-wide mlp
     d = with_layers({"all": {"select": {}, "ffn": {"kind": "mlp"}}})
     e = copy.deepcopy(BASE)
     e["model"]["ffn"] = {"kind": "mlp"}
-    assert spec_hash(load_spec_dict(d)) == spec_hash(load_spec_dict(e))
-    assert spec_hash(load_spec_dict(a)) != spec_hash(load_spec_dict(BASE))
+    assert model_hash(load_spec_dict(d)) == model_hash(load_spec_dict(e))
+    assert model_hash(load_spec_dict(a)) != model_hash(load_spec_dict(BASE))
 
 
 def test_canonical_form_round_trips():
@@ -144,7 +144,7 @@ def test_canonical_form_round_trips():
     canon = canonical_dict(spec)
     assert set(canon["model"]["layers"]) == {"ffn_1", "ffn_2", "norm_1", "attention_1"}
     again = parse_spec(canon)
-    assert spec_hash(again) == spec_hash(spec)
+    assert model_hash(again) == model_hash(spec)
     assert [b.key() for b in again.model.blocks()] == [b.key() for b in spec.model.blocks()]
 
 
@@ -225,7 +225,7 @@ def test_hf_per_layer_fields_are_expressible():
     assert [b.ffn.hidden_dim for b in spec.model.blocks()] == [64, 16, 64, 16, 64, 64]
     via_range = load_spec_dict(with_layers({"s": {"select": {"start": step - 1, "stop": 5, "step": step},
                                                   "ffn": {"hidden_dim": 16}}}, n_layers=n))
-    assert spec_hash(via_range) == spec_hash(spec)
+    assert model_hash(via_range) == model_hash(spec)
     # "sparse every 2nd layer, except the mlp_only ones" is not a precedence rule here: overlapping groups that
     # disagree are refused, so the exception is written as the selection itself (what import-hf computes).
     with pytest.raises(UserError, match="2 problems"):
@@ -272,7 +272,7 @@ def test_group_merges_onto_what_was_written_not_onto_derived_values():
     b["model"]["attention"].update(qkv_bias=True, out_bias=False)
     sa, sb = load_spec_dict(a), load_spec_dict(b)
     assert [blk.attention.qkv_bias for blk in sa.model.blocks()] == [True] * 4
-    assert spec_hash(sa) == spec_hash(sb)
+    assert model_hash(sa) == model_hash(sb)
 
 
 def test_select_refuses_booleans():

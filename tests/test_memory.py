@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from archspec import memory
 from archspec.accounting import account
 from archspec.errors import UserError
-from archspec.memory import Setup, check_memory, plan_memory
+from archspec.memory import check_memory, plan_memory
 from archspec.spec import load_spec, load_spec_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,14 +156,6 @@ def test_cuda_is_checked_against_free_device_memory(monkeypatch):
         check_memory(spec, for_training=True, device="cuda")
     small = load_spec(LLAMA, ["train.batch_size=1", "train.seq_len=64"])
     assert check_memory(small, for_training=True, device="cuda").fits
-
-
-def test_old_codegen_names_still_import():
-    from archspec.codegen import check_memory as old_check, memory_estimate_bytes
-
-    spec = load_spec(LLAMA)
-    assert old_check is check_memory
-    assert memory_estimate_bytes(spec) == plan_memory(spec, training=False).total
 
 
 def test_train_dry_run_prints_the_plan_and_refuses_what_does_not_fit(capsys):

@@ -29,7 +29,7 @@ from archspec.accounting import account
 from archspec.codegen import generate, render
 from archspec.errors import UserError
 from archspec.spec import (SpecError, canonical_dict, canonical_json, format_validation_error, load_spec_dict,
-                           parse_spec, spec_hash)
+                           parse_spec, model_hash)
 from archspec.spec.model import AttentionSpec, ModelSpec
 from archspec.spec.train import DataSpec
 
@@ -193,7 +193,7 @@ def test_analytic_params_equal_module_numel(spec, gen_dir):
 def test_hash_ignores_key_order(raw, rnd):
     reordered = T.shuffled(raw, rnd)
     assert canonical_json(parse_spec(reordered)) == canonical_json(parse_spec(raw))
-    assert spec_hash(parse_spec(reordered)) == spec_hash(parse_spec(raw))
+    assert model_hash(parse_spec(reordered)) == model_hash(parse_spec(raw))
 
 
 def _merge_some(minimal, full, draw):
@@ -217,13 +217,13 @@ def _merge_some(minimal, full, draw):
 def test_hash_ignores_explicit_defaults_and_comments(raw, data):
     spec = parse_spec(raw)
     full = canonical_dict(spec)
-    assert spec_hash(parse_spec(full)) == spec_hash(spec)  # every default (and derived default) written out
+    assert model_hash(parse_spec(full)) == model_hash(spec)  # every default (and derived default) written out
     if "layers" in raw["model"]:
         return  # canonical layer groups are not the user's: tests/test_layers.py covers their hash properties
     some = _merge_some(raw, full, data.draw)
-    assert spec_hash(parse_spec(some)) == spec_hash(spec)  # any subset of them written out
+    assert model_hash(parse_spec(some)) == model_hash(spec)  # any subset of them written out
     text = "# a comment\n" + yaml.safe_dump(some, sort_keys=False).replace("\n", "  # trailing\n", 1)
-    assert spec_hash(load_spec_dict(yaml.safe_load(text))) == spec_hash(spec)
+    assert model_hash(load_spec_dict(yaml.safe_load(text))) == model_hash(spec)
 
 
 def _other_values(value, field):
@@ -270,7 +270,7 @@ def test_hash_changes_when_any_model_value_changes(raw, data):
                 continue  # the layer groups were laid out anew (not a change of this value in place)
             if node != new:
                 continue  # normalised away (not a real change of this value)
-            assert spec_hash(other) != spec_hash(spec), f"changing {'.'.join(map(str, path))} kept the hash"
+            assert model_hash(other) != model_hash(spec), f"changing {'.'.join(map(str, path))} kept the hash"
             return
     raise AssertionError("no leaf could be changed")  # unreachable: tie_embeddings always can
 
@@ -282,7 +282,7 @@ def test_hash_ignores_the_name_and_the_recipe(raw, name, lr, steps):
     spec = parse_spec(raw)
     other = dict(canonical_dict(spec), name=name)
     other["train"] = {**other["train"], "lr": lr, "steps": steps, "warmup_steps": 0}
-    assert spec_hash(parse_spec(other)) == spec_hash(spec)
+    assert model_hash(parse_spec(other)) == model_hash(spec)
     assert render(parse_spec(other)).split('"""', 2)[2] == render(spec).split('"""', 2)[2]  # code below the banner
 
 
@@ -301,13 +301,13 @@ def test_canonical_form_of_an_accepted_spec_is_accepted(raw, refused_at):
         assert [e["loc"] for e in info.value.errors()] == [refused_at]
         return
     spec = parse_spec(raw)
-    assert spec_hash(parse_spec(canonical_dict(spec))) == spec_hash(spec)
+    assert model_hash(parse_spec(canonical_dict(spec))) == model_hash(spec)
 
 
 def test_equal_specs_have_equal_hashes():
     a, b = parse_spec({"name": "t", "model": {"dropout": -0.0}}), parse_spec({"name": "t", "model": {"dropout": 0.0}})
     assert a == b
-    assert spec_hash(a) == spec_hash(b)
+    assert model_hash(a) == model_hash(b)
 
 
 # ── deterministic source ─────────────────────────────────────────────────────────────────────────────────────────

@@ -9,7 +9,7 @@ import yaml
 
 from archspec.errors import UserError
 from archspec.spec import (SpecError, apply_overrides, canonical_dict, json_schema, load_spec, load_spec_dict,
-                           spec_hash)
+                           model_hash)
 
 BASE = {"name": "t", "model": {"d_model": 64, "attention": {"n_heads": 8}}}
 
@@ -85,12 +85,12 @@ def test_hash_stable_under_order_comments_and_explicit_defaults(tmp_path):
     b = tmp_path / "b.yaml"
     b.write_text("# a comment\nmodel:\n  attention:\n    n_kv_heads: 8  # explicit default\n    n_heads: 8\n"
                  "  d_model: 64\n  norm: {eps: 1.0e-5, kind: rmsnorm}\nname: t\ntrain: {}\n")
-    h = spec_hash(load_spec(a))
-    assert spec_hash(load_spec(b)) == h
+    h = model_hash(load_spec(a))
+    assert model_hash(load_spec(b)) == h
     full = tmp_path / "full.yaml"
     full.write_text(yaml.safe_dump(canonical_dict(load_spec(a))))
-    assert spec_hash(load_spec(full)) == h
-    assert spec_hash(load_spec(a, ["model.norm.eps=2e-5"])) != h
+    assert model_hash(load_spec(full)) == h
+    assert model_hash(load_spec(a, ["model.norm.eps=2e-5"])) != h
 
 
 def test_yaml_is_loaded_safely(tmp_path):

@@ -41,7 +41,7 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     """The variant table; times from the registry's measured throughput (`measured`, archspec.ablate.estimate), else
     from the stated assumption on `peak`."""
     from archspec.ablate.estimate import caption, estimate
-    from archspec.spec import spec_hash
+    from archspec.spec import model_hash
 
     table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
                   f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
@@ -53,7 +53,7 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     for v in sweep.variants:
         t = v.spec.train
         tokens = t.steps * t.batch_size * t.grad_accum * t.seq_len
-        est = estimate(spec_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), v.accounting.flops_train, tokens,
+        est = estimate(model_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), v.accounting.flops_train, tokens,
                        list(measured), peak)
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)

@@ -34,7 +34,7 @@ ASSUMED_MFU = 0.2
 class Measured:
     """What one finished run measured."""
 
-    spec_hash: str
+    model_hash: str
     name: str
     batch: tuple[int, int]  # (batch_size × grad_accum, seq_len)
     flops_per_token: float  # train, at the run's seq_len
@@ -79,7 +79,7 @@ def measured_runs(registry, device_type: str, precision: str) -> list[Measured]:
             batch = (int(recipe["batch_size"]) * int(recipe.get("grad_accum", 1)), int(recipe["seq_len"]))
         except (KeyError, TypeError, ValueError):
             continue
-        out.append(Measured(row.spec_hash, row.name, batch, float(flops), float(rate), row.host == host))
+        out.append(Measured(row.model_hash, row.name, batch, float(flops), float(rate), row.host == host))
     if any(m.same_host for m in out):
         out = [m for m in out if m.same_host]
     return out
@@ -103,10 +103,10 @@ def per_token_model(measured: list[Measured], peak: float | None) -> tuple[float
     return float(a), float(inv_rate) / scale
 
 
-def estimate(spec_hash: str, batch: tuple[int, int], flops_per_token: float, tokens: int, measured: list[Measured],
+def estimate(model_hash: str, batch: tuple[int, int], flops_per_token: float, tokens: int, measured: list[Measured],
              peak: float | None) -> Estimate:
     """Seconds of training for `tokens` tokens of one variant (see the module docstring for the order of sources)."""
-    same = [m.tokens_per_s for m in measured if m.spec_hash == spec_hash and m.batch == batch]
+    same = [m.tokens_per_s for m in measured if m.model_hash == model_hash and m.batch == batch]
     if same:
         return Estimate(tokens / statistics.median(same), f"same model ({len(same)} run{'s' if len(same) > 1 else ''})")
     if measured:

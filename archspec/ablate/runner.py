@@ -21,7 +21,7 @@ from archspec.ablate.sweep import Job, Sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.registry.query import text_literal
-from archspec.spec import parse_spec, spec_hash
+from archspec.spec import parse_spec, model_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash, run_key
@@ -64,7 +64,7 @@ class SweepOutcome:
 def job_run_id(job: Job, cache: Path) -> str:
     """The id the loop will record this job under (the data are tokenised once and cached, so this is cheap)."""
     data = build_data(job.spec, cache, rank=0, world=1)
-    return run_key(spec_hash(job.spec), job.spec.train.model_dump(mode="json"), data.data_hash, job.seed)
+    return run_key(model_hash(job.spec), job.spec.train.model_dump(mode="json"), data.data_hash, job.seed)
 
 
 def check_data(jobs: list[Job], cache: Path) -> dict[str, str]:
@@ -171,12 +171,12 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     grouped by the variant their membership records, the latest attempt per (variant, seed).
     """
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
-    wanted = {_identity(spec_hash(j.spec), j.spec.train.model_dump(mode="json")): j
+    wanted = {_identity(model_hash(j.spec), j.spec.train.model_dump(mode="json")): j
               for j in sweep.jobs} if sweep else {}
     by_variant: dict[int, dict[int, Any]] = {}
     for row in rows:
         if sweep is not None:
-            job = wanted.get(_identity(row.spec_hash, row.recipe))
+            job = wanted.get(_identity(row.model_hash, row.recipe))
             if job is None:
                 continue
             index = job.variant.index

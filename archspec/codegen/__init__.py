@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import textwrap
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -31,8 +30,7 @@ from archspec.accounting import account
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
 from archspec.kinds import attention as _attention_unit
-from archspec.memory import available_memory_bytes, check_memory, memory_estimate_bytes  # noqa: F401 (moved there)
-from archspec.spec import Spec, model_json, spec_hash
+from archspec.spec import Spec, model_json, model_hash
 from archspec.spec.layers import unit_json
 
 ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
@@ -405,8 +403,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "name": _comment_safe(spec.name),
         "source": _comment_safe(source),
         "summary": "\n".join(textwrap.wrap(_comment_safe(summary), 110, break_on_hyphens=False)),
-        "spec_hash": _comment_safe(spec_hash(spec)),
-        "spec_hash_literal": repr(spec_hash(spec)),
+        "spec_hash": _comment_safe(model_hash(spec)),
+        "spec_hash_literal": repr(model_hash(spec)),
         "spec_json_chunks": _str_chunks(cjson),
         "constants": consts,
         "positional": positional,

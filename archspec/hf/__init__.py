@@ -53,7 +53,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
     written unless everything maps. Returns a summary: name, model_type, spec path, checkpoint path, params."""
     import yaml
 
-    from archspec.spec import canonical_dict, load_spec_dict, spec_hash
+    from archspec.spec import canonical_dict, load_spec_dict, model_hash
     from archspec.train.cache import atomic_write_text
     from archspec.train.checkpoint import save_weights
 
@@ -68,14 +68,14 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
 
     params = None
     if checkpoint_out is not None:
-        from archspec.codegen import check_memory
+        from archspec.memory import check_memory
 
         check_memory(spec)
         tensors = io.read_tensors(cfg_path.parent)
         hf = hf_type(data.get("model_type"), printable(cfg_path))
         state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec))
         tokenizer = io.read_tokenizer(cfg_path.parent)
-        save_weights(checkpoint_out, canonical_dict(spec), spec_hash(spec), state, tokenizer,
+        save_weights(checkpoint_out, canonical_dict(spec), model_hash(spec), state, tokenizer,
                      source=str(cfg_path.parent))
         params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())  # a tied matrix once
 

@@ -82,9 +82,6 @@ class HFConfig:
     def key(self, role: str) -> str:
         return self.hf.keys.get(role, role)
 
-    def has(self, role: str) -> bool:
-        return self.data.get(self.key(role)) is not None
-
     def take(self, role: str, kind: type | tuple[type, ...] | None = None, default: Any = _MISSING) -> Any:
         """The value of `role`'s key, type-checked; marks it read. Absent: the model type's default for it (what
         transformers assumes), else `default`. Null: `default` (the caller says what null means)."""

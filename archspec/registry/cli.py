@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-import sys
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -24,7 +23,7 @@ from rich.text import Text
 from archspec.cli_options import FiniteFloat, registry_option
 from archspec.console import dropped_note, echo, fit_columns, is_mfu_key, make_console, number
 from archspec.errors import UserError, printable
-from archspec.registry.query import FIELDS_HELP, check_known_keys, higher_is_better, referenced_fields, resolve_field
+from archspec.registry.query import FIELDS_HELP, higher_is_better, referenced_fields, resolve_field
 from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
 
 FORMATS = ["table", "json", "csv"]
@@ -301,7 +300,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
     for label, value in [
         ("run", run.id), ("name", run.name), ("status", _status(run)),
         ("attempt", str(run.attempt)), ("sweep", run.sweep or "-"), ("seed", str(run.seed)),
-        ("spec hash", run.spec_hash), ("data hash", run.data_hash), ("host", run.host or "-"),
+        ("model hash", run.model_hash), ("data hash", run.data_hash), ("host", run.host or "-"),
         ("code version", run.code_version or "-"), ("created", _fmt("", run.created)),
         ("started", _fmt("", run.started)), ("ended", _fmt("", run.ended)), ("duration", _duration(run.duration_s)),
         ("tags", ", ".join(f"{k}={v}" for k, v in run.tags.items()) or "-"),
@@ -524,7 +523,7 @@ def specs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
         return
     cols = ["params.total", "params.active", "params.embedding", "flops.forward", "flops.seq_len", "kv_cache_bytes"]
     for name in [*referenced_fields(where, sort), *extra]:
-        if name not in cols and name not in ("hash", "spec_hash", "name", "created"):
+        if name not in cols and name not in ("hash", "model_hash", "spec_hash", "name", "created"):
             cols.append(name)
     heads = ["hash", "names", *cols, "runs", "created"]
     cells = [[s.hash[:12], ", ".join(s.names) or s.name, *(_fmt(c, s.get(c)) for c in cols), str(s.n_runs),

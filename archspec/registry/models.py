@@ -95,7 +95,7 @@ class SpecName(Base):
 
     __tablename__ = "spec_names"
 
-    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    model_hash: Mapped[str] = mapped_column("spec_hash", ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), primary_key=True, index=True)
     created: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -106,7 +106,7 @@ class SpecParam(Base):
     __tablename__ = "spec_params"
     __table_args__ = (Index("ix_spec_params_key_value_num", "key", "value_num"),)
 
-    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    model_hash: Mapped[str] = mapped_column("spec_hash", ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     kind: Mapped[str] = mapped_column(String(8))  # int | float | bool | str | json | null
     value_num: Mapped[float | None] = mapped_column(Double)  # int and float values
@@ -119,7 +119,7 @@ class SpecAccounting(Base):
     __tablename__ = "spec_accounting"
     __table_args__ = (Index("ix_spec_accounting_key_value", "key", "value"),)
 
-    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
+    model_hash: Mapped[str] = mapped_column("spec_hash", ForeignKey("specs.hash", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     value: Mapped[float] = mapped_column(Double)
 
@@ -130,7 +130,7 @@ class RunRecord(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    spec_hash: Mapped[str] = mapped_column(ForeignKey("specs.hash"), index=True)
+    model_hash: Mapped[str] = mapped_column("spec_hash", ForeignKey("specs.hash"), index=True)
     name: Mapped[str] = mapped_column(String(128), index=True)  # the spec's name (a label)
     data_hash: Mapped[str] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(Integer)

@@ -488,7 +488,8 @@ RUN_ATTRS: dict[str, tuple[Any, str]] = {
     "name": (RunRecord.name, "str"),
     "status": (RunRecord.status, "status"),
     "seed": (RunRecord.seed, "num"),
-    "spec_hash": (RunRecord.spec_hash, "str"),
+    "model_hash": (RunRecord.model_hash, "str"),
+    "spec_hash": (RunRecord.model_hash, "str"),  # the model hash's earlier name, still accepted
     "data_hash": (RunRecord.data_hash, "str"),
     "host": (RunRecord.host, "str"),
     "code_version": (RunRecord.code_version, "str"),
@@ -501,7 +502,8 @@ RUN_ATTRS: dict[str, tuple[Any, str]] = {
 }
 SPEC_ATTRS: dict[str, tuple[Any, str]] = {
     "hash": (SpecRecord.hash, "str"),
-    "spec_hash": (SpecRecord.hash, "str"),
+    "model_hash": (SpecRecord.hash, "str"),
+    "spec_hash": (SpecRecord.hash, "str"),  # the model hash's earlier name, still accepted
     "name": (SpecRecord.name, "str"),
     "generated_hash": (SpecRecord.generated_hash, "str"),
     "created": (SpecRecord.created, "time"),
@@ -625,20 +627,20 @@ def _slot(ref: FieldRef, target: str) -> _Slot:
         if runs:
             where, scalar = _side(RunRecord.id, RunParam.run_id, RunParam.key, ref.key)
             return _Slot(num=RunParam.value_num, text=RunParam.value_str, where=where, scalar=scalar)
-        where, scalar = _side(SpecRecord.hash, SpecParam.spec_hash, SpecParam.key, ref.key)
+        where, scalar = _side(SpecRecord.hash, SpecParam.model_hash, SpecParam.key, ref.key)
         return _Slot(num=SpecParam.value_num, text=SpecParam.value_str, where=where, scalar=scalar)
     if ref.kind == "acct":  # a run's own accounting (at its seq_len), a spec's (at context_length)
         if runs:
             where, scalar = _side(RunRecord.id, RunAccounting.run_id, RunAccounting.key, ref.key)
             return _Slot(num=RunAccounting.value, where=where, scalar=scalar)
-        where, scalar = _side(SpecRecord.hash, SpecAccounting.spec_hash, SpecAccounting.key, ref.key)
+        where, scalar = _side(SpecRecord.hash, SpecAccounting.model_hash, SpecAccounting.key, ref.key)
         return _Slot(num=SpecAccounting.value, where=where, scalar=scalar)
     if ref.kind == "sweep":  # membership: a run may belong to several sweeps; it matches if any does
         return _Slot(text=SweepRun.sweep, where=lambda cond: RunRecord.id.in_(select(SweepRun.run_id).where(cond)),
                      scalar=lambda col: select(func.min(col)).where(SweepRun.run_id == RunRecord.id).scalar_subquery())
     if ref.kind == "names":  # any name the model was built or trained under
-        return _Slot(text=SpecName.name, where=lambda cond: SpecRecord.hash.in_(select(SpecName.spec_hash).where(cond)),
-                     scalar=lambda col: select(func.min(col)).where(SpecName.spec_hash == SpecRecord.hash)
+        return _Slot(text=SpecName.name, where=lambda cond: SpecRecord.hash.in_(select(SpecName.model_hash).where(cond)),
+                     scalar=lambda col: select(func.min(col)).where(SpecName.model_hash == SpecRecord.hash)
                      .scalar_subquery())
     if ref.kind == "metric":
         columns = {"last": MetricStats.last_value, "min": MetricStats.min_value, "max": MetricStats.max_value}

@@ -45,15 +45,15 @@ class _SpecCache:
         self.raw: dict[str, tuple[str, str]] = {}  # hash → (canonical_json, accounting_json)
         self.parsed: dict[str, tuple[dict, dict, dict]] = {}  # hash → (model, accounting, accounting fields)
 
-    def get(self, spec_hash: str) -> tuple[dict, dict, dict]:
-        if spec_hash not in self.parsed:
-            canonical, accounting = self.raw.get(spec_hash, ("{}", "{}"))
-            acct = load_json(accounting, f"specs {spec_hash[:12]} accounting_json", {})
-            spec = load_json(canonical, f"specs {spec_hash[:12]} canonical_json", {})
+    def get(self, model_hash: str) -> tuple[dict, dict, dict]:
+        if model_hash not in self.parsed:
+            canonical, accounting = self.raw.get(model_hash, ("{}", "{}"))
+            acct = load_json(accounting, f"specs {model_hash[:12]} accounting_json", {})
+            spec = load_json(canonical, f"specs {model_hash[:12]} canonical_json", {})
             if not isinstance(acct, dict):
                 acct = {}
-            self.parsed[spec_hash] = (spec if isinstance(spec, dict) else {}, acct, accounting_fields(acct))
-        return self.parsed[spec_hash]
+            self.parsed[model_hash] = (spec if isinstance(spec, dict) else {}, acct, accounting_fields(acct))
+        return self.parsed[model_hash]
 
 
 @dataclass
@@ -87,7 +87,7 @@ class SpecRow:
         if ref.kind == "names":
             return ", ".join(self.names)
         if ref.kind == "attr":
-            return getattr(self, "hash" if ref.key == "spec_hash" else ref.key)
+            return getattr(self, "hash" if ref.key in ("model_hash", "spec_hash") else ref.key)
         if ref.kind == "acct":
             return self._cache.get(self.hash)[2].get(ref.key)
         return self.params.get(ref.key)
@@ -115,7 +115,7 @@ class RunRow:
     id: str
     name: str
     status: str
-    spec_hash: str
+    model_hash: str
     data_hash: str
     seed: int
     host: str
@@ -146,7 +146,7 @@ class RunRow:
     @property
     def spec(self) -> dict[str, Any]:
         """The spec as run: its name, its model, and the recipe actually used."""
-        return {"name": self.name, "model": self._cache.get(self.spec_hash)[0], "train": self.recipe}
+        return {"name": self.name, "model": self._cache.get(self.model_hash)[0], "train": self.recipe}
 
     @cached_property
     def accounting(self) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class RunRow:
 
         return {
             "id": self.id, "name": self.name, "status": self.status, "sweeps": self.sweeps, "seed": self.seed,
-            "spec_hash": self.spec_hash, "data_hash": self.data_hash, "host": self.host,
+            "model_hash": self.model_hash, "data_hash": self.data_hash, "host": self.host,
             "code_version": self.code_version, "attempt": self.attempt, "created": iso(self.created),
             "started": iso(self.started), "ended": iso(self.ended), "heartbeat": iso(self.heartbeat),
             "error": self.error, "stale": self.stale, "accounting": self.accounting, "recipe": self.recipe,
@@ -234,7 +234,7 @@ class RunRow:
     def flat(self, params: bool = True) -> dict[str, Any]:
         """One flat record (CSV, pandas): attributes, accounting, metrics, summary, tags and (optionally) params."""
         out: dict[str, Any] = {
-            k: getattr(self, k) for k in ("id", "name", "status", "sweep", "seed", "spec_hash", "data_hash", "host",
+            k: getattr(self, k) for k in ("id", "name", "status", "sweep", "seed", "model_hash", "data_hash", "host",
                                           "code_version", "attempt", "created", "started", "ended", "error")
         }
         out.update(self.accounting_fields)
@@ -313,7 +313,8 @@ class RegistryReader(RegistryEngine):
         now = self._now()
         rows: list[RunRow] = [
             RunRow(
-                id=r.id, name=r.name, status=r.status, spec_hash=r.spec_hash, data_hash=r.data_hash, seed=r.seed,
+                id=r.id, name=r.name, status=r.status, model_hash=r.spec_hash,  # the column keeps its stored name
+                data_hash=r.data_hash, seed=r.seed,
                 host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,
                 recipe_json=r.recipe_json, accounting_json=r.accounting_json, heartbeat_timeout_s=r.heartbeat_timeout_s, read_at=now,
@@ -322,7 +323,7 @@ class RegistryReader(RegistryEngine):
             for r in conn.execute(q).all()  # fetchall: row-by-row fetching costs a third of a 10,000-run listing
         ]
         by_id = {row.id: row for row in rows}
-        for chunk in chunks(list({row.spec_hash for row in rows})):
+        for chunk in chunks(list({row.model_hash for row in rows})):
             for h, canonical in conn.execute(
                 select(SpecRecord.hash, SpecRecord.canonical_json).where(SpecRecord.hash.in_(chunk))
             ).all():
@@ -488,7 +489,7 @@ class RegistryReader(RegistryEngine):
         order = compile_sort(sort, "specs")
         if limit is not None and limit < 0:
             raise UserError(f"--limit must be >= 0, got {limit}")
-        n_runs = select(func.count()).where(RunRecord.spec_hash == SpecRecord.hash).scalar_subquery()
+        n_runs = select(func.count()).where(RunRecord.model_hash == SpecRecord.hash).scalar_subquery()
         q = (select(SpecRecord.hash, SpecRecord.name, SpecRecord.generated_hash, SpecRecord.created,
                     SpecRecord.canonical_json, SpecRecord.accounting_json, n_runs.label("n_runs"))
              .where(cond).order_by(*order, SpecRecord.created.desc(), SpecRecord.hash))
@@ -503,7 +504,7 @@ class RegistryReader(RegistryEngine):
                 out.append(SpecRow(r.hash, r.name, r.generated_hash, r.created, int(r.n_runs), cache))
             by_hash = {row.hash: row for row in out}
             for chunk in chunks(list(by_hash)):
-                for h, name in conn.execute(select(SpecName.spec_hash, SpecName.name).where(SpecName.spec_hash.in_(chunk))
+                for h, name in conn.execute(select(SpecName.model_hash, SpecName.name).where(SpecName.model_hash.in_(chunk))
                                             .order_by(SpecName.created, SpecName.name)).all():
                     by_hash[h].names.append(name)
             return out

@@ -107,10 +107,6 @@ def run_params(spec_json: Mapping[str, Any], recipe: Mapping[str, Any]) -> dict[
     return params
 
 
-def nan_if_none(v: float | None) -> float:
-    return float("nan") if v is None else v
-
-
 def typed_row(value: Any) -> dict[str, Any]:
     kind, num, text = typed_value(value)
     return {"kind": kind, "value_num": num, "value_str": text}

@@ -87,9 +87,9 @@ class RegistryWriter(RegistryEngine):
         One model under several names or recipes is one row; each name is listed once (`spec_names`). Recording it
         again refreshes its generated-source hash and accounting (they follow the code version that built it last).
         """
-        from archspec.spec import model_dict, spec_hash
+        from archspec.spec import model_dict, model_hash
 
-        h = spec_hash(spec)
+        h = model_hash(spec)
         acct = with_seq_len(accounting, spec.model.context_length)
         self._write(lambda conn: self._upsert_spec(conn, h, model_dict(spec), spec.name, generated_hash, acct),
                     "record_spec")
@@ -110,7 +110,7 @@ class RegistryWriter(RegistryEngine):
         row = conn.execute(
             select(SpecRecord.generated_hash, SpecRecord.accounting_json).where(SpecRecord.hash == h)
         ).first()
-        if conn.execute(select(SpecName.name).where(SpecName.spec_hash == h, SpecName.name == name)).first() is None:
+        if conn.execute(select(SpecName.name).where(SpecName.model_hash == h, SpecName.name == name)).first() is None:
             names = [{"spec_hash": h, "name": name, "created": now}]
         else:
             names = []
@@ -129,7 +129,7 @@ class RegistryWriter(RegistryEngine):
             conn.execute(update(SpecRecord).where(SpecRecord.hash == h).values(
                 generated_hash=generated_hash or row.generated_hash, accounting_json=acct_json or row.accounting_json))
             if accounting is not None:
-                conn.execute(delete(SpecAccounting).where(SpecAccounting.spec_hash == h))
+                conn.execute(delete(SpecAccounting).where(SpecAccounting.model_hash == h))
         if names:
             conn.execute(insert(SpecName), names)
         if accounting is not None:
@@ -141,7 +141,7 @@ class RegistryWriter(RegistryEngine):
         acct = info.spec_accounting
         if acct is not None:
             acct = with_seq_len(acct, info.spec_json.get("model", {}).get("context_length"))
-        self._upsert_spec(conn, info.spec_hash, info.spec_json.get("model", {}), info.spec_name, info.generated_hash,
+        self._upsert_spec(conn, info.model_hash, info.spec_json.get("model", {}), info.spec_name, info.generated_hash,
                           acct)
 
     def add_to_sweep(self, run_id: str, membership: SweepMembership) -> None:
@@ -182,7 +182,7 @@ class RegistryWriter(RegistryEngine):
         now = self._now()
         running = status == RUNNING
         conn.execute(insert(RunRecord).values(
-            id=info.run_id, spec_hash=info.spec_hash, name=info.spec_name, data_hash=info.data_hash,
+            id=info.run_id, model_hash=info.model_hash, name=info.spec_name, data_hash=info.data_hash,
             seed=int(info.seed), recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
             code_version=info.code_version or "", status=status, host=info.host or "",
             accounting_json=json.dumps(run_accounting(info), sort_keys=True),
@@ -254,7 +254,7 @@ class RegistryWriter(RegistryEngine):
                 heartbeat_timeout_s=heartbeat_timeout_s, host=info.host or "", code_version=info.code_version or "",
                 recipe_json=json.dumps(info.recipe, sort_keys=True, default=str),
                 accounting_json=json.dumps(run_accounting(info), sort_keys=True),
-                spec_hash=info.spec_hash, name=info.spec_name,
+                model_hash=info.model_hash, name=info.spec_name,
             ))
             self._write_params_and_tags(conn, info)
             return attempt

@@ -32,7 +32,7 @@ from archspec.spec.rules import cross_field_problems
 
 __all__ = [
     "Spec", "SpecError", "parse_spec", "load_spec", "load_spec_dict", "apply_overrides", "canonical_json",
-    "spec_hash", "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
+    "json_schema", "format_validation_error", "read_yaml", "set_dotted", "SLUG_RE", "canonical_dict",
     "known_keys", "is_known_key",
     "model_dict", "model_json", "model_hash", "canonical_text", "text_hash",
 ]
@@ -312,11 +312,6 @@ def model_hash(spec: Spec) -> str:
     """sha256 of `model_json`: the generated module's `SPEC_HASH` and the registry's spec key. Two names or two
     recipes over one model: one hash."""
     return text_hash(model_json(spec))
-
-
-def spec_hash(spec: Spec) -> str:
-    """A spec's hash is its model's (`model_hash`): the name and the recipe are not part of it."""
-    return model_hash(spec)
 
 
 def json_schema() -> dict[str, Any]:

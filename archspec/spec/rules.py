@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from archspec.kinds.base import Problem  # (field path, message, offending value)
 from archspec.spec.model import MAX_HEAD_DIM

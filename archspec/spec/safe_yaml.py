@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 
 from archspec.errors import UserError, printable

@@ -546,11 +546,11 @@ def load_sharded(path: Path, directory: Path, model: nn.Module, optimizer: torch
 # a training checkpoint (or its run directory) wherever they take a weights checkpoint: `load_weights` reads both.
 
 
-def save_weights(path: str | os.PathLike, spec_dict: dict[str, Any], spec_hash: str,
+def save_weights(path: str | os.PathLike, spec_dict: dict[str, Any], model_hash: str,
                  model_state: dict[str, torch.Tensor], tokenizer: dict[str, str] | None = None,
                  source: str = "") -> None:
     """Atomically write a weights checkpoint (see above); CheckpointWriteError when the disk refuses."""
-    save_checkpoint(Path(path), {"spec_hash": spec_hash, "spec": spec_dict, "model": model_state,
+    save_checkpoint(Path(path), {"spec_hash": model_hash, "spec": spec_dict, "model": model_state,
                                  "tokenizer": dict(tokenizer or {}), "source": source}, fmt=WEIGHTS_FORMAT)
 
 

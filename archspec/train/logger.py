@@ -78,7 +78,7 @@ class RunInfo:
     """Everything known about a run before its first step."""
 
     spec_name: str
-    spec_hash: str  # the model hash (archspec.spec.model_hash)
+    model_hash: str  # the model hash (archspec.spec.model_hash)
     spec_json: dict[str, Any]  # canonical, fully-defaulted spec (its `model` section is what spec_hash covers)
     generated_hash: str  # sha256 of the generated module source
     accounting: dict[str, Any]  # account(spec, seq_len=the run's seq_len).to_dict(), plus "seq_len"
@@ -94,7 +94,7 @@ class RunInfo:
 
     @property
     def experiment_id(self) -> str:
-        return run_key(self.spec_hash, self.recipe, self.data_hash, self.seed)
+        return run_key(self.model_hash, self.recipe, self.data_hash, self.seed)
 
     @property
     def run_id(self) -> str:

@@ -35,7 +35,7 @@ from archspec import codegen
 from archspec.accounting import account
 from archspec.errors import UserError, printable
 from archspec.memory import check_memory
-from archspec.spec import Spec, canonical_dict, load_spec_dict, spec_hash
+from archspec.spec import Spec, canonical_dict, load_spec_dict, model_hash
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
                               raise_if_terminated, stop_signals)
@@ -247,7 +247,7 @@ class Trainer:
         self.data = self._build_data()
         # target tokens in the validation set, over every process (each holds as many windows)
         self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
-        self.experiment_id = run_key(spec_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
+        self.experiment_id = run_key(model_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
         repeat_for = getattr(self.logger, "repeat_for", None)
@@ -433,7 +433,7 @@ class Trainer:
     def run_info(self) -> RunInfo:
         d = self.data.describe()
         return RunInfo(
-            spec_name=self.spec.name, spec_hash=spec_hash(self.spec), spec_json=canonical_dict(self.spec),
+            spec_name=self.spec.name, model_hash=model_hash(self.spec), spec_json=canonical_dict(self.spec),
             generated_hash=self.generated.source_hash,
             accounting={**account(self.spec, seq_len=self.recipe.seq_len).to_dict(), "seq_len": self.recipe.seq_len},
             spec_accounting={**account(self.spec).to_dict(), "seq_len": self.spec.model.context_length},
@@ -588,7 +588,7 @@ class Trainer:
                 except Exception as e:  # a busy registry must not stop training; the points stay buffered
                     self.progress.log(f"[yellow]metrics not yet flushed at step {self.step}: {_shown(e)}[/]")
             save_checkpoint(self.checkpoint_path, {
-                "spec_hash": spec_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
+                "spec_hash": model_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
                 "run_id": self.run_id,
                 **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": mid_step[0] if mid_step else self.data.sampler.state_dict(),

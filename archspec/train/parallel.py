@@ -70,12 +70,6 @@ def shard_fsdp(model: nn.Module, world: World, parallel, amp_dtype: torch.dtype 
     return model
 
 
-def is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def full_value(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a gradient norm under FSDP is a DTensor); plain tensors unchanged."""
     from torch.distributed.tensor import DTensor

@@ -11,13 +11,13 @@ from archspec.registry import Registry
 from tests.registry.helpers import make_info, make_spec, record_run
 
 
-def measured(flops: float, tok_s: float, spec_hash: str = "h", batch=(8, 128)) -> Measured:
-    return Measured(spec_hash, "m", batch, flops, tok_s, True)
+def measured(flops: float, tok_s: float, model_hash: str = "h", batch=(8, 128)) -> Measured:
+    return Measured(model_hash, "m", batch, flops, tok_s, True)
 
 
 def test_estimate_sources_in_order():
     # three models on one line: 10 µs of overhead per token plus FLOPs at 50 GFLOP/s
-    line = [measured(f, 1 / (10e-6 + f / 50e9), spec_hash=str(f)) for f in (1e5, 1e6, 4e6)]
+    line = [measured(f, 1 / (10e-6 + f / 50e9), model_hash=str(f)) for f in (1e5, 1e6, 4e6)]
     a, inv_rate = per_token_model(line, peak=None)
     assert a == pytest.approx(10e-6, rel=1e-6) and 1 / inv_rate == pytest.approx(50e9, rel=1e-6)
     between = estimate("other", (8, 128), 2e6, 1_000_000, line, peak=1e12)

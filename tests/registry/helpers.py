@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from archspec.accounting import account
-from archspec.spec import canonical_dict, load_spec_dict, spec_hash
+from archspec.spec import canonical_dict, load_spec_dict, model_hash
 from archspec.train.logger import RunInfo, SweepMembership
 
 
@@ -32,7 +32,7 @@ def make_info(spec=None, seed: int = 0, sweep: str | None = None, data_hash: str
     data = canonical_dict(spec)
     recipe = {**data["train"], **recipe_overrides}
     return RunInfo(
-        spec_name=spec.name, spec_hash=spec_hash(spec), spec_json=data, generated_hash="g" * 64,
+        spec_name=spec.name, model_hash=model_hash(spec), spec_json=data, generated_hash="g" * 64,
         accounting=accounting(spec), data_hash=data_hash, seed=seed, recipe=recipe, code_version="test",
         sweep=SweepMembership(sweep, 0, "base") if sweep is not None else None, host="testhost", tags=dict(tags or {}),
     )

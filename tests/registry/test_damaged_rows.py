@@ -30,7 +30,7 @@ def damaged(tmp_path):
         with sqlite3.connect(db) as conn:
             conn.executescript(sql)
 
-    return url, info.run_id, info.spec_hash, apply
+    return url, info.run_id, info.model_hash, apply
 
 
 def _cli(capsys, *argv):
@@ -52,7 +52,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("case", list(DAMAGE))
 def test_reads_report_a_damaged_row_and_carry_on(case, damaged, caplog, capsys):
-    url, run_id, spec_hash, apply = damaged
+    url, run_id, model_hash, apply = damaged
     sql, needle = DAMAGE[case]
     apply(sql)
     with caplog.at_level(logging.WARNING, logger="archspec.registry"):

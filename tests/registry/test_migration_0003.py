@@ -51,7 +51,7 @@ def test_upgrade_carries_the_old_registry_over(old_registry, capsys):
         runs = {r.name: r for r in reg.runs()}
         assert set(runs) == {"tiny-a", "tiny-b", "tiny-c"}
         a0, c0, b1 = runs["tiny-a"], runs["tiny-c"], runs["tiny-b"]
-        assert {r.spec_hash for r in runs.values()} == {model}
+        assert {r.model_hash for r in runs.values()} == {model}
         # a0 and c0 are one experiment: the better (FINISHED, latest) takes the run key, the other keeps its id.
         key = run_key(model, a0.recipe, "data-v1", 0)
         assert key == run_key(model, c0.recipe, "data-v1", 0)

@@ -8,7 +8,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import pytest
 from alembic import command
 from sqlalchemy import text
 

@@ -11,7 +11,7 @@ import pytest
 from archspec.errors import UserError
 from archspec.registry import Registry, RunActiveError, RunFinishedError, default_url
 from archspec.registry.store import accounting_fields, run_params, typed_value
-from archspec.spec import model_json, spec_hash
+from archspec.spec import model_json, model_hash
 from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED
 
 from .helpers import accounting, make_info, make_spec, record_run
@@ -50,9 +50,9 @@ def test_record_spec_is_idempotent_and_keeps_accounting(registry):
     spec = make_spec("tiny")
     acct = accounting(spec)
     for _ in range(2):
-        assert registry.record_spec(spec, "a" * 64, acct) == spec_hash(spec)
+        assert registry.record_spec(spec, "a" * 64, acct) == model_hash(spec)
     (row,) = registry.specs()
-    assert row.hash == spec_hash(spec) and row.name == "tiny" and row.n_runs == 0
+    assert row.hash == model_hash(spec) and row.name == "tiny" and row.n_runs == 0
     assert row.accounting == {**acct, "seq_len": 64}  # exact integers back, and the seq_len they are at
     assert row.get("flops.seq_len") == 64 == spec.model.context_length
     assert row.get("params.total") == acct["params"]["total"] and isinstance(row.get("params.total"), int)

@@ -4,7 +4,6 @@ origin, nothing written; and a real headless Chromium against a live server."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -12,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +21,7 @@ from archspec.cli import main  # noqa: E402
 from archspec.registry import Registry  # noqa: E402
 from archspec.ui.app import create_app  # noqa: E402
 
-from .helpers import INJECTION, make_info, make_spec, populate, record_run  # noqa: E402
+from .helpers import make_info, make_spec, populate, record_run  # noqa: E402
 
 SCRIPT = "<script>alert('pwned')</script>"
 IMG = '"><img src=x onerror=alert(1)>'

@@ -22,7 +22,7 @@ from archspec.ablate.sweep import load_sweep
 from archspec.errors import UserError
 from archspec.signals import Terminated, install_signal_handlers, raise_if_terminated
 from archspec.train import checkpoint as ckpt
-from archspec.train.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from archspec.train.checkpoint import load_checkpoint, save_checkpoint
 from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger
 from archspec.train.loop import Trainer, train
 

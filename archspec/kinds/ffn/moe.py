@@ -303,7 +303,3 @@ def _per_token_coef(coef: float, top_k: int) -> float:
             return candidate
     return value
 
-
-def capacity(capacity_factor: float, tokens: int, top_k: int, n_experts: int) -> int:
-    """Assignments each expert may take (the generated module computes the same, per forward call)."""
-    return math.ceil(capacity_factor * tokens * top_k / n_experts)
