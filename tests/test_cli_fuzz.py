@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from archspec.cli import cli, main
-from archspec.cli_options import FiniteFloat
+from archspec.cli.options import FiniteFloat
 
 CORPUS = ("The quick brown fox jumps over the lazy dog. " * 40 + "\n") * 4
 

@@ -283,7 +283,7 @@ def test_import_hf_refuses_odd_or_contradicting_rope_values(extra, needle, tmp_p
 def test_an_interrupt_a_library_swallowed_still_ends_the_command_as_interrupted(then, spec_file, monkeypatch, capsys):
     """Ctrl-C during an import once left numpy half-imported: a library's broad `except` swallowed it, and the
     command died later with an AttributeError traceback. Any command: the interrupt is remembered, and it decides."""
-    import archspec.train.cli as train_cli
+    import archspec.cli.train as train_cli
 
     def swallowing(*args, **kwargs):
         try:

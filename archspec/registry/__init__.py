@@ -3,7 +3,7 @@
     from archspec.registry import Registry, RegistryLogger, default_url
     reg = Registry()                                          # $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db
     reg.specs(where="params.active < 20e6")                   # recorded by `archspec build`, before any training
-    reg.runs(where="params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2", sort="metrics.val_loss")
+    reg.runs(where="params.model.attention.n_kv_heads = 1 and metrics.val_loss < 3.2", sort="metrics.val_loss")
 
 - `models`: the SQLAlchemy schema; `migrations/`: alembic revisions, applied by `migrate.ensure_schema`.
 - `store`: `Registry`, from `engine` (open, schema check, retries), `writes` and `reads` (reads never write);

@@ -1,7 +1,7 @@
 """The registry: one class, `Registry`, assembled from its three roles.
 
     reg = Registry()                                   # $ARCHSPEC_REGISTRY or sqlite:///registry/archspec.db
-    reg.runs(where="params.model.norm.kind = 'rmsnorm' and params.active < 20e6", sort="metrics.val_loss")
+    reg.runs(where="params.model.attention.n_kv_heads = 1 and params.active < 20e6", sort="metrics.val_loss")
 
 - `engine.py`: opening a database, the schema check, transactions, retries (`RegistryEngine`).
 - `writes.py`: recording specs and runs, metrics, statuses, reaping dead runs (`RegistryWriter`).

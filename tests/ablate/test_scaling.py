@@ -13,7 +13,7 @@ import yaml
 from archspec.cli import main
 from archspec.errors import UserError
 from archspec.registry import Registry
-from archspec.scaling import fit_power_law, fit_with_intervals, non_embedding_params
+from archspec.ablate.scaling import fit_power_law, fit_with_intervals, non_embedding_params
 from archspec.train.logger import SweepMembership
 from tests.registry.helpers import make_info, make_spec, record_run
 

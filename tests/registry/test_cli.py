@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from archspec.cli import main
-from archspec.registry.cli import runs_cmd, specs_cmd
+from archspec.cli.registry import runs_cmd, specs_cmd
 from archspec.registry.migrate import VERSION_TABLE
 
 from .helpers import INJECTION, accounting, make_spec, populate

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from archspec.registry import Registry, RunActiveError
-from archspec.train.cli import make_logger
+from archspec.cli.train import make_logger
 
 from .helpers import make_info
 

@@ -167,7 +167,7 @@ def test_a_checkpoint_recorded_on_another_host_names_host_and_path(tmp_path, cor
 
 
 def test_tables_never_show_an_mfu_above_100_percent_as_a_figure():
-    from archspec.registry.cli import _fmt
+    from archspec.cli.registry import _fmt
 
     assert _fmt("summary.mfu", 1.52) == "above ceiling" and _fmt("metrics.last.mfu_palm", 3.0) == "above ceiling"
     assert _fmt("summary.mfu", 0.469) == "0.469" and _fmt("summary.mfu_above_ceiling", 1.0) == "1"

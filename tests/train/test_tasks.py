@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from archspec.errors import UserError
-from archspec.probe import evaluate
+from archspec.ablate.probe import evaluate
 from archspec.spec import load_spec_dict
 from archspec.spec.train import MQARCorpus, PasskeyCorpus
 from archspec.train.tasks import (FIRST_SYMBOL, IGNORE, KEY_MARK, QUESTION, Scorer, TaskData, check_task, generate,

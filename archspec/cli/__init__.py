@@ -12,7 +12,13 @@ import warnings
 import click
 
 from archspec.errors import Note, UserError, printable
-from archspec.signals import Terminated, install_signal_handlers, raise_if_terminated, received, stop_signals
+from archspec.signals import (
+    Terminated,
+    install_signal_handlers,
+    raise_if_terminated,
+    received,
+    stop_signals,
+)
 from archspec.train.logger import RecordingError
 
 
@@ -22,17 +28,18 @@ def cli() -> None:
     """Compile decoder-only transformer specs into PyTorch modules, train them, and query the runs."""
 
 
-# Commands that live beside the code they drive; each module defines a click command or group.
+# One module of archspec/cli per command family; each defines its click commands as `<name>_cmd` and calls into the
+# package that does the work (build → codegen, train → train, runs/specs/registry → registry, ...).
 _SUBCOMMANDS = [
-    ("archspec.build_cmd", ["build", "check", "schema"]),
-    ("archspec.train.cli", ["train", "peak"]),
-    ("archspec.registry.cli", ["runs", "specs", "registry"]),
-    ("archspec.ablate.cli", ["ablate", "report"]),
-    ("archspec.hf.cli", ["import-hf", "export-hf"]),
-    ("archspec.sample_cmd", ["sample"]),
-    ("archspec.probe", ["probe"]),
-    ("archspec.scaling_cmd", ["scaling"]),
-    ("archspec.ui.cli", ["ui"]),
+    ("archspec.cli.build", ["build", "check", "schema"]),
+    ("archspec.cli.train", ["train", "peak"]),
+    ("archspec.cli.registry", ["runs", "specs", "registry"]),
+    ("archspec.cli.ablate", ["ablate", "report"]),
+    ("archspec.cli.hf", ["import-hf", "export-hf"]),
+    ("archspec.cli.sample", ["sample"]),
+    ("archspec.cli.probe", ["probe"]),
+    ("archspec.cli.scaling", ["scaling"]),
+    ("archspec.cli.ui", ["ui"]),
 ]
 
 

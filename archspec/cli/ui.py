@@ -6,7 +6,7 @@ import ipaddress
 
 import click
 
-from archspec.cli_options import registry_option
+from archspec.cli.options import registry_option
 from archspec.console import echo
 from archspec.errors import UserError, printable
 

@@ -11,18 +11,16 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-
-from archspec.cli_options import registry_option, set_option
-from archspec.console import echo, human, make_console, terminal_text
 from rich.table import Table
 
 from archspec.accounting import Accounting, account, kv_cache_bytes
+from archspec.cli.options import registry_option, set_option
 from archspec.codegen import DEFAULT_OUT, generate, render, source_label
+from archspec.console import echo, human, make_console, terminal_text
 from archspec.errors import UserError
 from archspec.memory import check_memory
 from archspec.spec import SpecError, json_schema, load_spec, model_hash
 from archspec.spec.rules import trainability_problems
-
 
 
 def build_json(spec, gen, acc: Accounting) -> dict:

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-
-from archspec.cli_options import MAX_STEPS, device_option, registry_option, set_option
-from archspec.console import echo, human, make_console
+from rich.markup import escape
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
+from archspec.cli.options import device_option, registry_option, set_option
+from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
-from rich.markup import escape
-
+from archspec.spec.train import MAX_STEPS
 
 _registry_option = registry_option
 
@@ -70,8 +69,15 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
             as_json: bool = False) -> None:
-    from archspec.ablate.report import (EFFECTS_CAPTION, effect_numbers, effect_rows, main_effects, rich_table,
-                                        variant_numbers, write_report)
+    from archspec.ablate.report import (
+        EFFECTS_CAPTION,
+        effect_numbers,
+        effect_rows,
+        main_effects,
+        rich_table,
+        variant_numbers,
+        write_report,
+    )
     from archspec.ablate.runner import collect
     from archspec.errors import UserError
     from archspec.registry import Registry, default_url
@@ -137,11 +143,10 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     if dry_run:
         import torch
 
-        from archspec.train.cache import cache_dir
-        from archspec.train.throughput import peak_flops
-
         from archspec.ablate.estimate import measured_runs
         from archspec.registry import Registry
+        from archspec.train.cache import cache_dir
+        from archspec.train.throughput import peak_flops
 
         dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
         peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(None))

@@ -20,16 +20,35 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from archspec.cli_options import FiniteFloat, registry_option
-from archspec.console import dropped_note, echo, fit_columns, is_mfu_key, make_console, number
+from archspec.cli.options import FiniteFloat, registry_option
+from archspec.console import (
+    dropped_note,
+    echo,
+    fit_columns,
+    is_mfu_key,
+    make_console,
+    number,
+)
 from archspec.errors import UserError, printable
-from archspec.registry.query import FIELDS_HELP, higher_is_better, referenced_fields, resolve_field
-from archspec.registry.store import MetricPoint, Registry, RunRow, SpecRow, accounting_fields, default_url
+from archspec.registry.query import (
+    FIELDS_HELP,
+    higher_is_better,
+    referenced_fields,
+    resolve_field,
+)
+from archspec.registry.store import (
+    MetricPoint,
+    Registry,
+    RunRow,
+    SpecRow,
+    accounting_fields,
+    default_url,
+)
 
 FORMATS = ["table", "json", "csv"]
 TABLE_LIMIT = 50  # rows a `list` table shows unless --limit says otherwise
 STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNING": "cyan", "SCHEDULED": "dim"}
-_WHERE_HELP = "filter, e.g. \"params.model.norm.kind = 'rmsnorm' and metrics.val_loss < 3.2\"; fields: " + FIELDS_HELP
+_WHERE_HELP = "filter, e.g. \"params.model.attention.n_kv_heads = 1 and metrics.val_loss < 3.2\"; fields: " + FIELDS_HELP
 
 
 _registry_option = registry_option

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from archspec.cli_options import FiniteFloat, device_option, registry_option, set_option
+from archspec.cli.options import FiniteFloat, device_option, registry_option, set_option
 from archspec.console import echo, terminal_text
 from archspec.errors import UserError, printable
 
@@ -51,8 +51,15 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
 
     from archspec.accounting import kv_cache_bytes
     from archspec.kinds.attention import past_context_refusal
-    from archspec.sample import (SpeculativeStats, TextStream, check_length, encode_prompt, load_model, same_tokenizer,
-                                 speculative_stream)
+    from archspec.sample import (
+        SpeculativeStats,
+        TextStream,
+        check_length,
+        encode_prompt,
+        load_model,
+        same_tokenizer,
+        speculative_stream,
+    )
     from archspec.train.distributed import resolve_device
 
     dev = resolve_device(device)

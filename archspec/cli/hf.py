@@ -6,8 +6,8 @@ import json
 
 import click
 
+from archspec.cli.options import registry_option
 from archspec.console import echo
-from archspec.cli_options import registry_option
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import click
 
-from archspec.spec.train import MAX_STEPS  # --steps has train.steps' own limit
-
 DEVICES = ("auto", "cpu", "cuda")  # archspec.train.distributed.DEVICES, spelled here so --help needs no torch import
 
 set_option = click.option(

@@ -11,10 +11,11 @@ import shlex
 
 import click
 
-from archspec.cli_options import MAX_STEPS, device_option, registry_option, set_option
+from archspec.cli.options import device_option, registry_option, set_option
 from archspec.console import echo
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
+from archspec.spec.train import MAX_STEPS
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 
@@ -133,7 +134,10 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
            take_over=False, init_from=None):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
-    from archspec.train.loop import check_start, train  # torch: imported when a run starts, not for --help
+    from archspec.train.loop import (  # torch: imported when a run starts, not for --help
+        check_start,
+        train,
+    )
 
     check_start(resume, init_from)
     _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built

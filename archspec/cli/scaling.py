@@ -1,4 +1,4 @@
-"""`archspec scaling SWEEP | --where FILTER`: fit L = E + A·x^(−α) over finished runs (see archspec.scaling)."""
+"""`archspec scaling SWEEP | --where FILTER`: fit L = E + A·x^(−α) over finished runs (see archspec.ablate.scaling)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 
-from archspec.cli_options import MAX_STEPS, registry_option, set_option
-from archspec.registry.query import text_literal
+from archspec.cli.options import registry_option, set_option
 from archspec.console import echo
 from archspec.errors import UserError, printable
+from archspec.registry.query import text_literal
+from archspec.spec.train import MAX_STEPS
 
 
 def _source_rows(registry, sweep: str | None, where: str | None, overrides: tuple[str, ...] = (),
@@ -96,9 +97,9 @@ def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, 
     file, --set/--steps select the runs `archspec ablate` trained with the same options."""
     from rich.table import Table
 
+    from archspec.ablate.scaling import X_NAMES, fit_groups, plot_fits, run_points
     from archspec.console import human, make_console
     from archspec.registry import Registry
-    from archspec.scaling import X_NAMES, fit_groups, plot_fits, run_points
 
     if (sweep is None) == (where is None):
         raise UserError("give a SWEEP (file or name) or --where FILTER, not both" if sweep else
