@@ -225,7 +225,7 @@ def time_to_first_step() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor")}
         for name in ("cold", "warm"):
-            cmd = [sys.executable, "-m", "archspec.cli", "train", "specs/llama-like-tiny.yaml", "--steps", "1",
+            cmd = [sys.executable, "-m", "archspec", "train", "specs/llama-like-tiny.yaml", "--steps", "1",
                    "--set", "train.warmup_steps=1", "--json", "-q", "--run-dir", str(Path(tmp) / name),
                    "--registry", f"sqlite:///{tmp}/registry.db"]
             t0 = time.perf_counter()

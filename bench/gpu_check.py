@@ -43,7 +43,7 @@ def main() -> None:
         raise SystemExit("gpu_check: no CUDA device here; run it on a GPU machine")
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        trained = json.loads(run([py, "-m", "archspec.cli", "train", "specs/llama-like.yaml", "--steps", str(args.steps),
+        trained = json.loads(run([py, "-m", "archspec", "train", "specs/llama-like.yaml", "--steps", str(args.steps),
                                   "--device", "cuda", "--json", "-q", "--run-dir", f"{tmp}/run",
                                   "--registry", f"sqlite:///{tmp}/registry.db"]))
     bench = json.loads(run([py, "bench/bench_train.py", "--size", "full", "--pairs", "llama,gpt2", "--batch",

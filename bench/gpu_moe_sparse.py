@@ -165,7 +165,7 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 for spec in ("mixtral-like-tiny", "mistral-like-tiny"):
                     save(f"train.{spec}", *run_stage(
-                        [py, "-m", "archspec.cli", "train", f"specs/{spec}.yaml", "--steps",
+                        [py, "-m", "archspec", "train", f"specs/{spec}.yaml", "--steps",
                          "40" if not args.smoke else "3", "--device", dev, "--json", "-q", "--run-dir",
                          f"{tmp}/{spec}", "--registry", f"sqlite:///{tmp}/registry.db"], 60,
                         args.out / f"train.{spec}.log"))

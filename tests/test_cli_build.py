@@ -73,7 +73,7 @@ def test_build_missing_file_and_bad_option(capsys):
 def test_console_script_exit_code_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: ok\nmodel: {attention: {n_heads: 8, n_kv_heads: 3}, d_model: 64}\n")
-    proc = subprocess.run([sys.executable, "-m", "archspec.cli", "build", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "archspec", "build", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {bad}: invalid spec (1 problem)",

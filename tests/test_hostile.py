@@ -377,7 +377,7 @@ def test_build_refuses_a_yaml_alias_bomb(tmp_path):
 
 def test_console_script_refuses_a_python_tag_without_running_it(tmp_path, marker):
     exe = Path(sys.executable).with_name("archspec")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "archspec.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "archspec"]
     path = tmp_path / "evil.yaml"
     path.write_text(f"name: !!python/object/apply:os.system ['touch {marker}']\n")
     proc = subprocess.run([*cmd, "build", str(path), "--no-record", "--out", str(tmp_path / "gen")],

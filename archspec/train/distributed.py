@@ -96,7 +96,7 @@ def world_env() -> tuple[int, int, int]:
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     if not env.get("WORLD_SIZE") and (rank or local_rank):
         raise UserError(f"$RANK={rank} / $LOCAL_RANK={local_rank} is set but $WORLD_SIZE is not: launch with "
-                        "`torchrun --nproc-per-node N -m archspec.cli train ...`, or unset RANK and LOCAL_RANK")
+                        "`torchrun --nproc-per-node N -m archspec train ...`, or unset RANK and LOCAL_RANK")
     if size < 1:
         raise UserError(f"$WORLD_SIZE must be at least 1, got {size}")
     if not 0 <= rank < size:
@@ -108,7 +108,7 @@ def world_env() -> tuple[int, int, int]:
         if missing:
             raise UserError(f"$WORLD_SIZE={size} but {' and '.join('$' + m for m in missing)} "
                             f"{'is' if len(missing) == 1 else 'are'} not set: launch with "
-                            "`torchrun --nproc-per-node N -m archspec.cli train ...`, which sets them")
+                            "`torchrun --nproc-per-node N -m archspec train ...`, which sets them")
         port = _env_int("MASTER_PORT", 0)
         if not 0 < port < 65536:
             raise UserError(f"$MASTER_PORT must be a port number (1..65535), got {port}")

@@ -315,7 +315,7 @@ def test_sigterm_during_training_exits_143_and_records_killed(corpus_dir, cache,
     spec = tmp_path / "tiny.yaml"
     spec.write_text(json.dumps(tiny_spec_dict(corpus_dir, steps=100_000, eval_interval=100_000)))
     url = f"sqlite:///{tmp_path}/registry.db"
-    proc = subprocess.Popen([sys.executable, "-m", "archspec.cli", "train", str(spec), "--run-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "archspec", "train", str(spec), "--run-dir",
                              str(tmp_path / "run")], cwd=tmp_path, env=_cli_env(cache, url), stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
