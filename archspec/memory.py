@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from archspec.accounting import account
+from archspec.accounting import Accounting, account
 from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
@@ -158,9 +158,9 @@ def head_transient_per_token(m: ModelSpec, bf16: bool) -> int:
     return m.vocab_size * (8 + (2 if bf16 else 0))
 
 
-def buffer_bytes(spec: Spec) -> int:
+def buffer_bytes(acc: Accounting) -> int:
     """Non-persistent buffers the generated module allocates (fp32 position tables), from the kinds' accounting."""
-    return account(spec).buffer_elements * 4
+    return acc.buffer_elements * 4
 
 
 # ── the plan ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -235,13 +235,16 @@ def _activation_walk(m: ModelSpec, s: Setup) -> tuple[int, int, list[int]]:
     return sum(kept) + head, transient, list(reversed(kept))
 
 
-def plan_memory(spec: Spec, setup: Setup | None = None, **setup_fields) -> MemoryPlan:
+def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accounting | None = None,
+                **setup_fields) -> MemoryPlan:
     """The memory plan of `spec` under `setup` (default: the recipe's, on CPU, training). Keyword arguments are
-    `setup_from_spec`'s (device, training, world_size, and any Setup field)."""
+    `setup_from_spec`'s (device, training, world_size, and any Setup field); `accounting` is `account(spec)` when the
+    caller has it already."""
     s = setup or setup_from_spec(spec, **setup_fields)
     m = spec.model
-    params = account(spec).total
-    buffers = buffer_bytes(spec)
+    acc = accounting or account(spec)
+    params = acc.total
+    buffers = buffer_bytes(acc)
     if not s.training:
         weights = params * (2 if s.bf16 and s.device == "cuda" else 4)
         return MemoryPlan(spec.name, s, params, weights, buffers, 0, 0, 0, 0, 0, 0, weights + buffers)
@@ -252,12 +255,12 @@ def plan_memory(spec: Spec, setup: Setup | None = None, **setup_fields) -> Memor
     optimizer = math.ceil(params / shards) * 8
     notes: list[str] = []
     # Per-block parameters, for FSDP's unsharded working copies and the backward walk.
-    block_params = (params - _outside_blocks(spec)) // max(1, m.n_layers)
+    block_params = (params - _outside_blocks(spec, acc)) // max(1, m.n_layers)
     if shards > 1:
         # the block being computed and the one being prefetched, gathered whole (bf16 under mixed precision), plus
         # the root's parameters (embedding, head) for the whole step and one block's unsharded gradient
         elem = 2 if s.bf16 else 4
-        communication = (2 * block_params + _outside_blocks(spec)) * elem + block_params * 4
+        communication = (2 * block_params + _outside_blocks(spec, acc)) * elem + block_params * 4
     elif s.world_size > 1:
         communication = params * 4  # DDP's bucket copy of the gradients
     else:
@@ -290,9 +293,9 @@ def plan_memory(spec: Spec, setup: Setup | None = None, **setup_fields) -> Memor
                       allocator, total, notes=notes)
 
 
-def _outside_blocks(spec: Spec) -> int:
+def _outside_blocks(spec: Spec, acc: Accounting) -> int:
     """Parameters not in the blocks: embeddings, learned positions, final norm, untied head."""
-    acc, layers = account(spec), spec.model.n_layers
+    layers = spec.model.n_layers
     in_blocks = acc.by_component["attention"] + acc.by_component["ffn"] + acc.by_component["norm"] * 2 * layers // (2 * layers + 1)
     return acc.total - in_blocks
 
@@ -331,7 +334,8 @@ def device_memory(device: str, world_size: int = 1) -> tuple[int | None, str]:
 # ── the check, and the cheapest fix ─────────────────────────────────────────────────────────────────────────────
 
 
-def cheapest_fix(spec: Spec, setup: Setup, available: int) -> tuple[str, MemoryPlan] | None:
+def cheapest_fix(spec: Spec, setup: Setup, available: int, accounting: Accounting | None = None
+                 ) -> tuple[str, MemoryPlan] | None:
     """The least costly change that makes the run fit, tried in order of cost: a smaller micro-batch with more
     accumulation (the same tokens per step, so the same run), activation checkpointing (one more forward per step),
     both, then FSDP over the same processes (communication). None when nothing short of a smaller model or more
@@ -358,26 +362,26 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int) -> tuple[str, MemoryP
             candidates.append(("--set train.parallel.kind=fsdp --set train.activation_checkpointing.kind=full",
                                replace(fsdp, checkpointing="full")))
     for fix, s in candidates:
-        plan = plan_memory(spec, s)
+        plan = plan_memory(spec, s, accounting=accounting)
         if plan.total <= available:
             return fix, plan
     return None
 
 
 def planned(spec: Spec, device: str = "cpu", training: bool = True, *, world_size: int = 1,
-            setup: Setup | None = None) -> MemoryPlan:
+            setup: Setup | None = None, accounting: Accounting | None = None) -> MemoryPlan:
     """The plan of a run of `spec` on this machine, with what the device has available filled in."""
     s = setup or setup_from_spec(spec, device=device, training=training, world_size=world_size)
     available, source = device_memory(s.device, s.world_size)
-    return replace(plan_memory(spec, s), available=available, available_source=source)
+    return replace(plan_memory(spec, s, accounting=accounting), available=available, available_source=source)
 
 
-def refusal(spec: Spec, plan: MemoryPlan) -> UserError:
+def refusal(spec: Spec, plan: MemoryPlan, accounting: Accounting | None = None) -> UserError:
     """The error for a plan that does not fit: the estimate, the setup, and the cheapest fix."""
     s, available = plan.setup, plan.available or 0
     what = ", ".join(f"{name} {gib(n)}" for name, n in plan.rows() if n)
     problems = [f"estimate: {what}", f"setup: {s.describe()}"]
-    fix = cheapest_fix(spec, s, available) if s.training else None
+    fix = cheapest_fix(spec, s, available, accounting) if s.training else None
     if fix:
         problems.append(f"cheapest fix: {fix[0]} (estimate {gib(fix[1].total)})")
     elif s.training:
@@ -392,13 +396,15 @@ def refusal(spec: Spec, plan: MemoryPlan) -> UserError:
 
 
 def check_memory(spec: Spec, for_training: bool = False, device: str = "cpu", *, world_size: int = 1,
-                 setup: Setup | None = None) -> MemoryPlan:
+                 setup: Setup | None = None, accounting: Accounting | None = None) -> MemoryPlan:
     """Refuse (UserError, exit 2) a run that will not fit, naming the estimate and the cheapest fix; else return
     the plan. On a CUDA device that is not here the plan cannot be checked and is returned as is.
 
     for_training: weights only (False: `build`'s forward) or a full training step. device: cpu | cuda.
-    world_size: processes in the job (FSDP shards over them; on CPU they share this node's RAM)."""
-    plan = planned(spec, device, for_training, world_size=world_size, setup=setup)
+    world_size: processes in the job (FSDP shards over them; on CPU they share this node's RAM). accounting:
+    `account(spec)` when the caller has it (computed here otherwise, once for the plan and every fix tried)."""
+    accounting = accounting or account(spec)
+    plan = planned(spec, device, for_training, world_size=world_size, setup=setup, accounting=accounting)
     if not plan.fits:
-        raise refusal(spec, plan)
+        raise refusal(spec, plan, accounting)
     return plan

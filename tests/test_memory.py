@@ -31,7 +31,7 @@ def test_weights_gradients_and_moments_per_parameter_and_by_sharding():
     assert fsdp.weights == 4 * -(-n // 4) and fsdp.optimizer == 8 * -(-n // 4)
     assert fsdp.total < ddp.total
     inference = plan_memory(spec, device="cpu", training=False)
-    assert inference.total == 4 * n + memory.buffer_bytes(spec)  # weights and the RoPE tables
+    assert inference.total == 4 * n + memory.buffer_bytes(account(spec))  # weights and the RoPE tables
 
 
 @pytest.mark.parametrize("overrides", [

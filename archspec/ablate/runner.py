@@ -24,7 +24,8 @@ from archspec.registry.query import text_literal
 from archspec.spec import parse_spec, model_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
-from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash, run_key
+from archspec.train.build import Build, prepare, run_recipe
+from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:
     return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
@@ -61,25 +62,24 @@ class SweepOutcome:
         return sum(o.action == action for o in self.outcomes)
 
 
-def job_run_id(job: Job, cache: Path) -> str:
-    """The id the loop will record this job under (the data are tokenised once and cached, so this is cheap)."""
-    data = build_data(job.spec, cache, rank=0, world=1)
-    return run_key(model_hash(job.spec), job.spec.train.model_dump(mode="json"), data.data_hash, job.seed)
+def job_build(job: Job, cache: Path) -> Build:
+    """The job's build (archspec.train.build): its data (tokenised once per corpus and tokenizer, and cached), its
+    run id — the one the loop records under, since the loop trains from this build — and its accounting."""
+    return prepare(job.spec, build_data(job.spec, cache, rank=0, world=1), accounting=job.variant.accounting)
 
 
-def check_data(jobs: list[Job], cache: Path) -> dict[str, str]:
-    """Prepare every job's data (tokenised once per corpus and tokenizer, cached) and derive its run id, before
-    anything trains: a variant whose data cannot work (a missing corpus, a vocabulary smaller than the tokenizer's)
-    refuses the whole sweep, every such problem listed at once."""
-    run_ids, problems = {}, []
+def check_data(jobs: list[Job], cache: Path) -> dict[str, Build]:
+    """Prepare every job's build before anything trains: a variant whose data cannot work (a missing corpus, a
+    vocabulary smaller than the tokenizer's) refuses the whole sweep, every such problem listed at once."""
+    builds, problems = {}, []
     for job in jobs:
         try:
-            run_ids[job.key] = job_run_id(job, cache)
+            builds[job.key] = job_build(job, cache)
         except UserError as e:
             problems.append(f"variant {job.variant.index} ({job.variant.label}), seed {job.seed}: {e.render()}")
     if problems:
         raise UserError(f"{len(problems)} problem(s) with the sweep's data; nothing was trained", problems)
-    return run_ids
+    return builds
 
 
 def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device: str = "auto",
@@ -91,40 +91,39 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
     with install_signal_handlers():  # one scope for the whole sweep: a SIGTERM while checking is not lost either
         registry = Registry(registry_url)
         cache_path = cache_dir(cache)
-        run_ids = check_data(jobs, cache_path)
-        check_fits(jobs, device)
-        return _run_checked(sweep, jobs, registry, registry_url, run_ids, device=device, compile=compile,
+        builds = check_fits(jobs, check_data(jobs, cache_path), device)
+        return _run_checked(sweep, jobs, registry, registry_url, builds, device=device, compile=compile,
                             progress=progress, cache=cache, on_event=on_event, logger_factory=logger_factory)
 
 
-def check_fits(jobs: list[Job], device: str) -> None:
-    """The memory check the loop makes before building a model, made for every variant before anything trains: a
-    later variant that cannot fit refuses the sweep up front instead of after the earlier ones have trained."""
-    from archspec.memory import check_memory
+def check_fits(jobs: list[Job], builds: dict[str, Build], device: str) -> dict[str, Build]:
+    """The memory check the loop makes before building a model (the loop keeps the plan checked here), made for
+    every variant before anything trains: a later variant that cannot fit refuses the sweep up front instead of
+    after the earlier ones have trained."""
     from archspec.train.distributed import resolve_device
 
     device_type = resolve_device(device).type
-    problems, seen = [], set()
+    problems, plans = [], {}
     for job in jobs:
-        if job.variant.index in seen:
-            continue
-        seen.add(job.variant.index)
-        try:
-            check_memory(job.spec, for_training=True, device=device_type)
-        except UserError as e:
-            problems.append(f"variant {job.variant.index} ({job.variant.label}): {e}")
+        if job.variant.index not in plans:
+            try:
+                plans[job.variant.index] = builds[job.key].checked(device_type).memory
+            except UserError as e:
+                plans[job.variant.index] = None
+                problems.append(f"variant {job.variant.index} ({job.variant.label}): {e}")
     if problems:
         raise UserError(f"{len(problems)} variant(s) of the sweep cannot fit in memory; nothing was trained", problems)
+    return {job.key: replace(builds[job.key], memory=plans[job.variant.index], device=device_type) for job in jobs}
 
 
-def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url: str | None, run_ids: dict[str, str],
+def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url: str | None, builds: dict[str, Build],
                  *, device: str, compile: bool | None, progress: bool, cache: str | Path | None,
                  on_event: Callable[[str], None], logger_factory: Callable[[], RunLogger] | None) -> SweepOutcome:
     from archspec.train.loop import train
 
     outcome = SweepOutcome()
     for n, job in enumerate(jobs, 1):
-        run_id = run_ids[job.key]
+        run_id = builds[job.key].experiment_id
         registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
         status = registry.run_status(run_id)
         where = f"[{n}/{len(jobs)}] v{job.variant.index} seed {job.seed} ({run_id})"
@@ -141,7 +140,7 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
         on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else RegistryLogger(registry_url)
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
-                       progress=progress, cache=cache)
+                       progress=progress, cache=cache, build=builds[job.key])
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
         on_event(f"{where}: {result.status}" + (f": {escape(printable(result.error))}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
@@ -171,7 +170,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     grouped by the variant their membership records, the latest attempt per (variant, seed).
     """
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
-    wanted = {_identity(model_hash(j.spec), j.spec.train.model_dump(mode="json")): j
+    wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
               for j in sweep.jobs} if sweep else {}
     by_variant: dict[int, dict[int, Any]] = {}
     for row in rows:

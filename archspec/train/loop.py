@@ -32,10 +32,8 @@ from torch import nn
 
 import archspec
 from archspec import codegen
-from archspec.accounting import account
 from archspec.errors import UserError, printable
-from archspec.memory import check_memory
-from archspec.spec import Spec, canonical_dict, load_spec_dict, model_hash
+from archspec.spec import Spec, canonical_dict, load_spec_dict
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
                               raise_if_terminated, stop_signals)
@@ -57,6 +55,7 @@ from archspec.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from archspec.train.build import Build, prepare
 from archspec.train.data import TrainData, build_data
 from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
 from archspec.train.logger import (
@@ -68,7 +67,6 @@ from archspec.train.logger import (
     RunInfo,
     RunLogger,
     repeat_id,
-    run_key,
 )
 from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
 from archspec.train.optim import build_optimizer, lr_at, set_lr
@@ -225,7 +223,9 @@ class Trainer:
     def __init__(self, spec: Spec, *, device: str = "auto", logger: RunLogger | None = None,
                  resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
                  progress: bool = False, cache: str | Path | None = None, world: World | None = None,
-                 init_from: str | Path | None = None):
+                 init_from: str | Path | None = None, build: Build | None = None):
+        """build: this run's `archspec.train.build.prepare` when the caller made it already (the sweep runner,
+        which checks every job's data, run id and memory before anything trains); else made here."""
         self.started = time.perf_counter()
         self.spec, self.recipe = spec, spec.train
         self.world = world or init_world(device)
@@ -244,10 +244,13 @@ class Trainer:
         # The starting weights are part of the run's identity; a resumed run takes them from its checkpoint.
         self.init_digest = self.init_weights["digest"] if self.init_weights else self._resumed_init()
         self.step_start: tuple[dict, dict] | None = None  # (data position, RNG state) while a step is under way
-        self.data = self._build_data()
+        if build is None or build.world_size != self.world.size or build.recipe.get("init_from") != self.init_digest:
+            build = prepare(spec, self._build_data(), world_size=self.world.size, init_digest=self.init_digest)
+        self.build = build
+        self.data = build.data
         # target tokens in the validation set, over every process (each holds as many windows)
         self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
-        self.experiment_id = run_key(model_hash(spec), self._recipe(), self.data.data_hash, self.recipe.seed)
+        self.experiment_id = build.experiment_id
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
         repeat_for = getattr(self.logger, "repeat_for", None)
@@ -281,7 +284,7 @@ class Trainer:
             self._resume(self.resume_path)
 
         self.tokens_per_step = self.recipe.batch_size * self.recipe.seq_len * self.recipe.grad_accum * self.world.size
-        acc = account(spec, seq_len=self.recipe.seq_len)
+        acc = build.accounting
         self.flops_per_token = acc.flops_train
         a = spec.model.attention
         self.palm_flops_per_token = palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.head_dim)
@@ -292,18 +295,6 @@ class Trainer:
         self.record_failed = False  # the logger could not write (RecordingError): the run stopped for that
 
     # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
-
-    def _recipe(self) -> dict[str, Any]:
-        """The recipe as run. Under DDP or FSDP it includes the world size: N processes see N× the tokens per step,
-        a different experiment, so a different run id (a single process's id is unchanged by this). The parallel
-        strategy and activation checkpointing are stored with it but are not part of the run id (run_key)."""
-        recipe = self.recipe.model_dump(mode="json")
-        init = getattr(self, "init_digest", None)
-        if init is not None:  # other starting weights, another experiment: named by their digest
-            recipe["init_from"] = init
-        if self.world.size > 1:
-            recipe["world_size"] = self.world.size
-        return recipe
 
     def _build_data(self) -> TrainData:
         """Rank 0 tokenises into the cache first; the others wait, then read the same files."""
@@ -317,7 +308,8 @@ class Trainer:
     def _build_model(self) -> tuple[codegen.Generated, nn.Module]:
         """Generate the spec's module into the run directory (the exact source this run trains, beside its
         checkpoint) and build it on the device from the run's seed; every rank starts from the same weights."""
-        self.memory_plan = check_memory(self.spec, for_training=True, device=self.device.type, world_size=self.world.size)
+        self.build = self.build.checked(self.device.type)
+        self.memory_plan = self.build.memory
         generated = codegen.generate(self.spec, out_dir=self.run_dir)
         torch.manual_seed(self.recipe.seed)
         random.seed(self.recipe.seed)
@@ -433,11 +425,11 @@ class Trainer:
     def run_info(self) -> RunInfo:
         d = self.data.describe()
         return RunInfo(
-            spec_name=self.spec.name, model_hash=model_hash(self.spec), spec_json=canonical_dict(self.spec),
+            spec_name=self.spec.name, model_hash=self.build.model_hash, spec_json=canonical_dict(self.spec),
             generated_hash=self.generated.source_hash,
-            accounting={**account(self.spec, seq_len=self.recipe.seq_len).to_dict(), "seq_len": self.recipe.seq_len},
-            spec_accounting={**account(self.spec).to_dict(), "seq_len": self.spec.model.context_length},
-            data_hash=self.data.data_hash, seed=self.recipe.seed, recipe=self._recipe(),
+            accounting={**self.build.accounting.to_dict(), "seq_len": self.recipe.seq_len},
+            spec_accounting={**self.build.spec_accounting.to_dict(), "seq_len": self.spec.model.context_length},
+            data_hash=self.data.data_hash, seed=self.recipe.seed, recipe=self.build.recipe,
             code_version=code_version(), host=socket.gethostname(),
             tags={"device": str(self.device), "precision": str(self.amp_dtype or torch.float32).replace("torch.", ""),
                   "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
@@ -588,7 +580,7 @@ class Trainer:
                 except Exception as e:  # a busy registry must not stop training; the points stay buffered
                     self.progress.log(f"[yellow]metrics not yet flushed at step {self.step}: {_shown(e)}[/]")
             save_checkpoint(self.checkpoint_path, {
-                "spec_hash": model_hash(self.spec), "spec": canonical_dict(self.spec), "step": self.step,
+                "spec_hash": self.build.model_hash, "spec": canonical_dict(self.spec), "step": self.step,
                 "run_id": self.run_id,
                 **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": mid_step[0] if mid_step else self.data.sampler.state_dict(),
@@ -661,7 +653,7 @@ class Trainer:
         return self._finish(FINISHED, None, losses, evals)
 
     def _announce(self) -> None:
-        acc = account(self.spec, seq_len=self.recipe.seq_len)
+        acc = self.build.accounting
         d = self.data.describe()
         precision = "bf16 autocast" if self.amp_dtype else "fp32"
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
@@ -706,7 +698,7 @@ class Trainer:
         out: dict[str, float] = {"steps": self.step, "tokens": self.step * self.tokens_per_step,
                                  "compile_s": self.compile_s, "peak_mem_bytes": peak_memory_bytes(self.device),
                                  "planned_mem_bytes": self.memory_plan.total,
-                                 "params": account(self.spec).total}
+                                 "params": self.build.spec_accounting.total}
         if losses:
             out["train_loss"] = losses[-1]
         if self.last_eval:
@@ -783,7 +775,7 @@ class Trainer:
 def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger: RunLogger | None = None,
           resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
           json_out: bool = False, progress: bool = False, cache: str | Path | None = None,
-          init_from: str | Path | None = None) -> TrainResult:
+          init_from: str | Path | None = None, build: Build | None = None) -> TrainResult:
     """Train `spec` once through the shared loop.
 
     steps: override train.steps (the schedule's length). device: auto | cpu | cuda. logger: where the run is
@@ -793,6 +785,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     on stdout (rank 0). progress: show the progress bar and run lines on stderr. cache: the derived-data cache
     (default: the per-user cache, archspec.paths). init_from: start from these weights (a weights checkpoint from
     `archspec import-hf`, or a training checkpoint) instead of the seeded init; part of the run's identity.
+    build: the run's `archspec.train.build.prepare`, when the caller made it (the sweep runner).
     """
     if steps is not None:
         spec = with_steps(spec, steps)
@@ -801,7 +794,8 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     handlers = install_signal_handlers(stop_signals())  # remembered, and deferred inside an update
     try:
         trainer = Trainer(spec, device=device, logger=logger, resume=resume, run_dir=run_dir, compile=compile,
-                          progress=progress, cache=cache, world=world, init_from=init_from)
+                          progress=progress, cache=cache, world=world, init_from=init_from,
+                          build=build if steps is None else None)
         result = trainer.run()
         finished = True
     except AlreadyFinished as e:

@@ -324,16 +324,14 @@ def test_steps_shorter_than_warmup_cut_the_warmup(make_spec):
 def test_a_ddp_run_is_a_different_run(make_spec):
     """N processes train N× the tokens per step: the recipe, and so the run id, says so; one process's id does not
     change (a sweep derives it without starting a world)."""
-    from types import SimpleNamespace
-
+    from archspec.train.build import run_recipe
     from archspec.train.logger import run_key
-    from archspec.train.loop import Trainer
 
     spec = make_spec()
-    one = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=1)))
-    two = Trainer._recipe(SimpleNamespace(recipe=spec.train, world=SimpleNamespace(size=2)))
+    one, two = run_recipe(spec, world_size=1), run_recipe(spec, world_size=2)
     assert one == spec.train.model_dump(mode="json") and two == {**one, "world_size": 2}
     assert run_key("m", one, "d", 0) != run_key("m", two, "d", 0)
+    assert run_recipe(spec, init_digest="w") == {**one, "init_from": "w"}
 
 
 def test_ctrl_c_prints_the_resume_command_and_it_resumes(tmp_path, capsys, corpus_dir, monkeypatch):
