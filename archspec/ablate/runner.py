@@ -20,7 +20,7 @@ from archspec.ablate.report import RunResult, VariantResult, label_overrides
 from archspec.ablate.sweep import Job, Sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
-from archspec.registry.query import text_literal
+from archspec.registry.query.parse import text_literal
 from archspec.spec import parse_spec, model_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data

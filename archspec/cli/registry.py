@@ -30,12 +30,8 @@ from archspec.console import (
     number,
 )
 from archspec.errors import UserError, printable
-from archspec.registry.query import (
-    FIELDS_HELP,
-    higher_is_better,
-    referenced_fields,
-    resolve_field,
-)
+from archspec.registry.query.fields import FIELDS_HELP, higher_is_better, resolve_field
+from archspec.registry.query.parse import referenced_fields
 from archspec.registry.store import (
     MetricPoint,
     Registry,

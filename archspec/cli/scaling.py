@@ -11,7 +11,7 @@ import click
 from archspec.cli.options import registry_option, set_option
 from archspec.console import echo
 from archspec.errors import UserError, printable
-from archspec.registry.query import text_literal
+from archspec.registry.query.parse import text_literal
 from archspec.spec.train import MAX_STEPS
 
 
@@ -45,7 +45,7 @@ def _source_rows(registry, sweep: str | None, where: str | None, overrides: tupl
 
 
 def _check_by(by: tuple[str, ...]) -> None:
-    from archspec.registry.query import resolve_field
+    from archspec.registry.query.fields import resolve_field
 
     for key in by:
         try:

@@ -7,14 +7,14 @@
 
 - `models`: the SQLAlchemy schema; `migrations/`: alembic revisions, applied by `migrate.ensure_schema`.
 - `store`: `Registry`, from `engine` (open, schema check, retries), `writes` and `reads` (reads never write);
-  `query`: the filter grammar and its compiler.
+  `query/`: the filter grammar (`parse`), its fields (`fields`) and its compiler to SQL (`sql`).
 - `logger`: `RegistryLogger`, the training loop's `RunLogger`; `install_signal_handlers`, `tracked_run`.
 - `cli`: `archspec runs ...` and `archspec specs ...`.
 """
 
 from archspec.registry.logger import RegistryLogger, Terminated, error_text, install_signal_handlers, tracked_run
 from archspec.registry.migrate import SchemaTooNewError, SchemaTooOldError
-from archspec.registry.query import FilterError
+from archspec.registry.query.parse import FilterError
 from archspec.registry.store import (
     MetricPoint,
     QueryResult,

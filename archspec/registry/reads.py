@@ -20,7 +20,8 @@ from archspec.errors import UserError, printable
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
 from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunRecord,
                                       RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
-from archspec.registry.query import check_known_keys, compile_filter, compile_sort, higher_is_better, resolve_field
+from archspec.registry.query.fields import check_known_keys, higher_is_better, resolve_field
+from archspec.registry.query.sql import compile_filter, compile_sort
 from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
 from archspec.train.logger import RUNNING, SweepMembership
 

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from archspec.console import number
 from archspec.errors import UserError
-from archspec.registry.query import resolve_field
+from archspec.registry.query.fields import resolve_field
 from archspec.registry.store import Registry, RunRow
 from archspec.registry.values import flatten
 

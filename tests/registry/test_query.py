@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -414,3 +418,51 @@ def test_unknown_spec_keys_are_refused_with_a_suggestion():
     with pytest.raises(FilterError, match=r"unknown spec key 'params.model.n_layer'; did you mean params.model.n_layers\?"):
         compile_filter("params.model.n_layer >= 8")
     compile_filter("params.model.attention.positional.theta > 1e4 and params.train.data.corpus.kind = 'stdlib'")
+
+
+# ── the package's seams ──────────────────────────────────────────────────────────────────────────────────────────
+
+_PARSE_ALONE = textwrap.dedent("""
+    import importlib.util, sys
+    spec = importlib.util.spec_from_file_location("query_parse_alone", sys.argv[1])
+    parse = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = parse
+    spec.loader.exec_module(parse)
+    node = parse.parse_filter("metrics.val_loss < 3 and not name in ('a', 'b')")
+    assert isinstance(node, parse.And), node
+    assert parse.referenced_fields("x = 1", "-y") == ["x", "y"]
+    try:
+        parse.parse_filter("a = (")
+    except parse.FilterError as e:
+        assert e.column == 5, e.column
+    else:
+        raise AssertionError("no FilterError")
+    loaded = sorted(m for m in sys.modules if m == "sqlalchemy" or m.startswith("sqlalchemy."))
+    assert not loaded, loaded[:5]
+    print("OK")
+""")
+
+
+def test_the_parser_imports_no_sqlalchemy():
+    """The language (query/parse.py) stands alone: loaded by its file path (importing the package would run
+    archspec.registry's __init__, which opens the store), it parses, and SQLAlchemy never gets imported."""
+    import archspec.registry.query.parse as parse
+
+    proc = subprocess.run([sys.executable, "-c", _PARSE_ALONE, parse.__file__], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-2000:]
+
+
+def test_the_package_re_exports_its_modules_names():
+    """`archspec.registry.query` keeps every name it had as one module: each is the submodule's own object."""
+    import archspec.registry.query as query
+    from archspec.registry.query import fields, parse, sql
+
+    for name in ("FilterError", "Token", "tokenize", "parse_filter", "parse_sort", "referenced_fields", "text_literal",
+                 "And", "Or", "Not", "Compare", "In", "Like", "IsNull", "Field", "Literal"):
+        assert getattr(query, name) is getattr(parse, name), name
+    for name in ("resolve_field", "FieldRef", "FIELDS_HELP", "RUN_ATTRS", "SPEC_ATTRS", "higher_is_better",
+                 "check_known_keys", "ACCOUNTING_FIELDS"):
+        assert getattr(query, name) is getattr(fields, name), name
+    for name in ("compile_filter", "compile_sort"):
+        assert getattr(query, name) is getattr(sql, name), name
+    assert all(hasattr(query, name) for name in query.__all__)
