@@ -103,6 +103,18 @@ _CHILD = textwrap.dedent('''
     assert abs(counter.get_total_flops() - full) <= 0.01 * full, (counter.get_total_flops(), full)
     assert "RELU2_GAIN = 1.5" in gen.source
 
+    from archspec.ablate.report import RunResult, VariantResult, table_rows
+    from archspec.kinds import metric_kinds
+    toy = relu2_ffn.SquaredReLUSpec
+    assert toy in metric_kinds() and metric_kinds(type(u) for u in spec.model.units()) == [toy]
+    with torch.no_grad():
+        model(idx)
+    metrics = toy.eval_metrics(toy.eval_stats(model))                   # its metrics, as the loop records them
+    assert list(metrics) == ["relu2.active"] and 0 < metrics["relu2.active"] <= 1
+    runs = [RunResult("r", 0, "FINISHED", 3.0, None, [], 1, {"val_loss": 3.0, **metrics})]
+    rows = table_rows([VariantResult(0, "", {}, 1, 1, 1, 1, runs)], 0)   # and the ablation table shows them
+    assert rows[0]["active units"].startswith("active=")
+
     jsonschema.validate(raw, json_schema())                              # the schema knows it
     assert "model.ffn.gain" in known_keys()                              # registry filters may name its fields
     assert resolve_field("params.model.ffn.gain", "runs").kind == "param"
