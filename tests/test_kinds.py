@@ -243,3 +243,19 @@ def test_the_schema_refuses_what_archspec_refuses(model):
     assert list(_VALIDATOR.iter_errors(raw))
     with pytest.raises(Exception):
         load_spec_dict(raw)
+
+
+def test_each_activation_is_one_record_and_the_tables_agree_with_it():
+    """Adding an activation is one `Activation` entry: the literals, calls, names and HF maps are derived from it."""
+    from typing import get_args
+
+    from archspec.kinds.ffn import activations as A
+
+    names = [a.name for a in A.ACTIVATIONS]
+    assert list(get_args(A.ActivationName)) == names
+    assert list(get_args(A.MLPActivation)) == [a.name for a in A.ACTIVATIONS if a.mlp_name is not None]
+    for a in A.ACTIVATIONS:
+        assert A.call(a.name, "x") == a.expr.format("x") and "{}" in a.expr
+        assert A.FROM_HF[A.TO_HF[a.name]] == a.name  # export then import is lossless
+        assert all(A.FROM_HF[hf] == a.name for hf in a.hf_names)
+    assert len(set(A.GLU_NAMES.values())) == len(names) and len(set(A.MLP_NAMES.values())) == len(A.MLP_NAMES)

@@ -242,13 +242,14 @@ class MoESpec(FFNKind):
     def from_hf(cls, cfg):
         from typing import get_args
 
-        from archspec.kinds.ffn.activations import Activation
+        from archspec.kinds.ffn.activations import ActivationName
 
         top_k = cfg.take("top_k", int)
         out: dict[str, Any] = {
             "kind": "moe", "n_experts": cfg.take("n_experts", int), "top_k": top_k,
             "expert": {"kind": "glu", "hidden_dim": cfg.take("expert_hidden", int),
-                       "activation": activations.from_hf(cfg, get_args(Activation)), "bias": cfg.fact("expert_bias")},
+                       "activation": activations.from_hf(cfg, get_args(ActivationName)),
+                       "bias": cfg.fact("expert_bias")},
             "renormalize": cfg.fact("renormalize"),
             "aux_loss_coef": cfg.take("aux_loss_coef", float) * top_k,
         }
