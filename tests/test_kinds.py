@@ -103,6 +103,18 @@ _CHILD = textwrap.dedent('''
     assert abs(counter.get_total_flops() - full) <= 0.01 * full, (counter.get_total_flops(), full)
     assert "RELU2_GAIN = 1.5" in gen.source
 
+    from archspec.ablate.report import RunResult, VariantResult, table_rows
+    from archspec.kinds import metric_kinds
+    toy = relu2_ffn.SquaredReLUSpec
+    assert toy in metric_kinds() and metric_kinds(type(u) for u in spec.model.units()) == [toy]
+    with torch.no_grad():
+        model(idx)
+    metrics = toy.eval_metrics(toy.eval_stats(model))                   # its metrics, as the loop records them
+    assert list(metrics) == ["relu2.active"] and 0 < metrics["relu2.active"] <= 1
+    runs = [RunResult("r", 0, "FINISHED", 3.0, None, [], 1, {"val_loss": 3.0, **metrics})]
+    rows = table_rows([VariantResult(0, "", {}, 1, 1, 1, 1, runs)], 0)   # and the ablation table shows them
+    assert rows[0]["active units"].startswith("active=")
+
     jsonschema.validate(raw, json_schema())                              # the schema knows it
     assert "model.ffn.gain" in known_keys()                              # registry filters may name its fields
     assert resolve_field("params.model.ffn.gain", "runs").kind == "param"
@@ -231,3 +243,19 @@ def test_the_schema_refuses_what_archspec_refuses(model):
     assert list(_VALIDATOR.iter_errors(raw))
     with pytest.raises(Exception):
         load_spec_dict(raw)
+
+
+def test_each_activation_is_one_record_and_the_tables_agree_with_it():
+    """Adding an activation is one `Activation` entry: the literals, calls, names and HF maps are derived from it."""
+    from typing import get_args
+
+    from archspec.kinds.ffn import activations as A
+
+    names = [a.name for a in A.ACTIVATIONS]
+    assert list(get_args(A.ActivationName)) == names
+    assert list(get_args(A.MLPActivation)) == [a.name for a in A.ACTIVATIONS if a.mlp_name is not None]
+    for a in A.ACTIVATIONS:
+        assert A.call(a.name, "x") == a.expr.format("x") and "{}" in a.expr
+        assert A.FROM_HF[A.TO_HF[a.name]] == a.name  # export then import is lossless
+        assert all(A.FROM_HF[hf] == a.name for hf in a.hf_names)
+    assert len(set(A.GLU_NAMES.values())) == len(names) and len(set(A.MLP_NAMES.values())) == len(A.MLP_NAMES)

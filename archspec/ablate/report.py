@@ -25,6 +25,7 @@ from rich.table import Table
 from archspec.ablate.sweep import spec_text
 from archspec.ablate.stats import LEVEL, Interval, combination, verdict, welch
 from archspec.console import human, number
+from archspec.kinds import KindUnit, metric_kinds
 
 CAPTION = (f"val loss: final, mean ± std over seeds; {LEVEL:.0%} CI: Welch t interval of Δ (Welch–Satterthwaite "
            "degrees of freedom); better/worse only when it excludes 0, else inconclusive")
@@ -80,9 +81,10 @@ class VariantResult:
                       key=lambda k: (k != "probe.accuracy", int(k.rpartition(".d")[2]) if ".d" in k else 0, k))
         return {k: statistics.fmean([r.summary[k] for r in done if k in r.summary]) for k in keys}
 
-    def extra_stats(self) -> dict[str, float]:
-        """Mean over seeds of summary metrics that only some kinds produce (e.g. `moe.*` load statistics)."""
-        keys = sorted({k for r in self.runs for k in r.summary if k.startswith("moe.")})
+    def kind_stats(self, kind: type[KindUnit]) -> dict[str, float]:
+        """Mean over seeds of the summary metrics a kind reports (keys under its `metric_prefix`, e.g. an MoE's load
+        statistics; archspec.kinds.base)."""
+        keys = sorted({k for r in self.runs for k in r.summary if k.startswith(kind.metric_prefix)})
         return {k: statistics.fmean([r.summary[k] for r in self.runs if k in r.summary]) for k in keys}
 
 
@@ -120,6 +122,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
     baseline = next((v for v in variants if v.index == baseline_index), None)
     show_kv = len({v.kv_cache_bytes_per_token for v in variants}) > 1
     show_attention = len({v.attention_flops_per_token for v in variants}) > 1  # e.g. attention patterns
+    kinds = metric_kinds()
     rows = []
     for v in variants:
         c = compare(v, baseline) if baseline is not None else Comparison(None)
@@ -147,16 +150,15 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             buckets = ", ".join(f"{k.removeprefix('probe.accuracy.')} {x:.2f}" for k, x in probes.items()
                                 if k != "probe.accuracy")
             row["answer acc"] = f"{probes.get('probe.accuracy', float('nan')):.3f}" + (f" ({buckets})" if buckets else "")
-        stats = v.extra_stats()
-        if stats:
-            row["load stats"] = ", ".join(f"{k.removeprefix('moe.')}={number(x)}" for k, x in stats.items())
+        for kind in kinds:  # the kinds that report metrics: a column each, where some variant has them
+            stats = v.kind_stats(kind)
+            if stats:
+                row[kind.metric_column] = kind.report_cell(stats, number)
         rows.append(row)
-    if any("answer acc" in r for r in rows):
-        for r in rows:
-            r.setdefault("answer acc", "-")
-    if any("load stats" in r for r in rows):
-        for r in rows:
-            r.setdefault("load stats", "-")
+    for column in ["answer acc", *(kind.metric_column for kind in kinds)]:
+        if any(column in r for r in rows):
+            for r in rows:
+                r.setdefault(column, "-")
     return rows
 
 

@@ -8,7 +8,9 @@ A unit is one pydantic class (its spec fields) that also carries everything else
 - its initialisation (in the template: each generated module initialises its own parameters);
 - what it adds to the generated file's constants (`constants`) and docstring (`describe`);
 - its cross-field rules (`problems`) and derived defaults (`fill_defaults`);
-- what the Hypothesis strategies need to draw it (`strategy`).
+- what the Hypothesis strategies need to draw it (`strategy`);
+- the metrics its generated modules report, and how a report shows them (`metric_prefix`, `eval_stats`,
+  `eval_metrics`, `in_summary`, `report_cell`).
 
 Families are assembled from their units: the spec's unions, the JSON Schema, `known_keys()` (registry filters),
 `--set`, the strategies and codegen all read the registry below, so nothing outside a unit switches on `kind`.
@@ -31,12 +33,12 @@ place, so every class and function that already imported `Spec` sees the new kin
 from __future__ import annotations
 
 from archspec.kinds.base import (Const, FFNKind, Family, KindUnit, NormKind, PositionalKind, Problem, SparsityKind,
-                                 Strict, family, families, kind_union, lit_bool, lit_float, lit_int, register,
-                                 registry_version)
+                                 Strict, family, families, kind_union, lit_bool, lit_float, lit_int, metric_kinds,
+                                 register, registry_version)
 
 __all__ = [
     "Const", "FFNKind", "Family", "KindUnit", "NormKind", "PositionalKind", "Problem", "SparsityKind", "family",
-    "families", "Strict", "kind_union", "lit_bool", "lit_float", "lit_int", "register", "registry_version",
+    "families", "Strict", "kind_union", "lit_bool", "lit_float", "lit_int", "metric_kinds", "register", "registry_version",
 ]
 
 # The built-in kinds register themselves on import, through the same `register` a plugin uses.

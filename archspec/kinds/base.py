@@ -10,7 +10,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Iterable, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
@@ -188,6 +188,37 @@ class KindUnit(Strict):
     def hf_weights(self, m: "ModelSpec", hf: "HFType") -> list["HFWeight"]:
         """This kind's parameters and their HF names, each inside its own module (archspec.kinds.hf.HFWeight)."""
         return []
+
+    # metrics: what this kind's generated modules report at each evaluation. The training loop (archspec.train.loop)
+    # and the ablation report (archspec.ablate.report) call these hooks for every kind that sets `metric_prefix`
+    # (metric_kinds), naming none, so a kind registered from outside reports its metrics the same way.
+    metric_prefix: ClassVar[str | None] = None  # every metric key of this kind starts with it ("moe."); None: none
+    metric_column: ClassVar[str] = "stats"  # the ablation table's column for this kind's summary metrics
+
+    @classmethod
+    def eval_stats(cls, model: Any) -> dict[str, Any]:
+        """Statistics of the generated model's last forward that this kind reports (detached tensors, any shapes;
+        {} when the model has none). The loop reads them after each validation batch and averages each one
+        elementwise over the validation windows and the processes (one sync), then hands them to `eval_metrics`."""
+        return {}
+
+    @classmethod
+    def eval_metrics(cls, stats: dict[str, Any]) -> dict[str, float]:
+        """The averaged `eval_stats` → this evaluation's metrics, each key starting with `metric_prefix`."""
+        return {}
+
+    @classmethod
+    def in_summary(cls, key: str) -> bool:
+        """Whether the run summary keeps this kind's metric `key` from the last evaluation (else it stays a per-eval
+        metric only)."""
+        return True
+
+    @classmethod
+    def report_cell(cls, means: dict[str, float], number: Callable[[float], str]) -> str:
+        """The ablation table's `metric_column` cell from a variant's summary metrics of this kind (mean over seeds,
+        keys with the prefix); `number` formats a figure."""
+        prefix = cls.metric_prefix or ""
+        return ", ".join(f"{k.removeprefix(prefix)}={number(x)}" for k, x in means.items())
 
     # accounting
     def buffer_elements(self, m: "ModelSpec") -> int:
@@ -384,6 +415,18 @@ def register(cls: type[KindUnit]) -> type[KindUnit]:
     if fam.slots:
         _rebuild(fam)
     return cls
+
+
+def metric_kinds(kinds: Iterable[type[KindUnit]] | None = None) -> list[type[KindUnit]]:
+    """The kinds that report metrics (a `metric_prefix`) among `kinds` (default: every registered kind), in order,
+    one per prefix (a subclass registered as another kind reports through its parent's hooks only once)."""
+    if kinds is None:
+        kinds = [cls for fam in _FAMILIES.values() for cls in fam.members.values()]
+    out: dict[str, type[KindUnit]] = {}
+    for cls in kinds:
+        if cls.metric_prefix:
+            out.setdefault(cls.metric_prefix, cls)
+    return list(out.values())
 
 
 def bind(family_name: str, owner: type[BaseModel], field_name: str) -> None:

@@ -33,6 +33,7 @@ from torch import nn
 import archspec
 from archspec import codegen
 from archspec.errors import UserError, printable
+from archspec.kinds import metric_kinds
 from archspec.spec import Spec, canonical_dict, load_spec_dict
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
@@ -81,36 +82,6 @@ def _shown(value: Any) -> str:
 
 
 HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
-
-
-ROUTER_PREFIX = "moe."  # router statistics are recorded as metrics under this prefix (ablation reports read it)
-ROUTER_LAYER_PREFIX = ROUTER_PREFIX + "layer"
-
-
-def router_metrics(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """A model's `router_stats()` (`layer<i>.load`: each expert's fraction of the routed assignments;
-    `layer<i>.dropped`, `layer<i>.entropy`, `layer<i>.padding`: scalars) → metrics: per layer
-    `moe.layer<i>.max_load` / `min_load` / `dropped` / `entropy` / `padding`, and over the layers `moe.max_load`
-    (the busiest expert of any layer: 1/n_experts is perfect balance, 1 is collapse onto one expert),
-    `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
-    out: dict[str, float] = {}
-    layers: dict[str, dict[str, float]] = {}
-    for name, value in stats.items():
-        layer, _, what = name.partition(".")
-        row = layers.setdefault(layer, {})
-        if what == "load":
-            row["max_load"], row["min_load"] = float(value.max()), float(value.min())
-        else:
-            row[what] = float(value.reshape(()))
-    for layer, row in layers.items():
-        out.update({f"{ROUTER_PREFIX}{layer}.{k}": v for k, v in row.items()})
-    if layers:
-        rows = list(layers.values())
-        out[ROUTER_PREFIX + "max_load"] = max(r["max_load"] for r in rows)
-        out[ROUTER_PREFIX + "min_load"] = min(r["min_load"] for r in rows)
-        for key in ("dropped", "entropy"):
-            out[ROUTER_PREFIX + key] = sum(r[key] for r in rows) / len(rows)
-    return out
 
 
 class AlreadyFinished(Exception):
@@ -519,8 +490,8 @@ class Trainer:
         means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
         self.model.eval()
         loss_sum, windows = 0.0, 0
-        stats_of = getattr(self.model, "router_stats", None)  # MoE models: per-layer router statistics
-        stat_sums: dict[str, torch.Tensor] = {}
+        kinds = metric_kinds(type(u) for u in self.spec.model.units())  # kinds whose modules report statistics
+        stat_sums: dict[tuple[type, str], torch.Tensor] = {}
         # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
         scorer = self.data.scorer() if callable(getattr(self.data, "scorer", None)) else None
         with torch.compiler.set_stance("force_eager"):
@@ -532,8 +503,10 @@ class Trainer:
                     scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
                 loss_sum += loss.item() * len(inputs)
                 windows += len(inputs)
-                for name, value in (stats_of() if callable(stats_of) else {}).items():  # weighted by windows
-                    stat_sums[name] = stat_sums.get(name, 0.0) + value.float().reshape(-1) * len(inputs)
+                for kind in kinds:  # weighted by windows
+                    for name, value in kind.eval_stats(self.model).items():
+                        key = (kind, name)
+                        stat_sums[key] = stat_sums.get(key, 0.0) + value.float().reshape(-1) * len(inputs)
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
@@ -544,7 +517,9 @@ class Trainer:
             mine = sum(len(x) for x, _ in self.data.val_batches)
             flat = self.world.mean(torch.cat(list(stat_sums.values())) / mine).cpu()
             sizes = [v.numel() for v in stat_sums.values()]
-            out.update(router_metrics(dict(zip(stat_sums, flat.split(sizes)))))
+            means = dict(zip(stat_sums, flat.split(sizes)))
+            for kind in kinds:
+                out.update(kind.eval_metrics({name: v for (k, name), v in means.items() if k is kind}))
         return out
 
     # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -703,8 +678,10 @@ class Trainer:
             out["train_loss"] = losses[-1]
         if self.last_eval:
             out["eval_tokens"] = self.eval_tokens
-        # The per-layer router statistics stay per-eval metrics; the summary keeps the model-wide ones.
-        out.update({k: v for k, v in self.last_eval.items() if not k.startswith(ROUTER_LAYER_PREFIX)})
+        # A kind's metrics may stay per-eval only (e.g. per-layer figures); the summary keeps the others.
+        kinds = metric_kinds(type(u) for u in self.spec.model.units())
+        out.update({k: v for k, v in self.last_eval.items()
+                    if all(kind.in_summary(k) for kind in kinds if k.startswith(kind.metric_prefix))})
         if self.step_seconds:
             steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
             tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)

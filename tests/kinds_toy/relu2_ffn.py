@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field
 
 from archspec.kinds import Const, FFNKind, lit_float, lit_int, register
@@ -28,6 +29,19 @@ class SquaredReLUSpec(FFNKind):
 
     def describe(self, m) -> str:
         return f"squared-ReLU FFN (hidden {self.hidden_dim})"
+
+    # metrics, through the same hooks as the built-in MoE's router statistics (archspec.kinds.base)
+    metric_prefix = "relu2."
+    metric_column = "active units"
+
+    @classmethod
+    def eval_stats(cls, model):
+        active = [m.active for m in model.modules() if isinstance(getattr(m, "active", None), torch.Tensor)]
+        return {"active": torch.stack(active).mean()} if active else {}
+
+    @classmethod
+    def eval_metrics(cls, stats):
+        return {"relu2.active": float(stats["active"].reshape(()))} if "active" in stats else {}
 
     @classmethod
     def strategy_overrides(cls, ctx):

@@ -11,7 +11,8 @@ import torch
 from archspec.cli import main
 from archspec.registry import Registry
 from archspec.train.logger import NullLogger
-from archspec.train.loop import router_metrics, train
+from archspec.kinds.ffn.moe import MoESpec
+from archspec.train.loop import train
 
 MOE = {"ffn": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"hidden_dim": 32}, "aux_loss_coef": 0.05,
                "z_loss_coef": 0.001, "capacity_factor": 1.0}}
@@ -22,7 +23,7 @@ def test_router_metrics_summarise_each_layer_and_the_model():
              "layer0.entropy": torch.tensor(1.0), "layer0.padding": torch.tensor(1.0),
              "layer2.load": torch.tensor([0.3, 0.2, 0.3, 0.2]), "layer2.dropped": torch.tensor(0.3),
              "layer2.entropy": torch.tensor(1.2), "layer2.padding": torch.tensor(1.5)}
-    m = router_metrics(stats)
+    m = MoESpec.eval_metrics(stats)
     assert m["moe.layer0.max_load"] == 0.5 and m["moe.layer0.min_load"] == 0.0
     assert m["moe.layer2.max_load"] == pytest.approx(0.3) and m["moe.layer2.padding"] == 1.5
     assert m["moe.max_load"] == 0.5 and m["moe.min_load"] == 0.0

@@ -1,38 +1,57 @@
-"""Activations the dense FFN kinds share: the spec's word → the call the generated code makes, and a name."""
+"""Activations the dense FFN kinds share: one record per activation (the spec's word, the call the generated code
+makes, its names, its HF names, where it is allowed); every table the kinds read is derived from `ACTIVATIONS`, so
+adding an activation is one entry."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-# gelu_tanh: GELU with the tanh approximation (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`).
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "sigmoid"]
-MLPActivation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
-CALLS = {
-    "relu": "F.relu({})",
-    "gelu": "F.gelu({})",
-    "gelu_tanh": "F.gelu({}, approximate=\"tanh\")",
-    "silu": "F.silu({})",
-    "sigmoid": "torch.sigmoid({})",
-}
-GLU_NAMES = {"silu": "SwiGLU", "gelu": "GEGLU", "gelu_tanh": "GEGLU (tanh GELU)", "relu": "ReGLU", "sigmoid": "GLU"}
-MLP_NAMES = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh)", "silu": "SiLU"}
+@dataclass(frozen=True)
+class Activation:
+    name: str  # the spec's word
+    expr: str  # the source the generated code computes, `{}` standing for the argument
+    glu_name: str  # the gated FFN's name with this activation (`SwiGLU`)
+    mlp_name: str | None  # the plain MLP's name for it; None: not allowed in an MLP (`mlp.activation`)
+    hf_names: tuple[str, ...] = ()  # transformers' names (ACT2FN) that mean it: the first is the one written out
+    keeps_output: bool = False  # whether its backward needs only its output (which the next op keeps anyway)
+
+    def call(self, arg: str) -> str:
+        return self.expr.format(arg)
 
 
-# Activations whose backward needs only their output (which the next op keeps anyway); the others keep their input.
-KEEPS_OUTPUT = frozenset({"relu", "sigmoid"})
+# gelu_tanh: GELU with the tanh approximation (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`). gelu_new is the tanh
+# approximation written out; it agrees with F.gelu(approximate="tanh") to float rounding. HF names not here
+# (gelu_fast, quick_gelu, relu2, ...) are refused.
+ACTIVATIONS: tuple[Activation, ...] = (
+    Activation("relu", "F.relu({})", "ReGLU", "ReLU", ("relu",), keeps_output=True),
+    Activation("gelu", "F.gelu({})", "GEGLU", "GELU", ("gelu",)),
+    Activation("gelu_tanh", "F.gelu({}, approximate=\"tanh\")", "GEGLU (tanh GELU)", "GELU (tanh)",
+               ("gelu_pytorch_tanh", "gelu_new")),
+    Activation("silu", "F.silu({})", "SwiGLU", "SiLU", ("silu", "swish")),
+    Activation("sigmoid", "torch.sigmoid({})", "GLU", None, ("sigmoid",), keeps_output=True),
+)
+BY_NAME: dict[str, Activation] = {a.name: a for a in ACTIVATIONS}
+assert len(BY_NAME) == len(ACTIVATIONS), "two activations share a name"
+
+# The spec's types (pydantic reads them for validation and the JSON Schema; the strategies draw from them).
+ActivationName = Literal[tuple(a.name for a in ACTIVATIONS)]  # type: ignore[valid-type]
+MLPActivation = Literal[tuple(a.name for a in ACTIVATIONS if a.mlp_name is not None)]  # type: ignore[valid-type]
+
+# The tables the kinds read, derived from the records.
+CALLS = {a.name: a.expr for a in ACTIVATIONS}
+GLU_NAMES = {a.name: a.glu_name for a in ACTIVATIONS}
+MLP_NAMES = {a.name: a.mlp_name for a in ACTIVATIONS if a.mlp_name is not None}
+KEEPS_OUTPUT = frozenset(a.name for a in ACTIVATIONS if a.keeps_output)
+TO_HF = {a.name: a.hf_names[0] for a in ACTIVATIONS if a.hf_names}  # ours → transformers' (what export writes)
+FROM_HF = dict(sorted((hf, a.name) for a in ACTIVATIONS for hf in a.hf_names))  # transformers' → ours
+assert len(FROM_HF) == sum(len(a.hf_names) for a in ACTIVATIONS), "an HF name means two activations"
 
 
 def call(activation: str, arg: str) -> str:
     """The source of `activation(arg)`; only the known words above can reach it."""
-    return CALLS[activation].format(arg)
-
-
-# transformers' activation names (ACT2FN) → ours. gelu_new is the tanh approximation written out; it agrees with
-# F.gelu(approximate="tanh") to float rounding. Names not here (gelu_fast, quick_gelu, relu2, ...) are refused.
-FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
-           "silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
-TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
+    return BY_NAME[activation].call(arg)
 
 
 def from_hf(cfg, allowed: tuple[str, ...]) -> str:

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
-from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, Activation, call
+from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, ActivationName, call
 from archspec.kinds.hf import linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
@@ -17,7 +17,7 @@ from archspec.kinds.limits import MAX_HIDDEN
 class GLUSpec(FFNKind):
     kind: Literal["glu"] = "glu"  # down(act(gate(x)) * up(x)): silu = SwiGLU, gelu = GEGLU, relu = ReGLU, sigmoid = GLU
     prefix = "GLU"
-    activation: Activation = "silu"
+    activation: ActivationName = "silu"
     hidden_dim: int | None = Field(
         None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 32 (LLaMA)"
     )
@@ -55,7 +55,7 @@ class GLUSpec(FFNKind):
     def from_hf(cls, cfg):
         hidden = cfg.take("ffn_hidden", int)
         return {"kind": "glu", "hidden_dim": hidden, "bias": cfg.fact("mlp_bias"),
-                "activation": activations.from_hf(cfg, get_args(Activation))}
+                "activation": activations.from_hf(cfg, get_args(ActivationName))}
 
     def to_hf(self, m, out, hf, path):
         out[hf.keys["ffn_hidden"]] = self.hidden_dim

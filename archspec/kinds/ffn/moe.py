@@ -184,6 +184,49 @@ class MoESpec(FFNKind):
             "grouped": self.grouped(m),
         }
 
+    # ── metrics (archspec.kinds.base: the loop records them at each evaluation, ablation reports show them) ─────────
+
+    metric_prefix = "moe."
+    metric_column = "load stats"
+
+    @classmethod
+    def eval_stats(cls, model) -> dict[str, Any]:
+        """The generated Model's `router_stats()` (this template's `model_methods`): per MoE layer, from the last
+        forward, `layer<i>.load` (each expert's fraction of the routed assignments) and the scalars
+        `layer<i>.dropped`, `layer<i>.entropy`, `layer<i>.padding`."""
+        stats_of = getattr(model, "router_stats", None)
+        return stats_of() if callable(stats_of) else {}
+
+    @classmethod
+    def eval_metrics(cls, stats) -> dict[str, float]:
+        """Averaged router statistics → per layer `moe.layer<i>.max_load` / `min_load` / `dropped` / `entropy` /
+        `padding`, and over the layers `moe.max_load` (the busiest expert of any layer: 1/n_experts is perfect
+        balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
+        prefix = cls.metric_prefix
+        out: dict[str, float] = {}
+        layers: dict[str, dict[str, float]] = {}
+        for name, value in stats.items():
+            layer, _, what = name.partition(".")
+            row = layers.setdefault(layer, {})
+            if what == "load":
+                row["max_load"], row["min_load"] = float(value.max()), float(value.min())
+            else:
+                row[what] = float(value.reshape(()))
+        for layer, row in layers.items():
+            out.update({f"{prefix}{layer}.{k}": v for k, v in row.items()})
+        if layers:
+            rows = list(layers.values())
+            out[prefix + "max_load"] = max(r["max_load"] for r in rows)
+            out[prefix + "min_load"] = min(r["min_load"] for r in rows)
+            for key in ("dropped", "entropy"):
+                out[prefix + key] = sum(r[key] for r in rows) / len(rows)
+        return out
+
+    @classmethod
+    def in_summary(cls, key: str) -> bool:
+        """The per-layer figures stay per-eval metrics; the summary keeps the model-wide ones."""
+        return not key.startswith(cls.metric_prefix + "layer")
+
     # ── HF transformers interop (archspec.kinds.hf) ──────────────────────────────────────────────────────────────
     # Mixtral's and Qwen2-MoE's sparse MoE blocks: router `gate` (softmax in fp32, top-k, gates renormalised or
     # not), routed experts that are gated MLPs without biases; Qwen2-MoE adds one shared expert (a gated MLP) scaled
@@ -199,13 +242,14 @@ class MoESpec(FFNKind):
     def from_hf(cls, cfg):
         from typing import get_args
 
-        from archspec.kinds.ffn.activations import Activation
+        from archspec.kinds.ffn.activations import ActivationName
 
         top_k = cfg.take("top_k", int)
         out: dict[str, Any] = {
             "kind": "moe", "n_experts": cfg.take("n_experts", int), "top_k": top_k,
             "expert": {"kind": "glu", "hidden_dim": cfg.take("expert_hidden", int),
-                       "activation": activations.from_hf(cfg, get_args(Activation)), "bias": cfg.fact("expert_bias")},
+                       "activation": activations.from_hf(cfg, get_args(ActivationName)),
+                       "bias": cfg.fact("expert_bias")},
             "renormalize": cfg.fact("renormalize"),
             "aux_loss_coef": cfg.take("aux_loss_coef", float) * top_k,
         }
