@@ -33,7 +33,6 @@ from torch import nn
 import archspec
 from archspec import codegen
 from archspec.errors import UserError, printable
-from archspec.kinds import metric_kinds
 from archspec.spec import Spec, canonical_dict, load_spec_dict
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
@@ -57,6 +56,7 @@ from archspec.train.checkpoint import (
     set_rng_state,
 )
 from archspec.train.build import Build, prepare
+from archspec.train.metrics import KindStats, RunMetrics, StepStats
 from archspec.train.data import TrainData, build_data
 from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
 from archspec.train.logger import (
@@ -73,7 +73,7 @@ from archspec.train.parallel import apply_activation_checkpointing, full_value, 
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar
 from archspec.train.run_dir import default_run_dir
-from archspec.train.throughput import OUR_CONVENTION, mfu, mfu_flag, palm_train_flops_per_token, peak_flops
+from archspec.train.throughput import peak_flops
 from archspec.train.tokenizer import TOKENIZER_FILE, tokenizer_state
 
 def _shown(value: Any) -> str:
@@ -95,15 +95,6 @@ class AlreadyFinished(Exception):
 
 class NonFiniteLoss(Exception):
     """A step produced a NaN/inf loss or gradient norm; the update was not applied."""
-
-
-@dataclass
-class StepStats:
-    loss: float  # cross-entropy, mean over the step's micro-batches and ranks
-    aux: dict[str, float]  # auxiliary losses (MoE), same averaging
-    grad_norm: float  # before clipping
-    lr: float
-    seconds: float
 
 
 @dataclass
@@ -254,14 +245,9 @@ class Trainer:
         if self.resume_path:
             self._resume(self.resume_path)
 
-        self.tokens_per_step = self.recipe.batch_size * self.recipe.seq_len * self.recipe.grad_accum * self.world.size
-        acc = build.accounting
-        self.flops_per_token = acc.flops_train
-        a = spec.model.attention
-        self.palm_flops_per_token = palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.head_dim)
-        self.peak_flops, self.peak_source = peak_flops(self.device, self.amp_dtype or torch.float32, self.cache)
-        self.step_seconds: list[float] = []
-        self.first_step_at: float | None = None
+        self.metrics = RunMetrics.of(build, self.world.size, peak_flops(self.device, self.amp_dtype or torch.float32,
+                                                                        self.cache), self.started)
+        self.tokens_per_step = self.metrics.tokens_per_step
         self.last_eval: dict[str, float] = {}
         self.record_failed = False  # the logger could not write (RecordingError): the run stopped for that
 
@@ -490,8 +476,7 @@ class Trainer:
         means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
         self.model.eval()
         loss_sum, windows = 0.0, 0
-        kinds = metric_kinds(type(u) for u in self.spec.model.units())  # kinds whose modules report statistics
-        stat_sums: dict[tuple[type, str], torch.Tensor] = {}
+        kind_stats = KindStats(self.spec)  # of the kinds whose modules report statistics
         # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
         scorer = self.data.scorer() if callable(getattr(self.data, "scorer", None)) else None
         with torch.compiler.set_stance("force_eager"):
@@ -503,23 +488,14 @@ class Trainer:
                     scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
                 loss_sum += loss.item() * len(inputs)
                 windows += len(inputs)
-                for kind in kinds:  # weighted by windows
-                    for name, value in kind.eval_stats(self.model).items():
-                        key = (kind, name)
-                        stat_sums[key] = stat_sums.get(key, 0.0) + value.float().reshape(-1) * len(inputs)
+                kind_stats.add(self.model, len(inputs))
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
         out = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
         if scorer is not None:  # every rank holds every bucket (the same distances): the counts line up
             out.update(scorer.metrics([int(c) for c in self.world.sum(scorer.counts())]))
-        if stat_sums:  # every process holds as many windows: the mean of the per-process means is the token mean
-            mine = sum(len(x) for x, _ in self.data.val_batches)
-            flat = self.world.mean(torch.cat(list(stat_sums.values())) / mine).cpu()
-            sizes = [v.numel() for v in stat_sums.values()]
-            means = dict(zip(stat_sums, flat.split(sizes)))
-            for kind in kinds:
-                out.update(kind.eval_metrics({name: v for (k, name), v in means.items() if k is kind}))
+        out.update(kind_stats.metrics(self.world, sum(len(x) for x, _ in self.data.val_batches)))
         return out
 
     # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -650,16 +626,9 @@ class Trainer:
                           + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
 
     def _record_step(self, stats: StepStats) -> None:
-        if self.first_step_at is None:
-            self.first_step_at = time.perf_counter()
-        self.step_seconds.append(stats.seconds)
-        tokens_per_s = self.tokens_per_step / stats.seconds
-        metrics = {"train_loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm,
-                   "tokens_per_s": tokens_per_s,
-                   "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
-                   **{f"aux_{name}": value for name, value in stats.aux.items()}}
+        metrics = self.metrics.step(stats)
         self.logger.log_metrics(self.step, metrics)
-        self.progress.update(self.step, stats.loss, tokens_per_s)
+        self.progress.update(self.step, stats.loss, metrics["tokens_per_s"])
 
     def _record_eval(self) -> float:
         self.last_eval = self.evaluate()
@@ -678,20 +647,9 @@ class Trainer:
             out["train_loss"] = losses[-1]
         if self.last_eval:
             out["eval_tokens"] = self.eval_tokens
-        # A kind's metrics may stay per-eval only (e.g. per-layer figures); the summary keeps the others.
-        kinds = metric_kinds(type(u) for u in self.spec.model.units())
-        out.update({k: v for k, v in self.last_eval.items()
-                    if all(kind.in_summary(k) for kind in kinds if k.startswith(kind.metric_prefix))})
-        if self.step_seconds:
-            steady = self.step_seconds[1:] or self.step_seconds  # the first step also warms caches and allocators
-            tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)
-            out.update(tokens_per_s=tokens_per_s, train_s=sum(self.step_seconds),
-                       mfu=mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world.size),
-                       peak_flops=self.peak_flops, time_to_first_step_s=self.first_step_at - self.started)
-            if self.palm_flops_per_token is not None:  # the convention most published MFU figures use, beside ours
-                out["mfu_palm"] = mfu(self.palm_flops_per_token, tokens_per_s, self.peak_flops, self.world.size)
-            # An MFU above 1 is kept as measured and flagged (the ceiling is never raised to hide it).
-            out["mfu_above_ceiling"] = float(max(out["mfu"], out.get("mfu_palm", 0.0)) > 1.0)
+        kind_stats = KindStats(self.spec)
+        out.update({k: v for k, v in self.last_eval.items() if kind_stats.in_summary(k)})
+        out.update(self.metrics.throughput())
         return out
 
     def _save_on_stop(self) -> str:
@@ -731,22 +689,11 @@ class Trainer:
         if "val_loss" in m:
             parts.append(f"val loss {m['val_loss']:.4f}")
         if "tokens_per_s" in m:
-            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · {self.mfu_text(m)}")
+            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · {self.metrics.mfu_text(m)}")
         parts.append(f"checkpoint {_shown(self.checkpoint_path)}")
         line = " · ".join(parts)
-        flag = mfu_flag(max(m.get("mfu", 0.0), m.get("mfu_palm", 0.0)))
+        flag = self.metrics.flag(m)
         return line + (f"\n[yellow]warning:[/] {flag}" if flag else "")
-
-    def mfu_text(self, m: dict[str, float]) -> str:
-        """MFU with its ceiling and FLOP convention beside it, and the 6N+12LHQT figure for dense models."""
-        ceiling = ("of this machine's measured matmul rate" if self.peak_source.startswith("this machine")
-                   else f"of the {self.peak_source}")
-        if max(m["mfu"], m.get("mfu_palm", 0.0)) > 1.0:  # never shown as a figure: the ceiling is what is wrong
-            return f"MFU not shown: above 100% {ceiling}, so that ceiling is too low"
-        text = f"MFU {100 * m['mfu']:.1f}% {ceiling} ({OUR_CONVENTION}"
-        if "mfu_palm" in m:
-            text += f"; 6N+12LHQT: {100 * m['mfu_palm']:.1f}%"
-        return text + ")"
 
 
 def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger: RunLogger | None = None,
