@@ -272,12 +272,9 @@ def _rng_problems(where: str, entry: Any) -> list[str]:
     return problems
 
 
-def structure_problems(state: dict[str, Any]) -> list[str]:
-    """Every field of a loaded checkpoint with the wrong type or size, one line each (empty: usable)."""
-    problems: list[str] = []
-    step = state["step"]
-    if not _is_int(step) or step < 0:
-        problems.append(f"step: expected a non-negative integer, got {_show(step)}")
+def _model_problems(state: dict[str, Any]) -> list[str]:
+    """The fields every checkpoint holds (training or weights): the model hash, the spec, the weights."""
+    problems = []
     if not isinstance(state["spec_hash"], str):
         problems.append(f"spec_hash: expected text, got {_show(state['spec_hash'])}")
     if not isinstance(state["spec"], dict):
@@ -286,6 +283,16 @@ def structure_problems(state: dict[str, Any]) -> list[str]:
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in model.items()):
         problems.append("model: expected a mapping of parameter names to tensors")
+    return problems
+
+
+def structure_problems(state: dict[str, Any]) -> list[str]:
+    """Every field of a loaded checkpoint with the wrong type or size, one line each (empty: usable)."""
+    problems: list[str] = []
+    step = state["step"]
+    if not _is_int(step) or step < 0:
+        problems.append(f"step: expected a non-negative integer, got {_show(step)}")
+    problems += _model_problems(state)
     opt = state["optimizer"]
     if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or not isinstance(opt.get("param_groups"), list):
         problems.append("optimizer: expected an optimizer state_dict (state and param_groups)")
@@ -583,15 +590,8 @@ def _weights_state(path: Path, state: Any) -> dict[str, Any]:
     if missing:
         raise UserError(f"{path}: incomplete weights checkpoint, missing {', '.join(missing)}")
     _check_digest(path, state)
-    problems = []
-    if not isinstance(state["spec_hash"], str):
-        problems.append(f"spec_hash: expected text, got {_show(state['spec_hash'])}")
-    if not isinstance(state["spec"], dict):
-        problems.append(f"spec: expected a mapping, got {_show(state['spec'])}")
+    problems = _model_problems(state)
     model = state["model"]
-    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in model.items()):
-        problems.append("model: expected a mapping of parameter names to tensors")
     tok = state["tokenizer"]
     if not isinstance(tok, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tok.items()):
         problems.append("tokenizer: expected a mapping of file names to text")
