@@ -16,10 +16,10 @@ import torch.nn.functional as F
 
 from archspec.codegen import generate, render
 from archspec.spec import canonical_dict, load_spec, load_spec_dict, model_json, model_hash
+from tests.tiny import TINY_GQA, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = {"name": "tiny", "model": {"vocab_size": 61, "context_length": 16, "d_model": 32, "n_layers": 2,
-                                  "attention": {"n_heads": 4, "n_kv_heads": 2}}}
+TINY = {"name": "tiny", "model": tiny_model(base=TINY_GQA)}
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ from archspec.cli import main
 from archspec.codegen import generate, render
 from archspec.spec import load_spec_dict, model_json, model_hash
 from archspec.spec.legacy import SpecNote
-
-MODEL = {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_layers": 1, "attention": {"n_heads": 2}}
+from tests.tiny import tiny_model, tiny_spec
 
 
 def spec(**model):
-    return load_spec_dict({"name": "es", "model": {**MODEL, **model}})
+    return tiny_spec("es", vocab_size=64, d_model=32, **model)  # the tests index tokens and scale by these
 
 
 def _embedded(module, idx):
@@ -94,7 +93,7 @@ def test_hf_export_refuses_a_scaled_model(tmp_path, capsys):
     from archspec.spec import canonical_dict
     from archspec.train.checkpoint import save_weights
 
-    s = load_spec_dict({"name": "x", "model": {**MODEL, "vocab_size": 320, "embedding_scale": "sqrt_d_model"}})
+    s = load_spec_dict({"name": "x", "model": tiny_model(vocab_size=320, embedding_scale="sqrt_d_model")})
     save_weights(tmp_path / "x.pt", canonical_dict(s), model_hash(s), generate(s, write=False).Model().state_dict())
     assert main(["export-hf", str(tmp_path / "x.pt"), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

@@ -11,8 +11,9 @@ from archspec.cli import main
 from archspec.registry import Registry
 from archspec.spec import load_spec_dict, model_json, model_hash
 from archspec.train.logger import learning_recipe, recipe_hash, run_key
+from tests.tiny import tiny_model
 
-MODEL = {"vocab_size": 320, "context_length": 64, "d_model": 32, "n_layers": 1, "attention": {"n_heads": 2}}
+MODEL = tiny_model(vocab_size=320, context_length=64)  # the rows below are priced at context_length 64
 
 
 def run(capsys, *args):

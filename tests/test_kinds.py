@@ -23,17 +23,14 @@ from archspec.accounting import account
 from archspec.codegen import generate
 from archspec.kinds import families
 from archspec.spec import json_schema, load_spec_dict, model_hash
+from tests.tiny import TINY_GQA, tiny_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = Path(__file__).resolve().parent / "kinds_toy"
 
 
 def _spec(**model):
-    base = {"vocab_size": 61, "context_length": 16, "d_model": 32, "n_layers": 2,
-            "attention": {"n_heads": 4, "n_kv_heads": 2}}
-    for key, value in model.items():
-        base[key] = {**base[key], **value} if isinstance(base.get(key), dict) else value
-    return load_spec_dict({"name": "k", "model": base})
+    return tiny_spec("k", base=TINY_GQA, **model)  # vocab 61, d_model 32: the tests below draw and shape by these
 
 
 # ── one place per kind ───────────────────────────────────────────────────────────────────────────────────────────

@@ -15,15 +15,14 @@ from archspec.ablate.sweep import load_sweep
 from archspec.accounting import account
 from archspec.codegen import generate
 from archspec.errors import UserError
-from archspec.spec import SpecError, load_spec_dict
+from archspec.spec import SpecError
+from tests.tiny import tiny_spec
 
 ACTS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
 def _spec(ffn: dict, d_model: int = 16, n_layers: int = 1, **model):
-    return load_spec_dict({"name": "moe-t", "model": {"vocab_size": 50, "context_length": 16, "d_model": d_model,
-                                                      "n_layers": n_layers, "attention": {"n_heads": 2},
-                                                      "ffn": ffn, **model}})
+    return tiny_spec("moe-t", vocab_size=50, d_model=d_model, n_layers=n_layers, ffn=ffn, **model)
 
 
 def _ffn(spec, gen_dir, seed: int = 0):

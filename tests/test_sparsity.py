@@ -18,6 +18,7 @@ from archspec.cli import main
 from archspec.codegen import generate
 from archspec.runtime import sparse
 from archspec.spec import SpecError, load_spec_dict
+from tests.tiny import tiny_spec
 
 # kind fields, and the name of the SparsePattern its template defines
 PATTERNS = {
@@ -49,8 +50,7 @@ def _spec(sparsity: dict, *, n_heads=4, n_kv_heads=2, positional=None, context=4
     att = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "sparsity": sparsity}
     if positional is not None:
         att["positional"] = positional
-    return load_spec_dict({"name": name, "model": {"vocab_size": 53, "context_length": context, "d_model": d_model,
-                                                    "n_layers": n_layers, "attention": att}})
+    return tiny_spec(name, vocab_size=53, context_length=context, d_model=d_model, n_layers=n_layers, attention=att)
 
 
 def _module(spec, tmp_path):

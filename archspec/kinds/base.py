@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hypothesis.strategies import SearchStrategy
 
     from archspec.kinds.hf import HFConfig, HFType, HFWeight
-    from archspec.spec.model import ModelSpec
+    from archspec.spec.model import ModelSpec, Spec
 
 Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending value): see archspec.spec.rules
 
@@ -230,12 +230,20 @@ class KindUnit(Strict):
     def strategy(cls, ctx: dict[str, int]) -> "SearchStrategy | None":
         """Hypothesis strategy for this kind's fields as a user writes them (without `kind`), or None when no valid
         value fits `ctx` (d_model, context_length, max_hidden). Default: every field over its declared range."""
-        from archspec.testing import fields_of
+        from archspec.kinds.introspect import fields_of
 
         return fields_of(cls, cls.strategy_overrides(ctx))
 
     @classmethod
     def strategy_overrides(cls, ctx: dict[str, int]) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def invalid_cases(cls) -> dict[str, "Callable[[Callable, dict, Spec], tuple | None]"]:
+        """This kind's own rules (`problems`) broken on purpose, for archspec.testing's invalid specs: name →
+        `case(draw, data, spec)`, which edits `data`, a valid spec dict that validated to `spec`, so that exactly
+        this rule is broken, and returns the field path the problem must be reported at (None: the case does not
+        apply to this spec; `data` is then dropped). `draw` is Hypothesis's."""
         return {}
 
 

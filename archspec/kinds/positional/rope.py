@@ -132,6 +132,10 @@ class RopePositional(PositionalKind):
         linear = st.floats(1.0, 16.0).map(lambda f: {"kind": "linear", "factor": f})
         return {"scaling": st.one_of(st.none(), llama3, linear)}
 
+    @classmethod
+    def invalid_cases(cls):
+        return {"even_head_dim": _odd_head_dim}
+
     # ── HF transformers interop ──
     hf_block = "rotary"
 
@@ -197,3 +201,15 @@ class RopePositional(PositionalKind):
         out["rope_parameters"] = params  # transformers 5.x
         out["rope_theta"] = self.theta  # and what older versions read
         out["rope_scaling"] = params if self.scaling else None
+
+
+def _odd_head_dim(draw, data, spec):
+    """rope on heads of odd width (it rotates pairs of dimensions): blamed on head_dim."""
+    from hypothesis import strategies as st
+
+    att = data["model"].setdefault("attention", {})
+    att["positional"] = {"kind": "rope"}
+    att["head_dim"] = 2 * draw(st.integers(0, 3)) + 1  # n_heads·head_dim ≤ 8·d_model holds for these sizes
+    if att.get("n_heads", spec.model.attention.n_heads) * att["head_dim"] > 8 * spec.model.d_model:
+        return None
+    return ("model", "attention", "head_dim")

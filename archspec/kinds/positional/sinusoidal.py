@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from archspec.kinds.base import Const, PositionalKind, lit_float, register
+from archspec.kinds.limits import MAX_WIDTH
 
 
 @register
@@ -50,3 +51,19 @@ class SinusoidalPositional(PositionalKind):
     @classmethod
     def strategy(cls, ctx):
         return super().strategy(ctx) if ctx["d_model"] % 2 == 0 else None  # sin/cos pairs need an even width
+
+    @classmethod
+    def invalid_cases(cls):
+        return {"even_d_model": _odd_d_model}
+
+
+def _odd_d_model(draw, data, spec):
+    """Sinusoidal positions on an odd width (the table interleaves sin/cos pairs): blamed on d_model."""
+    m = spec.model
+    if m.d_model % 2 == 0 and m.d_model + 1 > MAX_WIDTH:
+        return None
+    data["model"]["d_model"] = m.d_model + (m.d_model % 2 == 0)
+    att = data["model"].setdefault("attention", {})
+    att["positional"] = {"kind": "sinusoidal"}
+    att["head_dim"] = m.attention.head_dim  # keep the heads valid at the new width
+    return ("model", "d_model")
