@@ -66,8 +66,8 @@ def test_no_model_kind_is_named_outside_its_unit(path):
 
 _DATA_KINDS = {k for fam in data_families().values() for k in fam.members}
 _OUTSIDE_DATA_UNITS = [p for p in (ROOT / "archspec").rglob("*.py") if p.relative_to(ROOT / "archspec").parts[0] != "data"]
-# Named outside its unit, waiting for a file another branch is reshaping (see the commit that adds this guard):
-# the loop writes a BPE tokenizer's tokenizer.json beside the checkpoint by testing the kind.
+# Named outside its unit, waiting for a file another branch is reshaping: the loop writes a BPE tokenizer's
+# tokenizer.json beside the checkpoint by testing the kind; `self.data.tokenizer.saves_file` says it (archspec.data).
 _PENDING_DATA_NAMES = {"archspec/train/loop.py": ['"bpe"']}
 
 

@@ -155,6 +155,7 @@ class Tokenizer(Protocol):
     eos_id: int
     identity: str  # names what its ids mean: keys caches and the data hash
     vocab_note: str  # for errors: where vocab_size comes from
+    saves_file: bool  # whether `save(path)` writes it as a file other tools read (a run's tokenizer.json)
 
     def encode_batch(self, texts: list[str]) -> list["np.ndarray"]: ...
 

@@ -99,6 +99,7 @@ class BPECodec:
 
     kind = BPETokenizer.kind_name()
     vocab_note = "as trained"
+    saves_file = True  # `save` writes the HF tokenizers JSON (a run directory's tokenizer.json)
 
     def __init__(self, hf_tokenizer, identity: str):
         hf_tokenizer.encode_special_tokens = True  # a document quoting "<|endoftext|>" must not end there

@@ -42,6 +42,7 @@ class ByteCodec:
     eos_id = 256
     identity = digest(kind, FORMAT)  # part of every data hash of a byte-tokenised corpus
     vocab_note = "256 bytes + EOS"
+    saves_file = False  # nothing to save: every byte tokenizer is this one
 
     def encode_batch(self, texts: list[str]):
         import numpy as np
