@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from archspec.data.base import TextSource, Tokenizer, TokenizerKind, tokenizer_kinds
-from archspec.data.tokenizer.bpe import BPECodec as BPETokenizer  # noqa: F401
+from archspec.data.tokenizer.bpe import BPECodec as BPETokenizer  # noqa: F401 (re-exported: the built-in tokenizers)
 from archspec.data.tokenizer.bpe import file_state
 from archspec.data.tokenizer.byte import ByteCodec as ByteTokenizer  # noqa: F401
 from archspec.data.tokenizer.common import EOS_TEXT  # noqa: F401
