@@ -25,7 +25,7 @@ from archspec.errors import UserError, printable
 from archspec.runtime import next_token_probs as probs_of
 from archspec.spec import Spec, load_spec, load_spec_dict
 from archspec.train.checkpoint import FILENAME, WEIGHTS_FORMAT, load_any
-from archspec.train.tokenizer import (TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_tokenizer_file,
+from archspec.train.tokenizer import (TOKENIZER_FILE, Tokenizer, load_tokenizer_file,
                                       tokenizer_from_state)
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -117,14 +117,15 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
 
 
 def _spec_tokenizer(spec: Spec) -> Tokenizer:
-    if spec.train.data.tokenizer.kind == "byte":
-        return ByteTokenizer()
+    tok = spec.train.data.tokenizer
+    if not tok.reads_corpus:  # built from nothing (the byte tokenizer)
+        return tok.build(None, None)
     # A BPE tokenizer is trained on the recipe's corpus (once, then read from the cache), exactly as training does.
     from archspec.train.cache import cache_dir
     from archspec.train.data import open_corpus
     from archspec.train.tokenizer import build_tokenizer
 
-    return build_tokenizer(spec.train.data.tokenizer, open_corpus(spec.train.data.corpus), cache_dir())
+    return build_tokenizer(tok, open_corpus(spec.train.data.corpus), cache_dir())
 
 
 def _checkpoint_tokenizer(path: Path, state: dict, spec: Spec) -> Tokenizer:
@@ -135,8 +136,8 @@ def _checkpoint_tokenizer(path: Path, state: dict, spec: Spec) -> Tokenizer:
     beside = path.parent / TOKENIZER_FILE
     if beside.is_file():
         return load_tokenizer_file(beside)
-    if spec.train.data.tokenizer.kind == "byte":
-        return ByteTokenizer()
+    if not spec.train.data.tokenizer.reads_corpus:  # rebuilt from nothing (the byte tokenizer)
+        return spec.train.data.tokenizer.build(None, None)
     raise UserError(f"{path}: holds no tokenizer and there is no {TOKENIZER_FILE} beside it; this run's BPE tokenizer "
                     "cannot be rebuilt without its corpus")
 
@@ -263,8 +264,9 @@ class SpeculativeStats:
 def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
     if a.kind != b.kind:
         return False
-    return a.kind == "byte" or (a._hf.to_str() == b._hf.to_str()  # type: ignore[attr-defined]
-                                and a.eos_id == b.eos_id)
+    if callable(getattr(a, "same_as", None)):  # the tokenizer kinds of archspec.data
+        return a.same_as(b)
+    return a._hf.to_str() == b._hf.to_str() and a.eos_id == b.eos_id  # type: ignore[attr-defined]
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from archspec import testing as T
 from archspec.accounting import account
 from archspec.codegen import generate
+from archspec.data import data_families
 from archspec.kinds import families
 from archspec.spec import json_schema, load_spec_dict, model_hash
 from tests.tiny import TINY_GQA, tiny_spec
@@ -56,6 +57,105 @@ def test_no_model_kind_is_named_outside_its_unit(path):
     words = "|".join(sorted(_BUILTIN_KINDS - {"none"} - hf_vocabulary))
     hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']", source)]
     assert not hits, f"{path.name} names model kinds {hits}: that knowledge belongs in the kind's unit"
+
+
+# ── one place per data kind (issue 24): corpora and tokenizers are units of archspec/data ────────────────────────
+
+_DATA_KINDS = {k for fam in data_families().values() for k in fam.members}
+_OUTSIDE_DATA_UNITS = [p for p in (ROOT / "archspec").rglob("*.py") if p.relative_to(ROOT / "archspec").parts[0] != "data"]
+
+
+@pytest.mark.parametrize("path", _OUTSIDE_DATA_UNITS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_data_kind_is_named_outside_its_unit(path):
+    """Nothing outside archspec/data dispatches on a corpus or tokenizer kind: no `kind == "mqar"`, no tuple of
+    task names, no `{"kind": "bpe", ...}` written by hand; choices and field names come from the registry."""
+    source = path.read_text(encoding="utf-8")
+    words = "|".join(sorted(_DATA_KINDS))
+    hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']", source)]
+    assert not hits, \
+        f"{path.name} names data kinds {hits}: that knowledge belongs in the kind's unit (archspec/data)"
+
+
+def test_data_kinds_are_the_registry():
+    """The spec's unions, the probe's --task choices, the registry's probe.<task> fields and the strategies are the
+    registered data kinds, in registration order."""
+    from archspec.cli.probe import probe_cmd
+    from archspec.data import corpus_kinds, task_kinds, tokenizer_kinds
+    from archspec.registry.query import resolve_field
+    from archspec.spec.train import DataSpec
+    from archspec.train.tokenizer import tokenizer_state_problems
+
+    assert list(T.union_members(DataSpec, "corpus")) == list(corpus_kinds())
+    assert list(T.union_members(DataSpec, "tokenizer")) == list(tokenizer_kinds())
+    assert set(T.CORPUS_KINDS) == set(corpus_kinds()) and set(T.TOKENIZER_KINDS) == set(tokenizer_kinds())
+    task = next(p for p in probe_cmd.params if p.name == "task")
+    assert tuple(task.type.choices) == tuple(task_kinds()) and task_kinds()
+    assert all(cls.task for cls in task_kinds().values())
+    for kind in task_kinds():
+        assert resolve_field(f"probe.{kind}.accuracy", "runs").kind == "probe"
+    kinds = " or ".join(repr(k) for k in tokenizer_kinds())
+    assert tokenizer_state_problems({"kind": "nope"}) == [f"tokenizer: expected a mapping with kind {kinds}"]
+
+
+_DATA_CHILD = textwrap.dedent('''
+    from typing import Literal
+    import jsonschema
+    from archspec.data import TaskCorpusKind, register
+    from archspec.data.base import FIRST_SYMBOL
+
+    @register
+    class Copy(TaskCorpusKind):  # registered after the spec classes are built: they are rebuilt in place
+        kind: Literal["copy"] = "copy"
+        vocab: int = 8
+        train_examples: int = 16
+        val_examples: int = 8
+        seed: int = 0
+        probe_help = "copy the first token"
+
+        def fit_problems(self, seq_len, where, length_name):
+            return [] if seq_len >= 2 else [(where, f"needs {length_name} >= 2", seq_len)]
+
+        def fill(self, rng, tokens, answers, seq_len):
+            import numpy as np
+            tokens[:] = FIRST_SYMBOL + rng.integers(0, self.vocab, tokens.shape)
+            tokens[:, -1] = tokens[:, 0]
+            answers[:, -1] = True
+            return np.full(len(tokens), -1, dtype=np.int64)
+
+        @property
+        def chance(self):
+            return 1.0 / self.vocab
+
+    from archspec import testing as T
+    from archspec.cli.probe import probe_cmd
+    from archspec.spec import json_schema, known_keys, load_spec_dict
+    from archspec.train.data import build_data
+
+    raw = {"name": "toy", "model": {"vocab_size": 260, "context_length": 8, "d_model": 16, "n_layers": 1,
+           "attention": {"n_heads": 2}}, "train": {"data": {"corpus": {"kind": "copy", "vocab": 5}}}}
+    spec = load_spec_dict(raw)
+    assert spec.train.data.corpus.vocab == 5
+    jsonschema.validate(raw, json_schema())
+    assert "train.data.corpus.vocab" in known_keys()
+    assert "copy" in T.CORPUS_KINDS
+    assert "copy" in next(p for p in probe_cmd.params if p.name == "task").type.choices
+    data = build_data(spec, None)
+    x, y = data.sampler.next_batch()
+    assert (y[:, -1] == x[:, 0]).all() and (y[:, :-1] == -100).all()
+    bad = dict(raw, train={"data": {"corpus": {"kind": "copy"}, "tokenizer": {"kind": "bpe", "vocab_size": 260}}})
+    try:
+        load_spec_dict(bad)
+    except Exception as e:
+        assert any("copy corpus is written in the byte tokenizer's ids" in p for p in e.problems), e.problems
+    else:
+        raise AssertionError("a task with a BPE tokenizer was accepted")
+    print("OK")
+''')
+
+
+def test_a_data_kind_registered_late_works_everywhere():
+    out = subprocess.run([sys.executable, "-c", _DATA_CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
 
 
 def test_every_kind_has_its_template_beside_it():

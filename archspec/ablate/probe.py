@@ -1,6 +1,6 @@
 """A capability probe of a trained run, recorded as an evaluation of it.
 
-    result = probe_run("1a2b3c4d", "passkey", {"distances": [16, 64]})
+    result = probe_run("1a2b3c4d", task, {"distances": [16, 64]})   # task: one of archspec.data.task_kinds()
     result.metrics["accuracy"], result.metrics["accuracy.d64"], result.evaluation_id
 
 The task's examples are those of `archspec.train.tasks` (the validation stream: a run trained on the same task with
@@ -19,11 +19,10 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from archspec.data.base import task_kinds, task_tokenizer
 from archspec.errors import UserError, printable
-from archspec.spec.train import MQARCorpus, PasskeyCorpus
-from archspec.train.tasks import TASKS, check_task, generate, task_scorer
+from archspec.train.tasks import check_task, generate, task_scorer
 
-TASK_CLASSES = {"mqar": MQARCorpus, "passkey": PasskeyCorpus}
 BYTE_IDS = 256  # the tasks' ids are bytes: a model must have at least these, read by a byte tokenizer
 
 
@@ -43,12 +42,13 @@ class ProbeResult:
 
 def task_corpus(task: str, run_corpus: dict | None, overrides: dict[str, Any]):
     """The task's parameters: the run's own (when it trained on this task), else the defaults; then `overrides`."""
-    if task not in TASK_CLASSES:
-        raise UserError(f"--task: expected one of {', '.join(TASKS)}, got {printable(task)!r}")
+    tasks = task_kinds()  # every registered capability task (archspec.data)
+    if task not in tasks:
+        raise UserError(f"--task: expected one of {', '.join(tasks)}, got {printable(task)!r}")
     base = dict(run_corpus) if run_corpus and run_corpus.get("kind") == task else {"kind": task}
     base.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return TASK_CLASSES[task].model_validate(base)
+        return tasks[task].model_validate(base)
     except ValidationError as e:
         problems = [f"{task}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise UserError(f"--task {task}: invalid parameters", problems) from None
@@ -70,7 +70,7 @@ def evaluate(model: torch.nn.Module, corpus, seq_len: int, n_examples: int | Non
     out = scorer.metrics(prefix="")
     out["answers"] = float(scorer.total)
     out["examples"] = float(len(examples))
-    out["chance"] = 2.0 / corpus.vocab if corpus.kind == "mqar" else 1.0 / corpus.vocab
+    out["chance"] = corpus.chance
     return out
 
 
@@ -94,9 +94,10 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
         dev = resolve_device(device)
         loaded = load_model(str(checkpoint), device=dev)
         m = loaded.spec.model
-        if loaded.tokenizer.kind != "byte":
+        ids = task_tokenizer().kind_name()  # the tokenizer whose ids the tasks are written in
+        if loaded.tokenizer.kind != ids:
             raise UserError(f"run {run.id} uses a {loaded.tokenizer.kind} tokenizer; the {task} task is written in "
-                            "byte ids, so only runs with the byte tokenizer can be probed on it")
+                            f"{ids} ids, so only runs with the {ids} tokenizer can be probed on it")
         if m.vocab_size < BYTE_IDS:
             raise UserError(f"run {run.id}: model.vocab_size {m.vocab_size} is smaller than the {BYTE_IDS} byte ids the "
                             f"{task} task uses")

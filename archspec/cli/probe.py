@@ -7,11 +7,11 @@ import math
 
 import click
 
-from archspec.ablate.probe import TASK_CLASSES, probe_run
+from archspec.ablate.probe import probe_run
 from archspec.cli.options import device_option, registry_option
 from archspec.console import echo
+from archspec.data.base import task_kinds
 from archspec.errors import UserError
-from archspec.train.tasks import TASKS, describe_task
 
 
 def _distances(ctx, param, value: str | None) -> list[int] | None:
@@ -28,7 +28,8 @@ def _distances(ctx, param, value: str | None) -> list[int] | None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_id", metavar="RUN_ID")
-@click.option("--task", type=click.Choice(TASKS), required=True, help="mqar: associative recall; passkey: retrieval.")
+@click.option("--task", type=click.Choice(tuple(task_kinds())), required=True,
+              help="; ".join(f"{k}: {c.probe_help}" for k, c in task_kinds().items()) + ".")
 @click.option("--vocab", type=int, default=None, help="Task symbols (mqar: keys and values; passkey: passkey symbols).")
 @click.option("--pairs", type=int, default=None, help="mqar: key-value pairs per example.")
 @click.option("--queries", type=int, default=None, help="mqar: keys queried per example (default: pairs).")
@@ -55,7 +56,8 @@ def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len,
     "probe.accuracy > 0.5"`, `archspec runs show RUN`."""
     overrides = {"vocab": vocab, "pairs": pairs, "queries": queries, "distances": distances, "key_len": key_len,
                  "filler": filler, "seed": task_seed}
-    inapplicable = [k for k, v in overrides.items() if v is not None and k not in TASK_CLASSES[task].model_fields]
+    task_class = task_kinds()[task]
+    inapplicable = [k for k, v in overrides.items() if v is not None and k not in task_class.model_fields]
     if inapplicable:
         raise UserError(f"--task {task} has no {', '.join('--' + k.replace('_', '-') for k in inapplicable)}")
     result = probe_run(run_id, task, overrides, seq_len=seq_len, examples=examples, batch_size=batch_size,
@@ -66,9 +68,8 @@ def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len,
         echo(json.dumps(data, sort_keys=True))
         return
     m = result.metrics
-    corpus = TASK_CLASSES[task].model_validate({k: v for k, v in result.params.items()
-                                                if k in TASK_CLASSES[task].model_fields})
-    lines = [f"run {result.run_id} · {describe_task(corpus)} · seq_len {result.params['seq_len']} · "
+    corpus = task_class.model_validate({k: v for k, v in result.params.items() if k in task_class.model_fields})
+    lines = [f"run {result.run_id} · {corpus.describe()} · seq_len {result.params['seq_len']} · "
              f"{int(m['examples'])} examples, {int(m['answers'])} answers",
              f"accuracy {_pct(m['accuracy'])} (chance {_pct(m['chance'])})"]
     for key in sorted((k for k in m if k.startswith("accuracy.d")), key=lambda k: int(k[len("accuracy.d"):])):

@@ -19,7 +19,8 @@ from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HID
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
                                   user_dict)
 from archspec.spec.legacy import note, migrate_spec
-from archspec.spec.train import TrainSpec
+from archspec.data.base import rebuild_order as rebuild_data_order
+from archspec.spec.train import DataSpec, TrainSpec
 
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
@@ -137,15 +138,15 @@ class Spec(Strict):
     def _fill_train_defaults(self) -> "Spec":
         if self.train.seq_len is None:
             object.__setattr__(self.train, "seq_len", self.model.context_length)
-        tok = self.train.data.tokenizer
-        if tok.kind == "bpe" and tok.vocab_size is None:
-            object.__setattr__(tok, "vocab_size", self.model.vocab_size)
+        self.train.data.corpus.fill_defaults(self)
+        self.train.data.tokenizer.fill_defaults(self)
         return self
 
 
 bind("norm", ModelSpec, "norm")
 bind("ffn", ModelSpec, "ffn")
 rebuild_order(AttentionSpec, ModelSpec, Spec)
+rebuild_data_order(DataSpec, TrainSpec, Spec)  # a data kind registered late (archspec.data)
 
 # The built-in kinds' classes, for code that names one directly (tests, presets).
 from archspec.kinds.ffn.glu import GLUSpec  # noqa: E402,F401

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from archspec.kinds.base import Problem  # (field path, message, offending value)
 from archspec.spec.model import MAX_HEAD_DIM
-from archspec.spec.train import TASK_CORPORA
 
 if TYPE_CHECKING:
     from archspec.spec.model import Spec
@@ -14,8 +13,6 @@ if TYPE_CHECKING:
 # Names whose generated file (generated/<name>.py) would shadow a module that file itself imports (the directory
 # of a script run beside it comes first on sys.path).
 RESERVED_NAMES = {"torch", "math", "archspec"}
-BPE_MIN_VOCAB = 260
-
 
 
 def cross_field_problems(spec: "Spec") -> list[Problem]:
@@ -56,26 +53,9 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
         out.append((("train", "seq_len"), f"must be at most model.context_length ({m.context_length}), got {t.seq_len}", t.seq_len))
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
-    tok = t.data.tokenizer
-    if t.data.corpus.kind in TASK_CORPORA:  # capability tasks are written in byte ids (archspec.train.tasks)
-        from archspec.train.tasks import task_problems
-
-        if tok.kind != "byte":
-            out.append((("train", "data", "tokenizer", "kind"), f"the {t.data.corpus.kind} corpus is written in the "
-                        f"byte tokenizer's ids; use {{kind: byte}}, got {tok.kind!r}", tok.kind))
-        if t.seq_len is not None:
-            out += task_problems(t.data.corpus, t.seq_len)
-    if tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size < BPE_MIN_VOCAB:
-        out.append((("train", "data", "tokenizer", "vocab_size"),
-                    f"must be at least {BPE_MIN_VOCAB} for a BPE tokenizer (256 bytes + specials + merges), got "
-                    f"{tok.vocab_size} (it defaults to model.vocab_size)", tok.vocab_size))
-    elif tok.kind == "bpe" and tok.vocab_size is not None and tok.vocab_size > m.vocab_size:
-        out.append((("train", "data", "tokenizer", "vocab_size"),
-                    f"must be at most model.vocab_size ({m.vocab_size}), got {tok.vocab_size}", tok.vocab_size))
+    out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
+    out += t.data.tokenizer.problems(spec)
     return out
-
-
-BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + EOS (archspec.train.tokenizer.ByteTokenizer)
 
 
 def trainability_problems(spec: "Spec") -> list[str]:
@@ -83,14 +63,7 @@ def trainability_problems(spec: "Spec") -> list[str]:
 
     Not part of validation: a model with vocab_size 100 is a valid architecture (for a tokenizer of its own), but
     `archspec build` of a spec whose recipe cannot train it says so before anything is generated."""
-    m, tok = spec.model, spec.train.data.tokenizer
-    if tok.kind == "byte" and m.vocab_size < BYTE_TOKENIZER_VOCAB:
-        return [f"model.vocab_size: must be at least {BYTE_TOKENIZER_VOCAB} for train.data.tokenizer (byte: 256 bytes "
-                f"+ EOS), got {m.vocab_size}; raise it (e.g. 320) or train a BPE tokenizer of your own vocabulary"]
-    if tok.kind == "bpe" and tok.vocab_size is None and m.vocab_size < BPE_MIN_VOCAB:
-        return [f"model.vocab_size: must be at least {BPE_MIN_VOCAB} for train.data.tokenizer (bpe, whose vocab_size "
-                f"defaults to model.vocab_size), got {m.vocab_size}"]
-    return []
+    return spec.train.data.tokenizer.trainability_problems(spec.model)
 
 
 def attention_problems(att, d_model: int, p_att: tuple) -> list[Problem]:

@@ -7,79 +7,37 @@ from typing import Literal
 
 from pydantic import Field
 
+from archspec.data import data_family  # registers the built-in data kinds (archspec.data)
+from archspec.data.base import bind as _bind_data
+# The built-in data kinds' classes, for code that names one directly (tests, strategies).
+from archspec.data.corpus.files import FilesCorpus  # noqa: F401
+from archspec.data.corpus.mqar import MQARCorpus  # noqa: F401
+from archspec.data.corpus.passkey import PasskeyCorpus  # noqa: F401
+from archspec.data.corpus.stdlib import StdlibCorpus  # noqa: F401
+from archspec.data.tokenizer.bpe import BPETokenizer  # noqa: F401
+from archspec.data.tokenizer.byte import ByteTokenizer  # noqa: F401
 from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
 
 
 EVAL_POINTS = 10  # evaluations per run when eval_interval is not given: enough points for a curve at any budget
 
-# ── corpus sources ───────────────────────────────────────────────────────────────────────────────────────────────
-
-
 MAX_STEPS = 10_000_000  # optimizer steps of one run at most (also the limit of every --steps option)
 
-class StdlibCorpus(_Strict):
-    kind: Literal["stdlib"] = "stdlib"  # the running Python's standard-library sources: ~13 MB, always present
+# ── corpora and tokenizers: each kind is a unit of archspec.data, and these unions are built from its registry ──
 
-
-class FilesCorpus(_Strict):
-    kind: Literal["files"] = "files"  # text files, directories (recursively) and .jsonl files (their `text` field)
-    paths: list[str] = Field(min_length=1)
-
-
-# Capability tasks (archspec.train.tasks): synthetic examples written in the byte tokenizer's ids, generated from
-# their own `seed` (the data, the same for every training seed), each exactly train.seq_len + 1 tokens, with loss and
-# accuracy on the answer positions only. Id layout and the rules that tie them to train.seq_len: archspec.train.tasks.
-
-
-class MQARCorpus(_Strict):
-    kind: Literal["mqar"] = "mqar"  # multi-query associative recall (Zoology, Arora et al. 2023)
-    vocab: int = Field(64, ge=4, le=252, description="symbols: keys are drawn from the first half, values from the "
-                                                     "second (chance accuracy 2/vocab)")
-    pairs: int = Field(8, ge=1, le=126, description="key-value pairs at the start of each example (distinct keys)")
-    queries: int | None = Field(None, ge=1, le=126, description="keys queried after the pairs, each followed by its "
-                                                                "value (the answer); default: pairs (every key once)")
-    train_examples: int = Field(20_000, ge=1, le=2_000_000)
-    val_examples: int = Field(1_000, ge=1, le=100_000, description="the fixed validation set (its own stream)")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the examples (not the training order: train.seed)")
-
-
-class PasskeyCorpus(_Strict):
-    kind: Literal["passkey"] = "passkey"  # a passkey inside filler, asked for at the end (Mohtashami & Jaggi 2023)
-    vocab: int = Field(16, ge=2, le=250, description="passkey symbols (chance accuracy 1/vocab)")
-    key_len: int = Field(1, ge=1, le=16, description="tokens per passkey")
-    distances: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1, max_length=64,
-                                 description="tokens from the passkey to the question; each example takes one, and "
-                                             "accuracy is also reported per distance")
-    filler: int = Field(64, ge=1, le=248, description="filler symbols (drawn at random around the passkey)")
-    train_examples: int = Field(20_000, ge=1, le=2_000_000)
-    val_examples: int = Field(1_000, ge=1, le=100_000, description="the fixed validation set (its own stream)")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="draws the examples (not the training order: train.seed)")
-
-
-Corpus = kind_union(StdlibCorpus, FilesCorpus, MQARCorpus, PasskeyCorpus, default="stdlib")
-TASK_CORPORA = ("mqar", "passkey")
-
-
-# ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────
-
-
-class ByteTokenizer(_Strict):
-    kind: Literal["byte"] = "byte"  # 256 byte values + specials (EOS)
-
-
-class BPETokenizer(_Strict):
-    kind: Literal["bpe"] = "bpe"  # byte-level BPE trained locally with HF tokenizers, cached by content hash
-    vocab_size: int | None = Field(None, ge=260, le=1 << 20, description="default: model.vocab_size")
-
-
-Tokenizer = kind_union(ByteTokenizer, BPETokenizer, default="byte")
+Corpus = data_family("corpus").union()
+Tokenizer = data_family("tokenizer").union()
 
 
 class DataSpec(_Strict):
-    corpus: Corpus = Field(default_factory=StdlibCorpus)
-    tokenizer: Tokenizer = Field(default_factory=ByteTokenizer)
+    corpus: Corpus = Field(default_factory=data_family("corpus").members[data_family("corpus").default])
+    tokenizer: Tokenizer = Field(default_factory=data_family("tokenizer").members[data_family("tokenizer").default])
     val_fraction: float = Field(0.02, gt=0.0, lt=0.5)
+
+
+_bind_data("corpus", DataSpec, "corpus")
+_bind_data("tokenizer", DataSpec, "tokenizer")
 
 
 # ── how the work is spread and how activations are kept (stored with a run, not part of its identity) ──────────

@@ -212,7 +212,8 @@ def _rule_bpe_vocab(draw, data, spec):
     lo = max(vocab + 1, 260)
     if lo + 1000 > bounds(BPETokenizer.model_fields["vocab_size"])["le"]:
         return None
-    set_at(data, ("train", "data", "tokenizer"), {"kind": "bpe", "vocab_size": draw(st.integers(lo, lo + 1000))})
+    set_at(data, ("train", "data", "tokenizer"), {"kind": BPETokenizer.kind_name(),
+                                                "vocab_size": draw(st.integers(lo, lo + 1000))})
     return ("train", "data", "tokenizer", "vocab_size")
 
 

@@ -28,7 +28,8 @@ from archspec.kinds import family
 from archspec.kinds.introspect import field_values, fields_of
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec
-from archspec.spec.train import TASK_CORPORA, BPETokenizer, ByteTokenizer, DataSpec, StdlibCorpus, TrainSpec
+from archspec.data.base import data_family, task_kinds, task_tokenizer
+from archspec.spec.train import DataSpec, TrainSpec
 from archspec.testing.introspect import kind_omittable
 
 Strategy = st.SearchStrategy
@@ -270,44 +271,16 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
 
 # ── the training recipe ──────────────────────────────────────────────────────────────────────────────────────────
 
-@st.composite
-def _mqar(draw, seq_len: int) -> dict:
-    """An MQAR task that fits a window of seq_len + 1 tokens (archspec.train.tasks.task_problems)."""
-    pairs = draw(st.integers(1, min(126, (seq_len - 1) // 2)))
-    queries = draw(st.integers(1, min(pairs, (seq_len + 1 - 2 * pairs) // 2)))
-    out = {"vocab": draw(st.integers(max(4, 2 * pairs), 252)), "pairs": pairs,
-           "train_examples": draw(st.integers(1, 64)), "val_examples": draw(st.integers(1, 64))}
-    if queries != pairs or draw(st.booleans()):  # omitted: every key once
-        out["queries"] = queries
-    return out
+# Each corpus kind given the training window (train.seq_len): capability tasks must fit it, and need at least 3;
+# each tokenizer kind given model.vocab_size. The strategies are the units' own (archspec.data), so a registered
+# kind is drawn too (the tables are read when drawing, not frozen at import).
+class _DataKindTable(_KindTable):
+    def _members(self) -> dict[str, Any]:
+        return data_family(self.family_name).members
 
 
-@st.composite
-def _passkey(draw, seq_len: int) -> dict:
-    key_len = draw(st.integers(1, min(16, (seq_len - 1) // 2)))
-    vocab = draw(st.integers(2, 250))
-    return {"vocab": vocab, "key_len": key_len, "filler": draw(st.integers(1, 252 - vocab)),
-            "distances": draw(st.lists(st.integers(key_len, seq_len - key_len - 1), min_size=1, max_size=8,
-                                       unique=True)),
-            "train_examples": draw(st.integers(1, 64)), "val_examples": draw(st.integers(1, 64))}
-
-
-# Each corpus kind given the training window (train.seq_len): capability tasks must fit it, and need at least 3.
-CORPUS_KINDS: dict[str, Callable[[int], Strategy | None]] = {
-    "stdlib": lambda seq_len: fields_of(StdlibCorpus),
-    # Any text: paths end up inside SPEC_JSON, which must stay an inert literal whatever they hold.
-    "files": lambda seq_len: st.fixed_dictionaries({"paths": st.lists(st.text(max_size=20), min_size=1, max_size=3)}),
-    "mqar": lambda seq_len: _mqar(seq_len) if seq_len >= 3 else None,
-    "passkey": lambda seq_len: _passkey(seq_len) if seq_len >= 3 else None,
-}
-
-TOKENIZER_KINDS: dict[str, Callable[[int], Strategy | None]] = {
-    "byte": lambda vocab_size: fields_of(ByteTokenizer),
-    # A byte-level BPE needs at least 260 ids and at most model.vocab_size; an omitted vocab_size means
-    # model.vocab_size, so small models draw no BPE tokenizer at all.
-    "bpe": lambda vocab_size: (fields_of(BPETokenizer, {"vocab_size": st.integers(260, vocab_size)})
-                               if vocab_size >= 260 else None),
-}
+CORPUS_KINDS = _DataKindTable("corpus")
+TOKENIZER_KINDS = _DataKindTable("tokenizer")
 
 
 def corpora(kinds=None, seq_len: int = 128) -> Strategy:
@@ -344,8 +317,8 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
         if draw(st.booleans()):
             data["corpus"] = draw(corpora(seq_len=out.get("seq_len") or context_length))
         if draw(st.booleans()):  # capability tasks are written in byte ids: byte tokenizer only
-            task = data.get("corpus", {}).get("kind") in TASK_CORPORA
-            data["tokenizer"] = draw(tokenizers(vocab_size, ["byte"] if task else None))
+            task = data.get("corpus", {}).get("kind") in task_kinds()
+            data["tokenizer"] = draw(tokenizers(vocab_size, [task_tokenizer().kind_name()] if task else None))
         if draw(st.booleans()):
             data["val_fraction"] = draw(field_values(DataSpec.model_fields["val_fraction"]))
         out["data"] = data

@@ -16,153 +16,32 @@ import json
 import math
 import os
 import shutil
-import sys
-import sysconfig
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from archspec.data.base import CorpusKind, Tokenizer, task_tokenizer
+from archspec.data.base import TextSource as Corpus
+from archspec.data.corpus.files import FilesSource  # noqa: F401 (re-exported: the built-in text sources)
+from archspec.data.corpus.stdlib import StdlibSource  # noqa: F401
 from archspec.errors import UserError
-from archspec.spec.train import TASK_CORPORA, DataSpec, FilesCorpus, StdlibCorpus
+from archspec.spec.train import DataSpec
 from archspec.train.cache import atomic_write_text, digest, writing_cache
-from archspec.train.tokenizer import ByteTokenizer, Tokenizer, build_tokenizer
+from archspec.train.tokenizer import build_tokenizer
 
 _FORMAT = 1  # bump when the token files' layout or the split rule changes
 _ENCODE_CHUNK_CHARS = 8 << 20  # documents are tokenised in batches of about this much text
 
 
-# ── corpora ──────────────────────────────────────────────────────────────────────────────────────────────────────
+# ── corpora: each kind is a unit of archspec.data (archspec/data/corpus/) ─────────────────────────────────────────
 
 
-class Corpus:
-    """Documents in a fixed order, and the sha256 of their content (each prefixed by its length)."""
-
-    description: str
-
-    def documents(self) -> Iterator[str]:
-        raise NotImplementedError
-
-    @cached_property
-    def content_hash(self) -> str:
-        h, n_docs = hashlib.sha256(), 0
-        for doc in self.documents():
-            data = doc.encode("utf-8")
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
-            n_docs += 1
-        if n_docs == 0:
-            raise UserError(f"corpus is empty: {self.description} holds no text")
-        return h.hexdigest()
-
-
-_STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-
-
-class StdlibSource(Corpus):
-    """The running Python's standard-library sources, test suites excluded (~13 MB): present on every machine."""
-
-    def __init__(self, root: str | Path | None = None):
-        self.root = Path(root or sysconfig.get_paths()["stdlib"])
-        self.files = [
-            p for p in sorted(self.root.rglob("*.py"))
-            if p.is_file() and not _STDLIB_SKIP.intersection(p.relative_to(self.root).parts)
-        ]
-        self.description = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib ({len(self.files)} files)"
-
-    def documents(self) -> Iterator[str]:
-        for path in self.files:
-            text = path.read_bytes().decode("utf-8", errors="replace")  # a stray latin-1 byte is not worth a refusal
-            if text:
-                yield text
-
-
-class FilesSource(Corpus):
-    """Text files, directories (every non-hidden file inside, sorted) and JSONL files (one document per line's `text`)."""
-
-    def __init__(self, paths: list[str]):
-        self.files = _expand_paths(paths)
-        self.description = f"{len(self.files)} file{'s' * (len(self.files) != 1)} from {', '.join(paths)}"
-
-    def documents(self) -> Iterator[str]:
-        for path in self.files:
-            if path.suffix == ".jsonl":
-                yield from _jsonl_documents(path)
-            else:
-                text = _read_text(path)
-                if text:
-                    yield text
-
-
-def _expand_paths(paths: list[str]) -> list[Path]:
-    files: list[Path] = []
-    for i, raw in enumerate(paths):
-        where = f"train.data.corpus.paths[{i}]"
-        path = Path(raw).expanduser()
-        if path.is_dir():
-            found = [p for p in sorted(path.rglob("*")) if p.is_file()
-                     and not any(part.startswith(".") for part in p.relative_to(path).parts)]
-            if not found:
-                raise UserError(f"{where}: corpus directory {raw} holds no files")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        elif path.exists():
-            raise UserError(f"{where}: {raw} is neither a file nor a directory")
-        else:
-            raise UserError(f"{where}: no such corpus file or directory: {raw}")
-    return files
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read corpus file: {e.strerror or e}") from None
-
-
-def _read_text(path: Path) -> str:
-    data = _read_bytes(path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (invalid byte at offset {e.start}); corpus files must be UTF-8") from None
-
-
-def _jsonl_documents(path: Path) -> Iterator[str]:
-    """One document per line's `text`, read line by line (a JSONL corpus may be larger than memory)."""
-    line_no = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if line.strip():
-                    text = _jsonl_text(path, line_no, line)
-                    if text:
-                        yield text
-    except UnicodeDecodeError:
-        raise UserError(f"{path}:{line_no + 1}: not UTF-8 text; corpus files must be UTF-8") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read corpus file: {e.strerror or e}") from None
-
-
-def _jsonl_text(path: Path, line_no: int, line: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{line_no}: invalid JSON: {e.msg}") from None
-    text = record.get("text") if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        raise UserError(f"{path}:{line_no}: expected an object with a string `text` field")
-    return text
-
-
-def open_corpus(spec: StdlibCorpus | FilesCorpus) -> Corpus:
-    if spec.kind in TASK_CORPORA:  # examples, not text: archspec.train.tasks
-        raise UserError(f"train.data.corpus: the {spec.kind} task is generated as token ids, not read as text")
-    return StdlibSource() if spec.kind == "stdlib" else FilesSource(spec.paths)
+def open_corpus(spec: CorpusKind) -> Corpus:
+    """The corpus's documents (a task corpus refuses: its examples are generated as token ids, archspec.train.tasks)."""
+    return spec.open()
 
 
 # ── the token store ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -396,9 +275,8 @@ class TrainData:
 
 def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
     if tokenizer.vocab_size > model_vocab_size:
-        what = "256 bytes + EOS" if tokenizer.kind == "byte" else "as trained"
         raise UserError(f"model.vocab_size: must be at least the {tokenizer.kind} tokenizer's vocabulary "
-                        f"({tokenizer.vocab_size}, {what}), got {model_vocab_size}")
+                        f"({tokenizer.vocab_size}, {tokenizer.vocab_note}), got {model_vocab_size}")
 
 
 def prepare_tokens(data_spec: DataSpec, model_vocab_size: int, cache: Path) -> tuple[Corpus, Tokenizer, TokenStore]:
@@ -411,10 +289,10 @@ def prepare_tokens(data_spec: DataSpec, model_vocab_size: int, cache: Path) -> t
 
 def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData:
     t = spec.train
-    if t.data.corpus.kind in TASK_CORPORA:  # synthetic examples, generated in memory (cheaper than reading a cache)
+    if t.data.corpus.task:  # synthetic examples, generated in memory (cheaper than reading a cache)
         from archspec.train.tasks import task_data
 
-        check_vocab(ByteTokenizer(), spec.model.vocab_size)
+        check_vocab(task_tokenizer()().build(None, None), spec.model.vocab_size)
         return task_data(spec, rank=rank, world=world)  # type: ignore[return-value]  # TrainData's interface
     corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)

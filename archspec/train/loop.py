@@ -542,7 +542,7 @@ class Trainer:
             for old in self.run_dir.glob("checkpoint-step*.dcp"):  # superseded sharded states of this run
                 if old.name != modules.get("sharded"):
                     shutil.rmtree(old, ignore_errors=True)
-            if self.data.tokenizer.kind == "bpe":  # also as a plain tokenizer.json beside it, for other tools
+            if self.data.tokenizer.saves_file:  # also as a plain tokenizer.json beside it, for other tools
                 try:
                     self.data.tokenizer.save(self.run_dir / TOKENIZER_FILE)
                 except OSError as e:

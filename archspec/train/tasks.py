@@ -10,15 +10,9 @@ parameters give the same examples on every machine, and every training seed of a
 order follows train.seed). The targets of every position but the answers are -100, so the loss, the validation loss
 and the accuracy are all over the answer positions only.
 
-Ids: 0 pad (after the last query of an MQAR example), 1 the passkey marker, 2 the question marker, symbols from 4.
-- MQAR (Zoology, Arora et al. 2023): `k1 v1 k2 v2 … kP vP  q1 a1 … qQ aQ  pad…`. Keys are distinct symbols of the
-  first half of `vocab`, values distinct symbols of the second half; the queries are Q distinct keys of the
-  example in random order, each followed by its value. Answers: the a_i (predicted at the position of q_i).
-  Chance: 2 / vocab.
-- Passkey: `filler… MARK p1…pk filler… QUESTION p1…pk`. The question stands at the end of the window; the passkey's
-  first token is exactly `d` tokens before the question (d drawn from `distances` per example), so a query sees it
-  through one sliding-window layer only when d < window. Passkey symbols and filler symbols are disjoint. Answers:
-  the k passkey tokens after the question. Chance: 1 / vocab. Accuracy is also reported per distance.
+Ids: 0 pad, 1 the passkey marker, 2 the question marker, symbols from 4 (archspec.data.base). Each task is a unit
+of archspec.data (archspec/data/corpus/mqar.py, passkey.py): its layout, its rules, its accuracy buckets and its
+chance live there; this module holds what every task shares (examples, scorer, samplers, the data hash).
 """
 
 from __future__ import annotations
@@ -29,59 +23,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from archspec.data.base import FIRST_SYMBOL, KEY_MARK, PAD, QUESTION, TaskCorpusKind, task_kinds, task_tokenizer
 from archspec.errors import UserError
-from archspec.spec.train import MQARCorpus, PasskeyCorpus
 from archspec.train.cache import digest
-from archspec.train.tokenizer import ByteTokenizer
 
 _FORMAT = 1  # bump when the layout of examples for the same parameters changes
-PAD, KEY_MARK, QUESTION, FIRST_SYMBOL = 0, 1, 2, 4
+__all__ = ["FIRST_SYMBOL", "KEY_MARK", "PAD", "QUESTION", "IGNORE", "Examples", "Scorer", "TaskData", "check_task",
+           "generate", "task_problems", "task_scorer", "describe_task", "task_hash", "task_data", "task_kinds"]
 IGNORE = -100  # the generated model's ignore_index
-TASKS = ("mqar", "passkey")
 METRIC_PREFIX = "probe."  # training-time metrics: metrics.probe.accuracy, metrics.probe.accuracy.d<distance>
 
-TaskCorpus = MQARCorpus | PasskeyCorpus
+TaskCorpus = TaskCorpusKind
 Problem = tuple[tuple, str, Any]  # (field path, message, value), as archspec.spec.rules reports them
 
 
 # ── rules: does this task fit a window of seq_len + 1 tokens ────────────────────────────────────────────────────────
 
 
-def queries(corpus: MQARCorpus) -> int:
-    return corpus.pairs if corpus.queries is None else corpus.queries
-
-
 def task_problems(corpus: TaskCorpus, seq_len: int, where: tuple = ("train", "data", "corpus"),
                   length_name: str = "train.seq_len") -> list[Problem]:
     """Why `corpus` cannot be written in windows of `seq_len + 1` tokens (empty: it can)."""
-    out: list[Problem] = []
-    if corpus.kind == "mqar":
-        half = corpus.vocab // 2
-        if corpus.pairs > half:
-            out.append((where + ("pairs",), f"must be at most vocab // 2 ({half}: keys are distinct symbols of the "
-                        f"first half of vocab {corpus.vocab}), got {corpus.pairs}", corpus.pairs))
-        if queries(corpus) > corpus.pairs:
-            out.append((where + ("queries",), f"must be at most pairs ({corpus.pairs}: each query is a distinct key "
-                        f"of the example), got {queries(corpus)}", queries(corpus)))
-        need = 2 * corpus.pairs + 2 * queries(corpus)
-        if need > seq_len + 1:
-            out.append((where + ("pairs",), f"{corpus.pairs} pairs and {queries(corpus)} queries take {need} tokens, "
-                        f"more than a window of {length_name} + 1 = {seq_len + 1}", corpus.pairs))
-        return out
-    if corpus.vocab + corpus.filler > 256 - FIRST_SYMBOL:
-        out.append((where + ("filler",), f"vocab + filler must be at most {256 - FIRST_SYMBOL} (byte ids from "
-                    f"{FIRST_SYMBOL}), got {corpus.vocab} + {corpus.filler}", corpus.filler))
-    k = corpus.key_len
-    longest = seq_len - k - 1  # the marker before the passkey must fit at position 0
-    for i, d in enumerate(corpus.distances):
-        if d < k or d > longest:
-            why = (f"a passkey of {k} token{'s' * (k > 1)} ends before the question only at a distance of at least {k}"
-                   if d < k else f"with {length_name} = {seq_len} and key_len {k} the longest distance is {longest}")
-            out.append((where + ("distances", i), f"impossible distance {d}: {why}", d))
-    if len(set(corpus.distances)) != len(corpus.distances):
-        out.append((where + ("distances",), "distances must be distinct (each is its own accuracy bucket)",
-                    corpus.distances))
-    return out
+    return corpus.fit_problems(seq_len, where, length_name)
 
 
 def check_task(corpus: TaskCorpus, seq_len: int, where: tuple = ("train", "data", "corpus"),
@@ -114,7 +76,7 @@ class Examples:
 _SPLITS = {"train": 0, "val": 1}
 
 
-def _random_subsets(rng: np.random.Generator, n: int, population: int, size: int) -> np.ndarray:
+def random_subsets(rng: np.random.Generator, n: int, population: int, size: int) -> np.ndarray:
     """(n, size) distinct draws from range(population) per row, in random order."""
     return np.argsort(rng.random((n, population)), axis=1)[:, :size]
 
@@ -128,29 +90,8 @@ def generate(corpus: TaskCorpus, seq_len: int, split: str, n: int | None = None)
     length = seq_len + 1
     tokens = np.zeros((count, length), dtype=np.uint8)
     answers = np.zeros((count, seq_len), dtype=bool)
-    rows = np.arange(count)[:, None]
-    if corpus.kind == "mqar":
-        half, p, q = corpus.vocab // 2, corpus.pairs, queries(corpus)
-        keys = FIRST_SYMBOL + _random_subsets(rng, count, half, p)
-        values = FIRST_SYMBOL + half + _random_subsets(rng, count, half, p)
-        asked = _random_subsets(rng, count, p, q)
-        tokens[:, 0:2 * p:2], tokens[:, 1:2 * p:2] = keys, values
-        tokens[:, 2 * p:2 * p + 2 * q:2] = keys[rows, asked]
-        tokens[:, 2 * p + 1:2 * p + 2 * q:2] = values[rows, asked]
-        answers[:, 2 * p:2 * p + 2 * q:2] = True  # the target at a query's position is its value
-        return Examples(tokens, answers, np.full(count, -1, dtype=np.int64))
-    k = corpus.key_len
-    distances = np.asarray(corpus.distances, dtype=np.int64)[rng.integers(0, len(corpus.distances), count)]
-    tokens[:] = FIRST_SYMBOL + corpus.vocab + rng.integers(0, corpus.filler, (count, length))
-    key = FIRST_SYMBOL + rng.integers(0, corpus.vocab, (count, k))
-    question = seq_len - k  # the question's position: the passkey follows it and ends the window
-    start = question - distances  # the passkey's first token
-    tokens[np.arange(count), start - 1] = KEY_MARK
-    tokens[rows, start[:, None] + np.arange(k)] = key
-    tokens[:, question] = QUESTION
-    tokens[:, question + 1:] = key
-    answers[:, question:question + k] = True
-    return Examples(tokens, answers, distances)
+    buckets = corpus.fill(rng, tokens, answers, seq_len)
+    return Examples(tokens, answers, buckets)
 
 
 # ── scoring: exact match on the answer positions ─────────────────────────────────────────────────────────────────
@@ -194,8 +135,7 @@ class Scorer:
 
 def task_scorer(corpus: TaskCorpus) -> Scorer:
     """A scorer with every bucket of the task present from the start, so counts from several processes line up."""
-    distances = corpus.distances if corpus.kind == "passkey" else []
-    return Scorer(by_bucket={int(d): [0, 0] for d in sorted(distances)})
+    return Scorer(by_bucket={int(d): [0, 0] for d in corpus.buckets()})
 
 
 # ── everything a run needs (the interface of archspec.train.data.TrainData) ──────────────────────────────────────
@@ -245,10 +185,7 @@ class ExampleSampler:
 
 
 def describe_task(corpus: TaskCorpus) -> str:
-    if corpus.kind == "mqar":
-        return f"mqar (vocab {corpus.vocab}, {corpus.pairs} pairs, {queries(corpus)} queries)"
-    return (f"passkey (vocab {corpus.vocab}, key_len {corpus.key_len}, distances "
-            f"{', '.join(map(str, corpus.distances))}, filler {corpus.filler})")
+    return corpus.describe()
 
 
 def val_batches(examples: Examples, batch_size: int, rank: int = 0, world: int = 1
@@ -269,7 +206,7 @@ class TaskData:
 
     def __init__(self, corpus: TaskCorpus, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
         self.corpus, self.seq_len = corpus, seq_len
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = task_tokenizer()().build(None, None)  # the ids the examples are written in
         self.train = generate(corpus, seq_len, "train")
         self.val = generate(corpus, seq_len, "val")
         self.sampler = ExampleSampler(self.train, batch_size, seed, rank, world)
@@ -284,7 +221,7 @@ class TaskData:
         return task_scorer(self.corpus)
 
     def describe(self) -> dict:
-        return {"corpus": describe_task(self.corpus), "corpus_hash": self.data_hash, "tokenizer": "byte",
+        return {"corpus": describe_task(self.corpus), "corpus_hash": self.data_hash, "tokenizer": self.tokenizer.kind,
                 "vocab_size": self.tokenizer.vocab_size, "train_tokens": int(self.train.tokens[:, 1:].size),
                 "val_tokens": int(self.val.tokens[:, 1:].size), "documents": len(self.train), "split": "examples",
                 "data_hash": self.data_hash}

@@ -15,7 +15,6 @@ from archspec.registry.query.fields import (
     HIGHER_IS_BETTER,
     HIGHER_IS_BETTER_SUFFIXES,
     METRIC_AGGREGATES,
-    PROBE_TASKS,
     RUN_ATTRS,
     SPEC_ATTRS,
     SPEC_KEY_ROOTS,

@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from archspec.data.base import task_kinds
 from archspec.registry.models import RunRecord, SpecRecord
 from archspec.registry.query.parse import FilterError, _fields_of, parse_filter, parse_sort
 
@@ -38,7 +39,6 @@ ACCOUNTING_FIELDS = {
 SPEC_KEY_ROOTS = ("model", "train", "name")  # params.<spec key>: spec keys always start with one of these
 METRIC_AGGREGATES = {"min": "min", "max": "max", "last": "last"}  # and "best": min or max by the metric's direction
 
-PROBE_TASKS = ("mqar", "passkey")  # probe.<task>.<key> reads that task's latest evaluation (archspec.train.tasks)
 
 # Metrics where more is better; every other metric (losses, perplexity, times, memory, grad norms) is best lowest.
 HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "mfu_palm", "accuracy", "acc")
@@ -136,7 +136,7 @@ def resolve_field(name: str, target: str) -> FieldRef:
         if target != "runs":
             raise ValueError(f"field {name!r} is not available for specs (probes are evaluations of runs)")
         task, _, key = rest.partition(".")
-        if task in PROBE_TASKS and key:
+        if task in task_kinds() and key:  # probe.<task>.<key>: that task's latest evaluation (archspec.data)
             return FieldRef("probe", key, task)
         return FieldRef("probe", rest, "")
     if head in ("metrics", "summary", "tags") and rest:
