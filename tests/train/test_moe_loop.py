@@ -19,15 +19,28 @@ MOE = {"ffn": {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"hidden_dim
 
 
 def test_router_metrics_summarise_each_layer_and_the_model():
-    stats = {"layer0.load": torch.tensor([0.5, 0.25, 0.25, 0.0]), "layer0.dropped": torch.tensor(0.1),
-             "layer0.entropy": torch.tensor(1.0), "layer0.padding": torch.tensor(1.0),
-             "layer2.load": torch.tensor([0.3, 0.2, 0.3, 0.2]), "layer2.dropped": torch.tensor(0.3),
-             "layer2.entropy": torch.tensor(1.2), "layer2.padding": torch.tensor(1.5)}
+    # each MoE layer's router row: [load of each expert..., dropped, entropy, padding]
+    stats = {"layer0": torch.tensor([0.5, 0.25, 0.25, 0.0, 0.1, 1.0, 1.0]),
+             "layer2": torch.tensor([0.3, 0.2, 0.3, 0.2, 0.3, 1.2, 1.5])}
     m = MoESpec.eval_metrics(stats)
     assert m["moe.layer0.max_load"] == 0.5 and m["moe.layer0.min_load"] == 0.0
     assert m["moe.layer2.max_load"] == pytest.approx(0.3) and m["moe.layer2.padding"] == 1.5
     assert m["moe.max_load"] == 0.5 and m["moe.min_load"] == 0.0
     assert m["moe.dropped"] == pytest.approx(0.2) and m["moe.entropy"] == pytest.approx(1.1)
+
+
+def test_the_units_router_rows_are_the_models_router_stats(make_spec, tmp_path):
+    from archspec.codegen import generate
+
+    spec = make_spec({**MOE, "n_layers": 3, "layers": {"dense": {"select": [1], "ffn": {"kind": "glu", "hidden_dim": 32}}}})
+    model = generate(spec, out_dir=tmp_path).Model()
+    with torch.no_grad():
+        model(torch.randint(0, spec.model.vocab_size, (2, 8)))
+    rows, named = MoESpec.eval_stats(model), model.router_stats()
+    assert list(rows) == ["layer0", "layer2"]  # only the MoE layers
+    for layer, row in rows.items():
+        parts = [named[f"{layer}.{k}"].reshape(-1) for k in ("load", "dropped", "entropy", "padding")]
+        assert torch.equal(row, torch.cat(parts))
 
 
 def test_moe_losses_are_added_and_router_stats_recorded(make_spec, tmp_path, cache):

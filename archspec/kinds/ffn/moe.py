@@ -191,31 +191,32 @@ class MoESpec(FFNKind):
 
     @classmethod
     def eval_stats(cls, model) -> dict[str, Any]:
-        """The generated Model's `router_stats()` (this template's `model_methods`): per MoE layer, from the last
-        forward, `layer<i>.load` (each expert's fraction of the routed assignments) and the scalars
-        `layer<i>.dropped`, `layer<i>.entropy`, `layer<i>.padding`."""
-        stats_of = getattr(model, "router_stats", None)
-        return stats_of() if callable(stats_of) else {}
+        """Each MoE layer's `router_stats` from the last forward, as its module packs them (this template): one
+        row [each expert's fraction of the routed assignments..., dropped fraction, router entropy (nats), padding
+        factor], keyed `layer<i>`. The rows travel as they are to `eval_metrics` (the generated Model's
+        `router_stats()` splits the same rows into named parts for a caller that wants them)."""
+        rows = {}
+        for i, block in enumerate(getattr(model, "blocks", ())):
+            row = getattr(block.ffn, "router_stats", None)
+            if row is not None:
+                rows[f"layer{i}"] = row
+        return rows
 
     @classmethod
     def eval_metrics(cls, stats) -> dict[str, float]:
-        """Averaged router statistics → per layer `moe.layer<i>.max_load` / `min_load` / `dropped` / `entropy` /
-        `padding`, and over the layers `moe.max_load` (the busiest expert of any layer: 1/n_experts is perfect
-        balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
+        """Averaged router rows (`eval_stats`) → per layer `moe.layer<i>.max_load` / `min_load` / `dropped` /
+        `entropy` / `padding`, and over the layers `moe.max_load` (the busiest expert of any layer: 1/n_experts is
+        perfect balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
         prefix = cls.metric_prefix
         out: dict[str, float] = {}
-        layers: dict[str, dict[str, float]] = {}
-        for name, value in stats.items():
-            layer, _, what = name.partition(".")
-            row = layers.setdefault(layer, {})
-            if what == "load":
-                row["max_load"], row["min_load"] = float(value.max()), float(value.min())
-            else:
-                row[what] = float(value.reshape(()))
-        for layer, row in layers.items():
-            out.update({f"{prefix}{layer}.{k}": v for k, v in row.items()})
-        if layers:
-            rows = list(layers.values())
+        rows = []
+        for layer, row in stats.items():
+            load = row[:-3]
+            r = {"max_load": float(load.max()), "min_load": float(load.min()), "dropped": float(row[-3]),
+                 "entropy": float(row[-2]), "padding": float(row[-1])}
+            out.update({f"{prefix}{layer}.{k}": v for k, v in r.items()})
+            rows.append(r)
+        if rows:
             out[prefix + "max_load"] = max(r["max_load"] for r in rows)
             out[prefix + "min_load"] = min(r["min_load"] for r in rows)
             for key in ("dropped", "entropy"):
