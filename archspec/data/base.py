@@ -55,7 +55,7 @@ class DataKind(Strict):
     def strategy(cls, bound: int) -> "SearchStrategy | None":
         """Hypothesis strategy for this kind's fields as a user writes them (without `kind`), or None when no valid
         value fits `bound` (a corpus: train.seq_len; a tokenizer: model.vocab_size)."""
-        from archspec.testing import fields_of
+        from archspec.kinds.introspect import fields_of
 
         return fields_of(cls)
 

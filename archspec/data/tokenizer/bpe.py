@@ -49,7 +49,7 @@ class BPETokenizer(TokenizerKind):
         means model.vocab_size, so small models draw no BPE tokenizer at all."""
         from hypothesis import strategies as st
 
-        from archspec.testing import fields_of
+        from archspec.kinds.introspect import fields_of
 
         return fields_of(cls, {"vocab_size": st.integers(BPE_MIN_VOCAB, bound)}) if bound >= BPE_MIN_VOCAB else None
 
