@@ -30,6 +30,7 @@ from archspec.data.corpus.stdlib import StdlibSource  # noqa: F401
 from archspec.errors import UserError
 from archspec.spec.train import DataSpec
 from archspec.train.cache import atomic_write_text, digest, writing_cache
+from archspec.train.sampling import EpochSampler
 from archspec.train.tokenizer import build_tokenizer
 
 _FORMAT = 1  # bump when the token files' layout or the split rule changes
@@ -178,60 +179,19 @@ def window_count(n_tokens: int, seq_len: int) -> int:
     return max(0, (n_tokens - 1) // seq_len)
 
 
-class WindowSampler:
-    """Deterministic, shardable, resumable batches of training windows.
-
-    Each epoch visits every window once, in a permutation drawn from (seed, epoch). One global micro-batch is the
-    next `batch_size · world` windows of that order; rank r takes the r-th slice of `batch_size`. So one process with
-    batch 2B and two processes with batch B see the same global batch, and the position (epoch, cursor) is all that a
-    checkpoint needs to continue exactly.
-    """
+class WindowSampler(EpochSampler):
+    """Training windows of a token stream, in the order of archspec.train.sampling."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
-        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
-        self.seed, self.rank, self.world = seed, rank, world
+        super().__init__(batch_size, seed, rank, world)
+        self.tokens, self.seq_len = tokens, seq_len
         self.n_windows = window_count(len(tokens), seq_len)
         if self.n_windows == 0:
             raise UserError(f"the training split holds {len(tokens)} tokens, fewer than one window of "
                             f"train.seq_len + 1 = {seq_len + 1}; use a larger corpus or a shorter train.seq_len")
-        self.epoch, self.cursor = 0, 0
-        self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
-
-    def _epoch_order(self) -> np.ndarray:
-        if self._order_epoch != self.epoch:
-            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_windows)
-            self._order_epoch = self.epoch
-        return self._order
-
-    def _take(self, count: int) -> np.ndarray:
-        taken = []
-        while count:
-            order = self._epoch_order()
-            chunk = order[self.cursor: self.cursor + count]
-            taken.append(chunk)
-            count -= len(chunk)
-            self.cursor += len(chunk)
-            if self.cursor == self.n_windows:
-                self.epoch, self.cursor = self.epoch + 1, 0
-        return np.concatenate(taken)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        global_batch = self._take(self.batch_size * self.world)
-        mine = global_batch[self.rank * self.batch_size: (self.rank + 1) * self.batch_size]
-        return _gather(self.tokens, mine, self.seq_len)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len,
-                "n_windows": self.n_windows}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "seq_len", "n_windows"):
-            if state.get(key) != getattr(self, key):
-                raise UserError(f"checkpoint data position was saved with {key}={state.get(key)}, this run has "
-                                f"{key}={getattr(self, key)}; resume with the same data and recipe")
-        if not 0 <= state["cursor"] < self.n_windows or state["epoch"] < 0:
-            raise UserError(f"checkpoint data position is out of range: {state}")
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        return _gather(self.tokens, self.my_items(), self.seq_len)
 
 
 def val_batches(tokens: np.ndarray, seq_len: int, batch_size: int, eval_tokens: int, rank: int = 0,

@@ -23,9 +23,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from archspec.data.base import FIRST_SYMBOL, KEY_MARK, PAD, QUESTION, TaskCorpusKind, task_kinds, task_tokenizer
+from archspec.data.base import (
+    FIRST_SYMBOL,
+    KEY_MARK,
+    PAD,
+    QUESTION,
+    TaskCorpusKind,
+    task_kinds,
+    task_tokenizer,
+)
 from archspec.errors import UserError
 from archspec.train.cache import digest
+from archspec.train.sampling import EpochSampler
 
 _FORMAT = 1  # bump when the layout of examples for the same parameters changes
 __all__ = ["FIRST_SYMBOL", "KEY_MARK", "PAD", "QUESTION", "IGNORE", "Examples", "Scorer", "TaskData", "check_task",
@@ -141,47 +150,17 @@ def task_scorer(corpus: TaskCorpus) -> Scorer:
 # ── everything a run needs (the interface of archspec.train.data.TrainData) ──────────────────────────────────────
 
 
-class ExampleSampler:
-    """Whole examples in an order fixed by (train seed, epoch); global batches cut by rank like WindowSampler."""
+class ExampleSampler(EpochSampler):
+    """Whole examples, in the order of archspec.train.sampling (each example is one window)."""
 
     def __init__(self, examples: Examples, batch_size: int, seed: int, rank: int = 0, world: int = 1):
-        self.examples, self.batch_size, self.seed, self.rank, self.world = examples, batch_size, seed, rank, world
+        super().__init__(batch_size, seed, rank, world)
+        self.examples = examples
         self.n_examples = self.n_windows = len(examples)
         self.seq_len = examples.tokens.shape[1] - 1
-        self.epoch = self.cursor = 0
-        self._order, self._order_epoch = None, -1
-
-    def _take(self, count: int) -> np.ndarray:
-        taken = []
-        while count:
-            if self._order_epoch != self.epoch:
-                self._order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples)
-                self._order_epoch = self.epoch
-            chunk = self._order[self.cursor: self.cursor + count]
-            taken.append(chunk)
-            count -= len(chunk)
-            self.cursor += len(chunk)
-            if self.cursor == self.n_examples:
-                self.epoch, self.cursor = self.epoch + 1, 0
-        return np.concatenate(taken)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        global_batch = self._take(self.batch_size * self.world)
-        return self.examples.batch(global_batch[self.rank * self.batch_size: (self.rank + 1) * self.batch_size])
-
-    def state_dict(self) -> dict:
-        # WindowSampler's fields (the checkpoint format checks them): each example is one window
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len,
-                "n_windows": self.n_windows}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "seq_len", "n_windows"):
-            if state.get(key) != getattr(self, key):
-                raise UserError(f"checkpoint data position was saved with {key}={state.get(key)}, this run has "
-                                f"{key}={getattr(self, key)}; resume with the same data and recipe")
-        if not 0 <= state["cursor"] < self.n_windows or state["epoch"] < 0:
-            raise UserError(f"checkpoint data position is out of range: {state}")
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        return self.examples.batch(self.my_items())
 
 
 def describe_task(corpus: TaskCorpus) -> str:
