@@ -13,16 +13,14 @@ torch and the HF tokenizers load inside the methods that need them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Protocol
 
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from archspec.errors import UserError
-from archspec.kinds.base import Problem, Strict, kind_union
+from archspec.kinds.base import Family, Problem, Registry, Strict
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -195,26 +193,10 @@ class TokenizerKind(DataKind):
 # ── the registry ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-@dataclass
-class DataFamily:
-    name: str
-    base: type[DataKind]
-    default: str
-    members: dict[str, type[DataKind]] = field(default_factory=dict)
-    slots: list[tuple[type[BaseModel], str]] = field(default_factory=list)
+DataFamily = Family  # the model's family record (archspec.kinds.base)
 
-    def union(self) -> Any:
-        return kind_union(*self.members.values(), default=self.default)
-
-    def __iter__(self):
-        return iter(self.members.items())
-
-
-_FAMILIES: dict[str, DataFamily] = {
-    "corpus": DataFamily("corpus", CorpusKind, "stdlib"),
-    "tokenizer": DataFamily("tokenizer", TokenizerKind, "byte"),
-}
-_REBUILD: list[type[BaseModel]] = []
+_DATA = Registry("a data kind", [Family("corpus", CorpusKind, "stdlib"), Family("tokenizer", TokenizerKind, "byte")])
+_FAMILIES = _DATA.families
 
 
 def data_families() -> dict[str, DataFamily]:
@@ -246,37 +228,14 @@ def task_tokenizer() -> type[TokenizerKind]:
 def register(cls: type[DataKind]) -> type[DataKind]:
     """Add a data kind to its family (a decorator). The built-in kinds use it; so may a plugin, at any time: the
     spec classes are then rebuilt in place, as for the model's kinds."""
-    fam = next((f for f in _FAMILIES.values() if issubclass(cls, f.base)), None)
-    if fam is None:
-        raise TypeError(f"{cls.__name__}: a data kind must subclass one of "
-                        f"{', '.join(f.base.__name__ for f in _FAMILIES.values())}")
-    kind = getattr(cls.model_fields.get("kind"), "default", None)
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"{cls.__name__}: declare `kind: Literal['...'] = '...'`")
-    if kind in fam.members and fam.members[kind] is not cls:
-        raise ValueError(f"{fam.name} kind {kind!r} is already registered by {fam.members[kind].__name__}")
-    fam.members[kind] = cls
-    from archspec.kinds import base as kinds_base
-
-    kinds_base._VERSION[0] += 1  # caches derived from the spec's shape (known_keys) key on it
-    if fam.slots:
-        _rebuild(fam)
-    return cls
+    return _DATA.register(cls)
 
 
 def bind(family_name: str, owner: type[BaseModel], field_name: str) -> None:
     """Declare that `owner.field_name` holds `family_name`'s union (called by archspec.spec.train)."""
-    _FAMILIES[family_name].slots.append((owner, field_name))
+    _DATA.bind(family_name, owner, field_name)
 
 
 def rebuild_order(*models: type[BaseModel]) -> None:
     """The models to rebuild, innermost first, when a data family gains a kind (called by archspec.spec.model)."""
-    _REBUILD[:] = list(models)
-
-
-def _rebuild(fam: DataFamily) -> None:
-    union = fam.union()
-    for owner, name in fam.slots:
-        owner.model_fields[name] = FieldInfo.from_annotated_attribute(union, owner.model_fields[name])
-    for model in _REBUILD:
-        model.model_rebuild(force=True)
+    _DATA.rebuild_order(*models)

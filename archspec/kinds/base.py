@@ -366,10 +366,10 @@ class FFNKind(KindUnit):
 @dataclass
 class Family:
     name: str
-    base: type[KindUnit]
+    base: type[BaseModel]
     default: str
-    hooks: tuple[str, ...]
-    members: dict[str, type[KindUnit]] = field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
+    members: dict[str, type[Any]] = field(default_factory=dict)
     slots: list[tuple[type[BaseModel], str]] = field(default_factory=list)
 
     def union(self) -> Any:
@@ -379,15 +379,67 @@ class Family:
         return iter(self.members.items())
 
 
-_FAMILIES: dict[str, Family] = {
-    "norm": Family("norm", NormKind, "rmsnorm", ()),
-    "positional": Family("positional", PositionalKind, "rope",
-                         ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
-    "sparsity": Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
-    "ffn": Family("ffn", FFNKind, "glu", ("model_methods",)),
-}
-_REBUILD: list[type[BaseModel]] = []  # models that hold the unions, in the order they must be rebuilt
 _VERSION = [0]
+
+
+class Registry:
+    """Families of units, each a pydantic class with a `kind` literal, and the spec fields that hold each family's
+    union. A unit registered late (a plugin) rebuilds those fields in place, so validation, the JSON Schema,
+    filters, `--set` and the strategies all see it. The model's kinds are one registry (below), the data kinds
+    (archspec.data) another."""
+
+    def __init__(self, what: str, families: Iterable[Family], check: Callable[[type], None] | None = None):
+        self.what, self.check = what, check
+        self.families: dict[str, Family] = {f.name: f for f in families}
+        self.rebuild: list[type[BaseModel]] = []  # models that hold the unions, in the order they must be rebuilt
+
+    def register(self, cls):
+        fam = next((f for f in self.families.values() if issubclass(cls, f.base)), None)
+        if fam is None:
+            raise TypeError(f"{cls.__name__}: {self.what} must subclass one of "
+                            f"{', '.join(f.base.__name__ for f in self.families.values())}")
+        kind = getattr(cls.model_fields.get("kind"), "default", None)
+        if not isinstance(kind, str) or not kind:
+            raise TypeError(f"{cls.__name__}: declare `kind: Literal['...'] = '...'`")
+        if kind in fam.members and fam.members[kind] is not cls:
+            raise ValueError(f"{fam.name} kind {kind!r} is already registered by {fam.members[kind].__name__}")
+        if self.check is not None:
+            self.check(cls)
+        fam.members[kind] = cls
+        _VERSION[0] += 1  # caches derived from the spec's shape (known_keys) key on it
+        if fam.slots:
+            self._rebuild(fam)
+        return cls
+
+    def bind(self, family_name: str, owner: type[BaseModel], field_name: str) -> None:
+        """Declare that `owner.field_name` holds `family_name`'s union."""
+        self.families[family_name].slots.append((owner, field_name))
+
+    def rebuild_order(self, *models: type[BaseModel]) -> None:
+        """The models to rebuild, innermost first, when a family gains a kind."""
+        self.rebuild[:] = list(models)
+
+    def _rebuild(self, fam: Family) -> None:
+        union = fam.union()
+        for owner, name in fam.slots:
+            owner.model_fields[name] = FieldInfo.from_annotated_attribute(union, owner.model_fields[name])
+        for model in self.rebuild:
+            model.model_rebuild(force=True)
+
+
+def _has_template(cls: type[KindUnit]) -> None:
+    if not cls.template_path().is_file():
+        raise FileNotFoundError(f"{cls.__name__}: no template at {cls.template_path()}")
+
+
+_KINDS = Registry("a kind", [
+    Family("norm", NormKind, "rmsnorm"),
+    Family("positional", PositionalKind, "rope",
+           ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
+    Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
+    Family("ffn", FFNKind, "glu", ("model_methods",)),
+], check=_has_template)
+_FAMILIES = _KINDS.families
 
 
 def families() -> dict[str, Family]:
@@ -399,30 +451,15 @@ def family(name: str) -> Family:
 
 
 def registry_version() -> int:
-    """Changes whenever a kind is registered: caches derived from the spec's shape key on it."""
+    """Changes whenever a kind (of the model or of the data) is registered: caches derived from the spec's shape
+    key on it."""
     return _VERSION[0]
 
 
 def register(cls: type[KindUnit]) -> type[KindUnit]:
     """Add a kind to its family (a decorator). The built-in kinds use it; so may a plugin, at any time: the spec
     classes are then rebuilt in place so that validation, JSON Schema, filters, `--set` and codegen all see it."""
-    fam = next((f for f in _FAMILIES.values() if issubclass(cls, f.base)), None)
-    if fam is None:
-        raise TypeError(f"{cls.__name__}: a kind must subclass one of "
-                        f"{', '.join(f.base.__name__ for f in _FAMILIES.values())}")
-    kind_field = cls.model_fields.get("kind")
-    kind = getattr(kind_field, "default", None)
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"{cls.__name__}: declare `kind: Literal['...'] = '...'`")
-    if kind in fam.members and fam.members[kind] is not cls:
-        raise ValueError(f"{fam.name} kind {kind!r} is already registered by {fam.members[kind].__name__}")
-    if not cls.template_path().is_file():
-        raise FileNotFoundError(f"{cls.__name__}: no template at {cls.template_path()}")
-    fam.members[kind] = cls
-    _VERSION[0] += 1
-    if fam.slots:
-        _rebuild(fam)
-    return cls
+    return _KINDS.register(cls)
 
 
 def metric_kinds(kinds: Iterable[type[KindUnit]] | None = None) -> list[type[KindUnit]]:
@@ -439,18 +476,9 @@ def metric_kinds(kinds: Iterable[type[KindUnit]] | None = None) -> list[type[Kin
 
 def bind(family_name: str, owner: type[BaseModel], field_name: str) -> None:
     """Declare that `owner.field_name` holds `family_name`'s union (called by archspec.spec.model)."""
-    _FAMILIES[family_name].slots.append((owner, field_name))
+    _KINDS.bind(family_name, owner, field_name)
 
 
 def rebuild_order(*models: type[BaseModel]) -> None:
     """The models to rebuild, innermost first, when a family gains a kind (called by archspec.spec.model)."""
-    _REBUILD[:] = list(models)
-
-
-def _rebuild(fam: Family) -> None:
-    union = fam.union()
-    for owner, name in fam.slots:
-        old = owner.model_fields[name]
-        owner.model_fields[name] = FieldInfo.from_annotated_attribute(union, old)
-    for model in _REBUILD:
-        model.model_rebuild(force=True)
+    _KINDS.rebuild_order(*models)
