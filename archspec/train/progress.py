@@ -26,7 +26,7 @@ def clock(seconds: float | None) -> str:
     """h:mm:ss (hours unbounded); `-:--:--` while unknown."""
     if seconds is None or not math.isfinite(seconds):
         return "-:--:--"
-    s = max(0, int(round(seconds)))
+    s = max(0, round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
@@ -126,7 +126,7 @@ class ProgressBar:
         self._task = self._progress.add_task(self.description, total=self.total, completed=done, loss=None, rate=None)
         self._progress.start()
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,10 +11,15 @@ import pytest
 import yaml
 from rich.console import Console
 
-from archspec.train.metrics import RunMetrics, StepStats, average_rate_label, live_rate_label
+from archspec.train.metrics import (
+    RunMetrics,
+    StepStats,
+    average_rate_label,
+    live_rate_label,
+)
 from archspec.train.progress import ProgressBar, clock, eval_line, progress_line
 
-STATE = dict(step=275, total=1000, loss=3.21454, rate=(23391.4, 20), elapsed=62.0, remaining=83.0)
+STATE = {"step": 275, "total": 1000, "loss": 3.21454, "rate": (23391.4, 20), "elapsed": 62.0, "remaining": 83.0}
 ESSENTIALS = ("275/1000", "loss 3.2145", "ETA 0:01:23")
 
 
@@ -106,6 +111,7 @@ def test_the_eval_line_says_lr_and_grad_norm_and_of_which_steps():
 
 def test_a_real_run_prints_lr_grad_norm_and_labelled_rates(corpus_dir, tmp_path, capsys, monkeypatch):
     from archspec.cli import main
+
     from .conftest import tiny_spec_dict
 
     monkeypatch.setenv("COLUMNS", "60")
