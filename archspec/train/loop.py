@@ -56,7 +56,7 @@ from archspec.train.checkpoint import (
     set_rng_state,
 )
 from archspec.train.build import Build, prepare
-from archspec.train.metrics import KindStats, RunMetrics, StepStats
+from archspec.train.metrics import KindStats, RunMetrics, StepStats, average_rate_label
 from archspec.train.data import TrainData, build_data
 from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
 from archspec.train.logger import (
@@ -71,7 +71,7 @@ from archspec.train.logger import (
 )
 from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
 from archspec.train.optim import build_optimizer, lr_at, set_lr
-from archspec.train.progress import ProgressBar
+from archspec.train.progress import ProgressBar, eval_line
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import peak_flops
 from archspec.train.tokenizer import TOKENIZER_FILE, tokenizer_state
@@ -628,14 +628,13 @@ class Trainer:
     def _record_step(self, stats: StepStats) -> None:
         metrics = self.metrics.step(stats)
         self.logger.log_metrics(self.step, metrics)
-        self.progress.update(self.step, stats.loss, metrics["tokens_per_s"])
+        self.progress.update(self.step, stats.loss, self.metrics.live_rate())
 
     def _record_eval(self) -> float:
         self.last_eval = self.evaluate()
         self.logger.log_metrics(self.step, self.last_eval)
         self.logger.heartbeat()
-        self.progress.log(f"step {self.step:>{len(str(self.recipe.steps))}}/{self.recipe.steps} · "
-                          f"val loss {self.last_eval['val_loss']:.4f} · ppl {self.last_eval['val_ppl']:.2f}")
+        self.progress.log(eval_line(self.step, self.recipe.steps, self.last_eval, self.metrics.since_eval(self.step)))
         return self.last_eval["val_loss"]
 
     def summary(self, losses: list[float]) -> dict[str, float]:
@@ -689,7 +688,9 @@ class Trainer:
         if "val_loss" in m:
             parts.append(f"val loss {m['val_loss']:.4f}")
         if "tokens_per_s" in m:
-            parts.append(f"{m['tokens_per_s']:,.0f} tok/s · {self.metrics.mfu_text(m)}")
+            steady = self.metrics.steady_steps()
+            parts.append(f"{m['tokens_per_s']:,.0f} {average_rate_label(self.step - steady + 1, self.step)} · "
+                         f"{self.metrics.mfu_text(m)}")
         parts.append(f"checkpoint {_shown(self.checkpoint_path)}")
         line = " · ".join(parts)
         flag = self.metrics.flag(m)

@@ -56,6 +56,31 @@ class KindStats:
         return all(kind.in_summary(key) for kind in self.kinds if key.startswith(kind.metric_prefix))
 
 
+LIVE_WINDOW = 20  # steps the progress bar's tokens/s is averaged over
+
+
+@dataclass(frozen=True)
+class EvalWindow:
+    """What the eval line says of training since the previous evaluation: the last step's learning rate, and the
+    mean and largest gradient norm (before clipping) of steps first..last."""
+
+    lr: float
+    grad_norm_mean: float
+    grad_norm_max: float
+    first: int
+    last: int
+
+
+def live_rate_label(steps: int) -> str:
+    """The unit of the progress bar's rate, saying what it averages: `tok/s (last 20 steps)`."""
+    return "tok/s (last step)" if steps == 1 else f"tok/s (last {steps} steps)"
+
+
+def average_rate_label(first: int, last: int) -> str:
+    """The unit of the closing line's rate: the average over the steps the summary's `tokens_per_s` is over."""
+    return f"tok/s avg (step {last})" if first >= last else f"tok/s avg (steps {first}–{last})"
+
+
 @dataclass
 class RunMetrics:
     """The throughput side of a run: tokens per step, FLOPs per token under both conventions, the FLOP/s ceiling."""
@@ -69,6 +94,8 @@ class RunMetrics:
     started: float = field(default_factory=time.perf_counter)
     step_seconds: list[float] = field(default_factory=list)
     first_step_at: float | None = None
+    since_eval_grad_norms: list[float] = field(default_factory=list)  # the console's eval line; reset by since_eval
+    last_lr: float | None = None
 
     @classmethod
     def of(cls, build, world_size: int, peak: tuple[float, str], started: float) -> RunMetrics:
@@ -84,10 +111,34 @@ class RunMetrics:
         if self.first_step_at is None:
             self.first_step_at = time.perf_counter()
         self.step_seconds.append(stats.seconds)
+        self.since_eval_grad_norms.append(stats.grad_norm)
+        self.last_lr = stats.lr
         tokens_per_s = self.tokens_per_step / stats.seconds
         return {"train_loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s,
                 "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size),
                 **{f"aux_{name}": value for name, value in stats.aux.items()}}
+
+    def live_rate(self) -> tuple[float, int] | None:
+        """The progress bar's rate: tokens/s over the last LIVE_WINDOW steps (fewer early on), measured as the
+        summary's average is (step time only, the first step left out once there is another), so the two agree
+        once a run is steady. Returns (tokens/s, steps it is over); None before the first step."""
+        if not self.step_seconds:
+            return None
+        window = (self.step_seconds[1:] or self.step_seconds)[-LIVE_WINDOW:]
+        return self.tokens_per_step * len(window) / sum(window), len(window)
+
+    def steady_steps(self) -> int:
+        """How many steps the summary's average rate is over (every step this process ran but its first)."""
+        return max(1, len(self.step_seconds) - 1) if self.step_seconds else 0
+
+    def since_eval(self, step: int) -> EvalWindow | None:
+        """The learning rate of the last step and the gradient norms of the steps since the last evaluation (this
+        process's: a resumed run's first window starts at its resume), for the eval line; starts the next window."""
+        norms, self.since_eval_grad_norms = self.since_eval_grad_norms, []
+        if not norms or self.last_lr is None:
+            return None
+        return EvalWindow(lr=self.last_lr, grad_norm_mean=sum(norms) / len(norms), grad_norm_max=max(norms),
+                          first=step - len(norms) + 1, last=step)
 
     def throughput(self) -> dict[str, float]:
         """The summary's speed figures: the steady rate (the first step also warms caches and allocators)."""
