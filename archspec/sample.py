@@ -25,8 +25,7 @@ from archspec.errors import UserError, printable
 from archspec.runtime import next_token_probs as probs_of
 from archspec.spec import Spec, load_spec, load_spec_dict
 from archspec.train.checkpoint import FILENAME, WEIGHTS_FORMAT, load_any
-from archspec.train.tokenizer import (TOKENIZER_FILE, Tokenizer, load_tokenizer_file,
-                                      tokenizer_from_state)
+from archspec.train.tokenizer import Tokenizer, checkpoint_tokenizer
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -129,17 +128,7 @@ def _spec_tokenizer(spec: Spec) -> Tokenizer:
 
 
 def _checkpoint_tokenizer(path: Path, state: dict, spec: Spec) -> Tokenizer:
-    """The checkpoint's own tokenizer; for a checkpoint saved before tokenizers travelled with it, the run
-    directory's tokenizer.json, or the byte tokenizer when that is what the recipe used."""
-    if "tokenizer" in state:
-        return tokenizer_from_state(state["tokenizer"], str(path))
-    beside = path.parent / TOKENIZER_FILE
-    if beside.is_file():
-        return load_tokenizer_file(beside)
-    if not spec.train.data.tokenizer.reads_corpus:  # rebuilt from nothing (the byte tokenizer)
-        return spec.train.data.tokenizer.build(None, None)
-    raise UserError(f"{path}: holds no tokenizer and there is no {TOKENIZER_FILE} beside it; this run's BPE tokenizer "
-                    "cannot be rebuilt without its corpus")
+    return checkpoint_tokenizer(path, state.get("tokenizer"), spec)
 
 
 class FileTokenizer:

@@ -163,6 +163,12 @@ class Tokenizer(Protocol):
 
     def same_as(self, other: "Tokenizer") -> bool: ...
 
+    def hf_files(self, model_max_length: int | None = None) -> dict[str, str]:
+        """This tokenizer as the files of a transformers model directory (tokenizer.json, tokenizer_config.json,
+        special_tokens_map.json; see archspec.data.tokenizer.common.hf_files) that AutoTokenizer loads with the same
+        ids for every text (`archspec export-hf`)."""
+        ...
+
 
 class TokenizerKind(DataKind):
     """How text becomes ids. `build` makes the Tokenizer (from the corpus when `reads_corpus`); a checkpoint stores

@@ -124,12 +124,32 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
 
 
 def export_hf(source: str, out_dir: str | os.PathLike, registry_url: str | None = None) -> dict[str, Any]:
-    """Write a transformers model directory (config.json, model.safetensors, tokenizer files when the checkpoint
-    has them) that AutoModelForCausalLM.from_pretrained loads with the same logits. Refuses what no transformers
-    model type expresses, by field."""
+    """Write a transformers model directory (config.json, model.safetensors, generation_config.json and the
+    tokenizer files) that AutoModelForCausalLM.from_pretrained loads with the same logits and AutoTokenizer /
+    pipeline("text-generation") load with archspec's own ids. Refuses what no transformers model type expresses, by
+    field."""
     spec, weights, path = load_source(source, registry_url)
     hf, config = config_from_spec(spec)
     tensors = state_to_hf(spec.model, hf, weights["model"])
-    io.write_model_dir(Path(out_dir), config, tensors, weights["tokenizer"])
+    tokenizer, generation = _tokenizer_files(spec, weights, path)
+    io.write_model_dir(Path(out_dir), config, tensors, tokenizer, generation)
     return {"name": spec.name, "model_type": hf.model_type, "dir": str(out_dir), "source": str(path),
-            "tokenizer": bool(weights["tokenizer"]), "params": sum(t.numel() for t in tensors.values())}
+            "tokenizer": bool(tokenizer), "params": sum(t.numel() for t in tensors.values())}
+
+
+def _tokenizer_files(spec, weights: dict[str, Any], path: Path) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The tokenizer files to export and the generation defaults (None: none to write). A weights checkpoint carries
+    the files import-hf read beside the model, written back as they came (none: none written; its recipe's
+    tokenizer is not the model's). A training checkpoint's tokenizer is the run's own (`checkpoint_tokenizer`), whose
+    unit writes itself as transformers files (`hf_files`); generation then stops at its EOS, which also pads. The
+    model's vocab_size may exceed the tokenizer's ids (a padded vocabulary): the ids past them keep their rows in the
+    weights, have no token, and decode to nothing, as in `archspec sample`."""
+    from archspec.train.checkpoint import WEIGHTS_FORMAT
+    from archspec.train.tokenizer import checkpoint_tokenizer
+
+    if weights["format"] == WEIGHTS_FORMAT:
+        return dict(weights["tokenizer"]), None
+    tokenizer = checkpoint_tokenizer(path, weights.get("tokenizer_state"), spec)
+    files = tokenizer.hf_files(spec.model.context_length)
+    eos = tokenizer.eos_id
+    return files, {"eos_token_id": eos, "pad_token_id": eos, "bos_token_id": None, "do_sample": False}

@@ -18,6 +18,7 @@ from archspec.errors import UserError, printable
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+GENERATION = "generation_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_JSON_BYTES = 64 << 20  # a config is kilobytes; a tokenizer.json of a 256k vocabulary is tens of MB
 
@@ -110,8 +111,9 @@ def read_tokenizer(directory: Path) -> dict[str, str]:
 
 
 def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                    tokenizer: dict[str, str]) -> None:
-    """config.json, model.safetensors and the tokenizer files, into `out_dir`, which must not exist or be empty.
+                    tokenizer: dict[str, str], generation: dict[str, Any] | None = None) -> None:
+    """config.json, model.safetensors, the tokenizer files and generation_config.json (when `generation` is given),
+    into `out_dir`, which must not exist or be empty.
     Written into a temporary directory beside it and renamed: the directory appears complete or not at all."""
     from safetensors.torch import save_file
 
@@ -127,6 +129,8 @@ def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, to
     try:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        if generation is not None:
+            (tmp / GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         for name, text in tokenizer.items():
             if name in TOKENIZER_FILES:
                 (tmp / name).write_text(text, encoding="utf-8")

@@ -563,13 +563,15 @@ def save_weights(path: str | os.PathLike, spec_dict: dict[str, Any], model_hash:
 
 def load_weights(path: str | os.PathLike) -> dict[str, Any]:
     """A weights checkpoint, or the model part of a training checkpoint (file or run directory), verified (digest)
-    and checked field by field: {"spec_hash", "spec", "model", "tokenizer", "source", "format"}."""
+    and checked field by field: {"spec_hash", "spec", "model", "tokenizer", "source", "format"}; from a training
+    checkpoint also "tokenizer_state", the run's tokenizer as `tokenizer_state` stored it (None in older files)."""
     path = resolve(path)
     state = _read(path)
     if isinstance(state, dict) and state.get("format") in (FORMAT, *LEGACY_FORMATS):
         state = _training_state(path, state)
         return {"format": state["format"], "spec_hash": state["spec_hash"], "spec": state["spec"],
-                "model": state["model"], "tokenizer": {}, "source": str(path)}
+                "model": state["model"], "tokenizer": {}, "source": str(path),
+                "tokenizer_state": state.get("tokenizer")}  # the run's own tokenizer (None: saved before they travelled)
     return _weights_state(path, state)
 
 

@@ -19,7 +19,7 @@ from archspec.data.tokenizer.common import EOS_TEXT  # noqa: F401
 from archspec.errors import UserError
 
 __all__ = ["EOS_TEXT", "TOKENIZER_FILE", "BPETokenizer", "ByteTokenizer", "Tokenizer", "build_tokenizer",
-           "load_tokenizer_file", "tokenizer_from_state", "tokenizer_state", "tokenizer_state_problems"]
+           "checkpoint_tokenizer", "load_tokenizer_file", "tokenizer_from_state", "tokenizer_state", "tokenizer_state_problems"]
 
 
 # ── the tokenizer travels with the model ─────────────────────────────────────────────────────────────────────────
@@ -59,6 +59,21 @@ def load_tokenizer_file(path: Path) -> Tokenizer:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read tokenizer: {e}") from None
     return tokenizer_from_state(file_state(text), str(path))
+
+
+def checkpoint_tokenizer(path: Path, state: dict | None, spec) -> Tokenizer:
+    """A training checkpoint's own tokenizer (`state`: its "tokenizer" entry); for a checkpoint saved before
+    tokenizers travelled with it (None), the run directory's tokenizer.json, or the recipe's tokenizer when it is
+    built from nothing (the byte tokenizer). `archspec sample` and `archspec export-hf` ask this."""
+    if state is not None:
+        return tokenizer_from_state(state, str(path))
+    beside = path.parent / TOKENIZER_FILE
+    if beside.is_file():
+        return load_tokenizer_file(beside)
+    if not spec.train.data.tokenizer.reads_corpus:
+        return spec.train.data.tokenizer.build(None, None)
+    raise UserError(f"{path}: holds no tokenizer and there is no {TOKENIZER_FILE} beside it; this run's BPE tokenizer "
+                    "cannot be rebuilt without its corpus")
 
 
 def build_tokenizer(spec: TokenizerKind, corpus: TextSource | None, cache: Path) -> Tokenizer:

@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, Literal
 from pydantic import Field
 
 from archspec.data.base import TOKENIZER_PATH, TokenizerKind, register
-from archspec.data.tokenizer.common import EOS_TEXT, FORMAT
+from archspec.data.tokenizer.common import EOS_TEXT, FORMAT, hf_files
 from archspec.errors import UserError
 from archspec.train.cache import atomic_write_text, digest, writing_cache
 
@@ -143,6 +143,10 @@ class BPECodec:
 
     def state(self) -> dict:
         return {"kind": self.kind, "identity": self.identity, "json": self._hf.to_str()}
+
+    def hf_files(self, model_max_length: int | None = None) -> dict[str, str]:
+        """This tokenizer as transformers files (common.hf_files): its own JSON, as a run directory holds it."""
+        return hf_files(self._hf.to_str(), model_max_length)
 
     def same_as(self, other) -> bool:
         return other.kind == self.kind and self._hf.to_str() == other._hf.to_str() and self.eos_id == other.eos_id
