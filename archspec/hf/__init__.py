@@ -13,13 +13,14 @@ archspec.train.checkpoint's (`save_weights`, `load_weights`).
 from __future__ import annotations
 
 import os
+import warnings
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from archspec.errors import UserError, printable
+from archspec.errors import Caution, UserError, printable
 from archspec.hf import io
 from archspec.hf.convert import config_from_spec, hf_type, spec_from_config, state_from_hf, state_to_hf, weight_map
 from archspec.kinds.hf import HFUnsupported
@@ -149,7 +150,11 @@ def _tokenizer_files(spec, weights: dict[str, Any], path: Path) -> tuple[dict[st
 
     if weights["format"] == WEIGHTS_FORMAT:
         return dict(weights["tokenizer"]), None
-    tokenizer = checkpoint_tokenizer(path, weights.get("tokenizer_state"), spec)
+    try:
+        tokenizer = checkpoint_tokenizer(path, weights.get("tokenizer_state"), spec)
+    except UserError as e:  # a run saved before tokenizers travelled with checkpoints, its tokenizer.json gone
+        warnings.warn(Caution(f"{e}; the model is exported without a tokenizer"))
+        return {}, None
     files = tokenizer.hf_files(spec.model.context_length)
     eos = tokenizer.eos_id
     return files, {"eos_token_id": eos, "pad_token_id": eos, "bos_token_id": None, "do_sample": False}

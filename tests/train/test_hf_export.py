@@ -112,3 +112,18 @@ def test_pipeline_continues_a_prompt_greedily_as_the_generated_module_does(expor
     assert main(["sample", str(run), "--prompt", prompt, "--max-new-tokens", str(n), "--temperature", "0",
                  "--device", "cpu"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == terminal_text(text)
+
+
+def test_a_bpe_run_saved_before_tokenizers_travelled_exports_its_model_with_a_caution(tmp_path, corpus_dir, capsys):
+    """A checkpoint without its tokenizer and no tokenizer.json beside it: the model is still exported (it was before
+    tokenizers were exported), and a caution says the tokenizer is left out."""
+    run, _ = _run(tmp_path, corpus_dir, "{kind: bpe, vocab_size: 300}")
+    state = load_checkpoint(run / "checkpoint.pt")
+    save_checkpoint(run / "checkpoint.pt", {k: v for k, v in state.items() if k not in ("format", "digest", "tokenizer")})
+    (run / "tokenizer.json").unlink()
+    out = tmp_path / "old"
+    capsys.readouterr()
+    assert main(["export-hf", str(run), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "holds no tokenizer" in err and "exported without a tokenizer" in err
+    assert (out / "config.json").is_file() and not (out / "tokenizer.json").exists()
