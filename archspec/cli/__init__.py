@@ -185,6 +185,10 @@ def check_working_directory() -> None:
                         "it derives from it as UTF-8") from None
 
 
+# click >= 8.2 raises this for a group called without its subcommand (click 8.1 printed the help and exited 0).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _main(argv: list[str] | None) -> int:
     try:
         check_argv(list(sys.argv[1:] if argv is None else argv))
@@ -213,7 +217,7 @@ def _main(argv: list[str] | None) -> int:
         if received() is None:
             return _os_error(e)
         return _stopped(received())
-    except click.exceptions.NoArgsIsHelpError as e:
+    except _NO_ARGS_IS_HELP as e:
         # A group without its subcommand (`archspec`, `archspec runs`): click's help text, all of it ours, shown as
         # click shows it (on stderr, exit code 2), line breaks kept.
         e.show()

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from archspec.errors import UserError
+
+if TYPE_CHECKING:  # alembic is imported where a revision is read or a migration runs, not with the registry
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 # Our own name, so that a registry can share a database with another alembic-managed application.
 VERSION_TABLE = "archspec_alembic_version"
@@ -44,6 +45,8 @@ class SchemaTooOldError(UserError):
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("path_separator", "os")
@@ -55,6 +58,8 @@ def alembic_config(connection: Connection | None = None) -> Config:
 @lru_cache(maxsize=1)
 def _script() -> ScriptDirectory:
     # The revision files do not change while the process runs; reading them once keeps Registry() cheap.
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -70,6 +75,8 @@ def known_revisions() -> set[str]:
 
 def current_revision(conn: Connection) -> str | None:
     """The revision stored in the database; None for a database archspec never migrated."""
+    from alembic.runtime.migration import MigrationContext
+
     ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
     return ctx.get_current_revision()
 
@@ -143,5 +150,7 @@ def ensure_schema(engine: Engine, url_for_messages: str) -> str:
             rev = current_revision(conn)
             check_not_newer(rev, url_for_messages)
             if rev != head:
+                from alembic import command
+
                 command.upgrade(alembic_config(conn), "head")
     return head
