@@ -115,3 +115,40 @@ def test_commands_still_load_on_use():
     commands = dict(cli.commands.items())
     assert {"build", "train", "runs", "specs", "registry", "ablate", "ui"} <= set(commands)
     assert all(isinstance(c, click.Command) for c in commands.values())
+
+
+def test_revisions_read_without_alembic_are_alembics(tmp_path):
+    """archspec.registry.migrate reads the revision chain from the migration files and the stored revision with
+    plain SQL (no alembic import for a read); both agree with alembic's own answers."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.util import CommandError
+    from sqlalchemy import create_engine, text
+
+    from archspec.registry import migrate
+
+    assert migrate._chain() == migrate._alembic_chain()
+    engine = create_engine(f"sqlite:///{tmp_path}/r.db")
+
+    def both(conn):
+        ctx = MigrationContext.configure(conn, opts={"version_table": migrate.VERSION_TABLE})
+        return migrate.current_revision(conn), ctx.get_current_revision()
+
+    with engine.begin() as conn:
+        assert both(conn) == (None, None)  # no version table
+        conn.execute(text(f"CREATE TABLE {migrate.VERSION_TABLE} (version_num VARCHAR(32) NOT NULL)"))
+        assert both(conn) == (None, None)  # an empty one
+        conn.execute(text(f"INSERT INTO {migrate.VERSION_TABLE} VALUES ('0004')"))
+        assert both(conn) == ("0004", "0004")
+        conn.execute(text(f"INSERT INTO {migrate.VERSION_TABLE} VALUES ('0003')"))
+        with pytest.raises(CommandError):
+            migrate.current_revision(conn)
+    engine.dispose()
+
+
+def test_runs_list_on_an_empty_registry_at_head_reads_no_alembic(tmp_path):
+    url = f"sqlite:///{tmp_path}/head.db"
+    assert _run(["registry", "upgrade", "--registry", url], tmp_path)[0] == 0
+    for argv in (["runs", "list"], ["specs", "list"], ["registry", "status"]):
+        rc, modules, out, err = _run([*argv, "--registry", url], tmp_path)
+        assert rc == 0, err
+        assert "alembic" not in modules and "torch" not in modules, argv
