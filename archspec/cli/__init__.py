@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import MutableMapping
 
 import click
 
@@ -22,14 +23,12 @@ from archspec.signals import (
 from archspec.train.logger import RecordingError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="archspec")
-def cli() -> None:
-    """Compile decoder-only transformer specs into PyTorch modules, train them, and query the runs."""
-
-
 # One module of archspec/cli per command family; each defines its click commands as `<name>_cmd` and calls into the
-# package that does the work (build → codegen, train → train, runs/specs/registry → registry, ...).
+# package that does the work (build → codegen, train → train, runs/specs/registry → registry, ...). A module is
+# imported only when one of its commands runs (or its own --help is asked for): `archspec --version`, `--help` and
+# the registry's commands never import torch. Each command's one-line help is written here too, for `archspec --help`
+# without importing anything (tests/test_startup.py keeps it equal to the command's docstring; a command missing
+# here still works, and `archspec --help` then imports its module for the line).
 _SUBCOMMANDS = [
     ("archspec.cli.build", ["build", "check", "schema"]),
     ("archspec.cli.train", ["train", "peak"]),
@@ -42,15 +41,98 @@ _SUBCOMMANDS = [
     ("archspec.cli.ui", ["ui"]),
 ]
 
+# The first paragraph of each command's docstring, as `archspec --help` shortens it.
+SHORT_HELP = {
+    "build": "Validate SPEC, generate its module, run one forward on a tiny batch, print its accounting.",
+    "check": "Regenerate every spec in specs/ in memory and diff against generated/; exit 1 when out of sync.",
+    "schema": "Print the JSON Schema of a spec file, or of a sweep file with --sweep (for editor completion and "
+              "validation).",
+    "train": "Train SPEC once with the shared loop and record the run.",
+    "peak": "Show (or --measure) the FLOP/s ceiling that MFU is a fraction of.",
+    "runs": "Query the runs in the registry.",
+    "specs": "Query the specs recorded by `archspec build` (with their accounting), trained or not.",
+    "registry": "The registry database itself: its schema revision, and upgrading it.",
+    "ablate": "Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.",
+    "report": "Rebuild a sweep's report (table, PNG, HTML) from the registry alone. SWEEP: a sweep file or a sweep "
+              "name.",
+    "import-hf": "Spec (and weights) from a transformers config.json or model directory.",
+    "export-hf": "A transformers model directory (config.json, model.safetensors, tokenizer) from a run or a "
+                 "checkpoint.",
+    "sample": "Generate text from a run (its id, run directory or checkpoint), a weights checkpoint (import-hf), or a "
+              "bare SPEC with random weights.",
+    "probe": "Evaluate a trained run on a capability task without training it: exact-match accuracy on the answer "
+             "positions (passkey: also per distance). Parameters default to the run's own task when it trained on "
+             "this one. The result is recorded as an evaluation of the run (the run's own record is not changed): "
+             "`archspec runs list --where \"probe.accuracy > 0.5\"`, `archspec runs show RUN`.",
+    "scaling": "Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where "
+               "selects.",
+    "ui": "Browse the registry: runs (filters as `runs list --where`), curves, a run's spec, accounting and generated "
+          "code, runs side by side, and each sweep's report. Read-only: nothing is written to the registry.",
+}
 
-def _register() -> None:
-    for module_name, names in _SUBCOMMANDS:
-        module = importlib.import_module(module_name)
+
+class _LazyCommands(MutableMapping):
+    """A group's commands by name, each module imported on first use. Iterating (names, `sorted`, click's "did you
+    mean") imports nothing; reading a command (`[name]`, `.get`, `.items()`, `.values()`) imports its module."""
+
+    def __init__(self, modules: dict[str, str]):
+        self._modules = modules  # name -> module not yet imported
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            module = importlib.import_module(self._modules[name])  # KeyError: no such command
+            self._loaded[name] = getattr(module, name.replace("-", "_") + "_cmd")
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        self._modules.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def __iter__(self):
+        return iter(dict.fromkeys([*self._modules, *self._loaded]))
+
+    def __len__(self) -> int:
+        return len(set(self._modules) | set(self._loaded))
+
+    def loaded(self, name: str) -> click.Command | None:
+        return self._loaded.get(name)
+
+
+class LazyGroup(click.Group):
+    """click's group whose commands are imported when they run (click's "lazily loading subcommands" pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.commands)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click's, with each command's line from SHORT_HELP unless the command is already imported."""
+        rows = []
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)
         for name in names:
-            cli.add_command(getattr(module, name.replace("-", "_") + "_cmd"), name)
+            command = self.commands.loaded(name) if isinstance(self.commands, _LazyCommands) else None
+            if command is None and name in SHORT_HELP:
+                rows.append((name, click.utils.make_default_short_help(SHORT_HELP[name], limit)))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
-_register()
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="archspec")
+def cli() -> None:
+    """Compile decoder-only transformer specs into PyTorch modules, train them, and query the runs."""
+
+
+cli.commands = _LazyCommands({name: module for module, names in _SUBCOMMANDS for name in names})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +185,10 @@ def check_working_directory() -> None:
                         "it derives from it as UTF-8") from None
 
 
+# click >= 8.2 raises this for a group called without its subcommand (click 8.1 printed the help and exited 0).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _main(argv: list[str] | None) -> int:
     try:
         check_argv(list(sys.argv[1:] if argv is None else argv))
@@ -131,6 +217,11 @@ def _main(argv: list[str] | None) -> int:
         if received() is None:
             return _os_error(e)
         return _stopped(received())
+    except _NO_ARGS_IS_HELP as e:
+        # A group without its subcommand (`archspec`, `archspec runs`): click's help text, all of it ours, shown as
+        # click shows it (on stderr, exit code 2), line breaks kept.
+        e.show()
+        return e.exit_code
     except click.ClickException as e:
         e.message = printable(e.message)  # user text inside (a path, an option) cannot forge terminal lines
         e.show()

@@ -7,7 +7,6 @@ import math
 
 import click
 
-from archspec.ablate.probe import probe_run
 from archspec.cli.options import device_option, registry_option
 from archspec.console import echo
 from archspec.data.base import task_kinds
@@ -60,6 +59,8 @@ def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len,
     inapplicable = [k for k, v in overrides.items() if v is not None and k not in task_class.model_fields]
     if inapplicable:
         raise UserError(f"--task {task} has no {', '.join('--' + k.replace('_', '-') for k in inapplicable)}")
+    from archspec.ablate.probe import probe_run  # torch
+
     result = probe_run(run_id, task, overrides, seq_len=seq_len, examples=examples, batch_size=batch_size,
                        device=device, registry_url=registry_url, record=not no_record)
     if json_out:

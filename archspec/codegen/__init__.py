@@ -25,7 +25,6 @@ from typing import Any
 
 import jinja2
 
-from archspec import runtime as _runtime
 from archspec.accounting import account
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
@@ -479,6 +478,7 @@ _KERNELS = {"sparse_attention": "sparse attention", "grouped_mm": "the MoE group
 def _runtime_import(text: str) -> tuple[str, str]:
     """The import line of the archspec.runtime names the rendered file uses, and the kernels it names among them:
     a file imports (and so reads as using) only what it calls."""
+    from archspec import runtime as _runtime  # torch: only when a model is rendered, not when archspec.codegen loads
     names = {node.id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Name)}  # code, not comments
     used = [name for name in _runtime.__all__ if name in names]
     if not used:

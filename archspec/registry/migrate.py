@@ -12,17 +12,20 @@ revision this code does not know was written by a newer archspec and is refused,
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from archspec.errors import UserError
+
+if TYPE_CHECKING:  # alembic is imported where a revision is read or a migration runs, not with the registry
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 # Our own name, so that a registry can share a database with another alembic-managed application.
 VERSION_TABLE = "archspec_alembic_version"
@@ -44,6 +47,8 @@ class SchemaTooOldError(UserError):
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("path_separator", "os")
@@ -55,21 +60,79 @@ def alembic_config(connection: Connection | None = None) -> Config:
 @lru_cache(maxsize=1)
 def _script() -> ScriptDirectory:
     # The revision files do not change while the process runs; reading them once keeps Registry() cheap.
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
+@dataclass(frozen=True)
+class _Revision:
+    revision: str
+    shape_change: bool  # the module's SHAPE_CHANGE, True when it does not say
+
+
+@lru_cache(maxsize=1)
+def _chain() -> tuple[_Revision, ...]:
+    """The revisions head first, read without alembic when the migrations are one plain chain (each file assigning
+    string constants to `revision` and `down_revision`, and at most a boolean to `SHAPE_CHANGE`): reading a
+    registry then needs no alembic import. Anything else (a branch, a merge, a computed value) is left to alembic's
+    ScriptDirectory, which is what migrations run with; tests/test_startup.py keeps both equal."""
+    found: dict[str, tuple[str | None, bool]] = {}
+    for path in sorted((MIGRATIONS_DIR / "versions").glob("*.py")):
+        if path.name.startswith((".#", "__init__")):
+            continue
+        values: dict[str, object] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if name in ("revision", "down_revision", "SHAPE_CHANGE"):
+                    if not isinstance(node.value, ast.Constant):
+                        return _alembic_chain()
+                    values[name] = node.value.value
+        rev, down, shape = values.get("revision"), values.get("down_revision", None), values.get("SHAPE_CHANGE", True)
+        if not isinstance(rev, str) or not isinstance(down, (str, type(None))) or not isinstance(shape, bool) \
+                or rev in found:
+            return _alembic_chain()
+        found[rev] = (down, shape)
+    children: dict[str | None, list[str]] = {}
+    for rev, (down, _) in found.items():
+        children.setdefault(down, []).append(rev)
+    if any(len(c) > 1 for c in children.values()) or any(d is not None and d not in found for d in children):
+        return _alembic_chain()
+    chain, at = [], None
+    while at in children:
+        at = children[at][0]
+        chain.append(_Revision(at, found[at][1]))
+    if len(chain) != len(found):
+        return _alembic_chain()
+    return tuple(reversed(chain))
+
+
+def _alembic_chain() -> tuple[_Revision, ...]:
+    return tuple(_Revision(s.revision, getattr(s.module, "SHAPE_CHANGE", True)) for s in _script().walk_revisions())
+
+
 def head_revision() -> str:
-    head = _script().get_current_head()
-    assert head is not None, "the registry has no migrations"
-    return head
+    chain = _chain()
+    assert chain, "the registry has no migrations"
+    return chain[0].revision
 
 
 def known_revisions() -> set[str]:
-    return {s.revision for s in _script().walk_revisions()}
+    return {r.revision for r in _chain()}
 
 
 def current_revision(conn: Connection) -> str | None:
-    """The revision stored in the database; None for a database archspec never migrated."""
+    """The revision stored in the database; None for a database archspec never migrated. Read as alembic reads it
+    (the version table, if there is one); alembic itself answers a table holding several heads (its error)."""
+    if conn.dialect.has_table(conn, VERSION_TABLE):
+        rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    else:
+        rows = []
+    if len(rows) <= 1:
+        return rows[0] if rows else None
+    from alembic.runtime.migration import MigrationContext
+
     ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
     return ctx.get_current_revision()
 
@@ -77,9 +140,9 @@ def current_revision(conn: Connection) -> str | None:
 def readable_revisions() -> set[str]:
     """Head, and every older revision from which only shape-preserving migrations (`SHAPE_CHANGE = False`) lead."""
     out: set[str] = set()
-    for script in _script().walk_revisions():  # head first
+    for script in _chain():  # head first
         out.add(script.revision)
-        if getattr(script.module, "SHAPE_CHANGE", True):
+        if script.shape_change:
             break
     return out
 
@@ -143,5 +206,7 @@ def ensure_schema(engine: Engine, url_for_messages: str) -> str:
             rev = current_revision(conn)
             check_not_newer(rev, url_for_messages)
             if rev != head:
+                from alembic import command
+
                 command.upgrade(alembic_config(conn), "head")
     return head

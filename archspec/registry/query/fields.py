@@ -16,7 +16,6 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from archspec.data.base import task_kinds
 from archspec.registry.models import RunRecord, SpecRecord
 from archspec.registry.query.parse import FilterError, _fields_of, parse_filter, parse_sort
 
@@ -136,6 +135,8 @@ def resolve_field(name: str, target: str) -> FieldRef:
         if target != "runs":
             raise ValueError(f"field {name!r} is not available for specs (probes are evaluations of runs)")
         task, _, key = rest.partition(".")
+        from archspec.data.base import task_kinds  # the data units (pydantic): only for a probe field
+
         if task in task_kinds() and key:  # probe.<task>.<key>: that task's latest evaluation (archspec.data)
             return FieldRef("probe", key, task)
         return FieldRef("probe", rest, "")
