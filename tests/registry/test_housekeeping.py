@@ -299,3 +299,15 @@ def test_migration_0005_up_and_down_keeps_the_runs(registry_url, capsys):
         assert old.upgrade() == ("0004", head_revision())
         run = old.get_run(info.run_id)
         assert run.name == run.spec_name == "tiny" and run.note is None and run.metrics == {"val_loss": 2.0}
+
+
+def test_the_report_shows_a_runs_note_escaped(tmp_path):
+    from archspec.ablate.report import RunResult, VariantResult, render_html, table_rows
+
+    runs = [RunResult("r0", 0, "FINISHED", 3.0, 1000.0, [(1, 3.0)], 64, {"val_loss": 3.0}, note="lr <b>too</b> high"),
+            RunResult("r1", 1, "FINISHED", 3.1, 1000.0, [(1, 3.1)], 64, {"val_loss": 3.1})]
+    v = VariantResult(0, "base", {}, 100, 100, 600, 512, runs)
+    png = tmp_path / "x.png"
+    png.write_bytes(b"\x89PNG")
+    html = render_html("t", table_rows([v], 0), png, [v], {}, [])
+    assert "note: <em>lr &lt;b&gt;too&lt;/b&gt; high</em>" in html and html.count("note:") == 1
