@@ -635,7 +635,7 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
         for d in p.dirs:
             echo(f"  directory {printable(str(d), 200)} ({human_size(p.size)})")
         for d in p.missing:
-            echo(f"  (directory {printable(str(d), 200)} is not on this host; left alone)")
+            echo(f"  ({printable(str(d), 200)} is not here (another host, moved, or a relative path); left alone)")
     total = sum(p.size for p in plans)
     what = f"{len(plans)} run{'s' * (len(plans) != 1)}" + (f" and {human_size(total)} of files" if total else "")
     if dry_run:

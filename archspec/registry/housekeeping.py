@@ -89,6 +89,7 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
         if keep_files:
             continue
         paths = [Path(p) for run_id, _, p in all_artifacts if run_id == run.id]
+        plan.missing += [p for p in paths if not p.is_absolute()]  # recorded relative by an older archspec: unknown
         for d in dict.fromkeys(p.parent for p in paths if p.is_absolute()):
             where = printable(str(d), 200)
             if not d.exists() and not d.is_symlink():

@@ -226,7 +226,8 @@ class RunRow:
             return t.isoformat() if t else None
 
         return {
-            "id": self.id, "name": self.name, "spec_name": self.spec_name, "note": self.note, "status": self.status, "sweeps": self.sweeps, "seed": self.seed,
+            "id": self.id, "name": self.name, "spec_name": self.spec_name, "note": self.note, "status": self.status,
+            "sweeps": self.sweeps, "seed": self.seed,
             "model_hash": self.model_hash, "data_hash": self.data_hash, "host": self.host,
             "code_version": self.code_version, "attempt": self.attempt, "created": iso(self.created),
             "started": iso(self.started), "ended": iso(self.ended), "heartbeat": iso(self.heartbeat),
@@ -239,8 +240,9 @@ class RunRow:
     def flat(self, params: bool = True) -> dict[str, Any]:
         """One flat record (CSV, pandas): attributes, accounting, metrics, summary, tags and (optionally) params."""
         out: dict[str, Any] = {
-            k: getattr(self, k) for k in ("id", "name", "spec_name", "note", "status", "sweep", "seed", "model_hash", "data_hash", "host",
-                                          "code_version", "attempt", "created", "started", "ended", "error")
+            k: getattr(self, k) for k in ("id", "name", "spec_name", "note", "status", "sweep", "seed", "model_hash",
+                                          "data_hash", "host", "code_version", "attempt", "created", "started",
+                                          "ended", "error")
         }
         out.update(self.accounting_fields)
         out.update({f"metrics.{k}": v for k, v in self.metrics.items()})
@@ -284,7 +286,8 @@ class RegistryReader(RegistryEngine):
             if row.status != RUNNING:
                 return row.status, False
             pid = conn.execute(select(RunTag.value).where(RunTag.run_id == run_id, RunTag.key == "pid")).scalar()
-            return row.status, is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now()) or writer_gone(row.host, pid)
+            stale = is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now()) or writer_gone(row.host, pid)
+            return row.status, stale
 
         return self._read(tx, "run_status", empty=lambda: (None, False))
 
@@ -321,7 +324,8 @@ class RegistryReader(RegistryEngine):
         now = self._now()
         rows: list[RunRow] = [
             RunRow(
-                id=r.id, name=r.display_name or r.name, spec_name=r.name, status=r.status, model_hash=r.spec_hash,  # the column keeps its stored name
+                id=r.id, name=r.display_name or r.name, spec_name=r.name, status=r.status,
+                model_hash=r.spec_hash,  # the column keeps its stored name
                 data_hash=r.data_hash, seed=r.seed,
                 host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,

@@ -311,3 +311,13 @@ def test_the_report_shows_a_runs_note_escaped(tmp_path):
     png.write_bytes(b"\x89PNG")
     html = render_html("t", table_rows([v], 0), png, [v], {}, [])
     assert "note: <em>lr &lt;b&gt;too&lt;/b&gt; high</em>" in html and html.count("note:") == 1
+
+
+def test_the_help_texts_own_example_column_is_suggested(registry, registry_url, capsys):
+    record_run(registry, make_info(), {"val_loss": [(0, 2.0)]}, summary={"tokens_per_s": 10.0, "tokens": 64.0})
+    code, _, err = run_cli(capsys, "runs", "list", "-c", "summary.tok_s", "--registry", registry_url)
+    assert code == 2 and "did you mean summary.tokens_per_s?" in err
+    code, out, err = run_cli(capsys, "runs", "list", "-c", "summary.tokens_per_s", "--registry", registry_url)
+    assert code == 0 and "summary.tokens_per_s" in out and " 10" in out, err
+    code, _, err = run_cli(capsys, "runs", "list", "--sort", "-summary.tok_s", "--registry", registry_url)
+    assert code == 2 and "did you mean summary.tokens_per_s?" in err

@@ -163,6 +163,31 @@ def resolve_field(name: str, target: str) -> FieldRef:
     raise ValueError(f"unknown field {name!r}; fields are {FIELDS_HELP}")
 
 
+def closest_key(key: str, known: set[str]) -> str | None:
+    """The known key `key` most likely meant: one it abbreviates part by part (`tok_s` → `tokens_per_s`: every `_`/`.`
+    part a prefix of a part, in order), else the closest spelling."""
+    import re
+
+    parts = [p for p in re.split(r"[_.]", key) if p]
+
+    def abbreviates(candidate: str) -> bool:
+        rest = [p for p in re.split(r"[_.]", candidate) if p]
+        i = 0
+        for part in parts:
+            while i < len(rest) and not rest[i].startswith(part):
+                i += 1
+            if i == len(rest):
+                return False
+            i += 1
+        return True
+
+    abbreviated = sorted((k for k in known if k != key and abbreviates(k)), key=lambda k: (len(k), k))
+    if parts and abbreviated:
+        return abbreviated[0]
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return close[0] if close else None
+
+
 def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_keys: set[str] | None = None
                 ) -> str | None:
     """Why `name` (a resolvable runs field) names nothing: a `metrics.` / `summary.` key no run has, or a `probe.`
@@ -174,8 +199,8 @@ def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_
         key = f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key
         if not probe_keys or key in probe_keys or (ref.aggregate and ref.key in probe_keys):
             return None  # a known key under a task nobody probed yet is no typo: it matches nothing
-        close = difflib.get_close_matches(key, sorted(probe_keys), n=1)
-        hint = f"did you mean probe.{close[0]}?" if close else f"known: {', '.join(sorted(probe_keys))}"
+        close = closest_key(key, probe_keys)
+        hint = f"did you mean probe.{close}?" if close else f"known: {', '.join(sorted(probe_keys))}"
         return f"no probe of any run has {key!r}; {hint}"
     if ref.kind not in ("metric", "summary"):
         return None
@@ -183,8 +208,8 @@ def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_
     if ref.key in known:
         return None
     head = name[: len(name) - len(ref.key)]  # "metrics.", "metrics.best.", "summary."
-    close = difflib.get_close_matches(ref.key, sorted(known), n=1)
-    hint = f"did you mean {head}{close[0]}?" if close else f"known: {', '.join(sorted(known)) or 'none'}"
+    close = closest_key(ref.key, known)
+    hint = f"did you mean {head}{close}?" if close else f"known: {', '.join(sorted(known)) or 'none'}"
     kind = "metric" if ref.kind == "metric" else "summary key"
     return f"no run has the {kind} {ref.key!r}; {hint}"
 
