@@ -321,3 +321,12 @@ def test_the_help_texts_own_example_column_is_suggested(registry, registry_url, 
     assert code == 0 and "summary.tokens_per_s" in out and " 10" in out, err
     code, _, err = run_cli(capsys, "runs", "list", "--sort", "-summary.tok_s", "--registry", registry_url)
     assert code == 2 and "did you mean summary.tokens_per_s?" in err
+
+
+def test_dry_runs_are_reads_and_create_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'none' / 'archspec.db'}"
+    code, out, err = run_cli(capsys, "gc", "--keep", "none", "--registry", url)
+    assert code == 0 and "would free 0 B in 0 checkpoints" in out, err
+    code, _, err = run_cli(capsys, "runs", "delete", "abcd1234", "--dry-run", "--registry", url)
+    assert code == 2 and "no run" in err
+    assert not (tmp_path / "none").exists()
