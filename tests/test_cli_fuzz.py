@@ -105,6 +105,11 @@ def base_invocations(w) -> dict[tuple[str, ...], list[str]]:
         ("runs", "compare"): ["runs", "compare", run, run, "--registry", url],
         ("runs", "reap"): ["runs", "reap", "--registry", url],
         ("runs", "export"): ["runs", "export", "--registry", url, "-o", str(out / "runs.csv")],
+        ("runs", "tag"): ["runs", "tag", run, "fuzz=1", "--registry", url],
+        ("runs", "note"): ["runs", "note", run, "a note", "--registry", url],
+        ("runs", "rename"): ["runs", "rename", run, "renamed", "--registry", url],
+        ("runs", "delete"): ["runs", "delete", run, "--force", "--dry-run", "--registry", url],  # a flag added keeps it dry
+        ("gc",): ["gc", "--registry", url],  # a dry run unless --apply; --keep last frees nothing here
         ("specs", "list"): ["specs", "list", "--registry", url],
         ("registry", "upgrade"): ["registry", "upgrade", "--registry", url],
         ("registry", "status"): ["registry", "status", "--registry", url],

@@ -41,6 +41,7 @@ class RunResult:
     history: list[tuple[int, float]]  # (step, val_loss)
     tokens_per_step: int
     summary: dict[str, float] = field(default_factory=dict)
+    note: str | None = None  # the run's latest note (`archspec runs note`), shown beside it in the HTML report
 
 
 @dataclass

@@ -206,7 +206,7 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
                 run_id=row.id, seed=seed, status=row.status,
                 final_val_loss=row.summary.get("val_loss", row.metrics.get("val_loss")),
                 tokens_per_s=row.summary.get("tokens_per_s"),
-                history=history, tokens_per_step=row.tokens_per_step or 0, summary=dict(row.summary),
+                history=history, tokens_per_step=row.tokens_per_step or 0, summary=dict(row.summary), note=row.note,
             ))
         spec = specs[index]
         if sweep is not None:

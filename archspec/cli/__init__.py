@@ -32,7 +32,7 @@ from archspec.train.logger import RecordingError
 _SUBCOMMANDS = [
     ("archspec.cli.build", ["build", "check", "schema"]),
     ("archspec.cli.train", ["train", "peak"]),
-    ("archspec.cli.registry", ["runs", "specs", "registry"]),
+    ("archspec.cli.registry", ["runs", "specs", "registry", "gc"]),
     ("archspec.cli.ablate", ["ablate", "report"]),
     ("archspec.cli.hf", ["import-hf", "export-hf"]),
     ("archspec.cli.sample", ["sample"]),

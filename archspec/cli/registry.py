@@ -159,6 +159,20 @@ def _split_columns(columns: str | None, target: str) -> list[str]:
     return names
 
 
+def _check_columns(reg: Registry, names: Sequence[str]) -> None:
+    """A `metrics.` / `summary.` / `probe.` column no run has would print a column of `-`: refused like a --where
+    field, with the closest key."""
+    from archspec.registry.query.fields import unknown_key
+
+    if not names:
+        return
+    known = reg.known_keys()
+    for name in names:
+        problem = unknown_key(name, *known)
+        if problem:
+            raise UserError(f"--columns {printable(name, 80)}: {problem}")
+
+
 def _sparkline(values: Sequence[float], width: int = 40) -> str:
     vals = [v for v in values if not math.isnan(v)]
     if not vals:
@@ -204,12 +218,15 @@ def _run_columns(rows: Sequence[RunRow], where: str | None, sort: str | None, ex
               help=f"at most N runs; 0: all (default: {TABLE_LIMIT} for a table, all for json/csv)")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: for reading; json/csv: every row, keyed by the filter field names")
-@click.option("--columns", "-c", help="extra fields to show, comma-separated (params.model.n_layers,summary.tok_s)")
+@click.option("--columns", "-c",
+              help="extra fields to show, comma-separated (params.model.n_layers,summary.tokens_per_s); checked like "
+                   "--where fields")
 @click.pass_context
 def runs_list(ctx, registry_url, where, sort, limit, fmt, columns) -> None:
     """List runs, filtered and sorted (newest first by default)."""
     extra = _split_columns(columns, "runs")
     reg = _open(ctx, registry_url)
+    _check_columns(reg, extra)
     # A table is for reading: show the first TABLE_LIMIT and say so; json/csv are for tools and get everything.
     cut = TABLE_LIMIT if limit is None and fmt == "table" else limit or None
     rows = reg.runs(where=where, sort=sort, limit=cut + 1 if cut and limit is None else cut)
@@ -303,6 +320,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
         return
     if fmt == "json":
         data = run.to_dict()
+        data.update(notes=[{"created": t.isoformat() if t else None, "text": n} for t, n in reg.notes(run.id)])
         data.update(accounting=accounting_fields(run.accounting), spec=run.spec, params=run.params,
                     artifacts=[{"kind": k, "path": p} for k, p in artifacts], evaluations=evaluations,
                     history={k: [[p.step, p.value, p.time] for p in pts] for k, pts in histories.items()})
@@ -319,6 +337,8 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
         ("code version", run.code_version or "-"), ("created", _fmt("", run.created)),
         ("started", _fmt("", run.started)), ("ended", _fmt("", run.ended)), ("duration", _duration(run.duration_s)),
         ("tags", ", ".join(f"{k}={v}" for k, v in run.tags.items()) or "-"),
+        *([("spec name", run.spec_name)] if run.spec_name and run.spec_name != run.name else []),
+        ("note", run.note or "-"),
     ]:
         info.add_row(label, value)
     console.print(info)
@@ -492,6 +512,183 @@ def runs_export(ctx, registry_url, where, sort, limit, fmt, with_metrics, output
         echo(f"exported {len(rows)} run{'s' if len(rows) != 1 else ''} to {output}", err=True)
     else:
         echo(out.getvalue(), nl=False)
+
+
+# ── housekeeping: tags, notes, names, deletion, checkpoints ─────────────────────────────────────────────────────
+
+_TAG_KEY_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+MAX_TAG_VALUE = 4096
+MAX_NOTE = 10_000
+MAX_NAME = 128  # runs.display_name is String(128)
+
+
+def _tag_key(key: str, what: str) -> str:
+    from archspec.registry.writes import WRITER_TAGS
+
+    if not key or len(key) > 128 or not set(key) <= _TAG_KEY_CHARS or key[0] in ".-" or key.endswith("."):
+        raise UserError(f"{what}: tag key {printable(key, 60)!r} must be 1-128 letters, digits, '_', '.' or '-' "
+                        "(starting with a letter, digit or '_'), so that `tags.<key>` can name it")
+    if key in WRITER_TAGS:
+        raise UserError(f"{what}: tag {key!r} is written by the training loop itself ({', '.join(WRITER_TAGS)}); "
+                        "choose another key")
+    return key
+
+
+def _user_text(text: str, what: str, limit: int, one_line: bool) -> str:
+    text = text.strip()
+    if not text:
+        raise UserError(f"{what} is empty")
+    if len(text) > limit:
+        raise UserError(f"{what} is {len(text)} characters long; at most {limit}")
+    bad = next((c for c in text if not c.isprintable() and not (c == "\n" and not one_line)), None)
+    if bad is not None:
+        raise UserError(f"{what} holds the control character {bad!r}"
+                        f"{' (a name is one line)' if one_line else ''}: {printable(text, 60)!r}")
+    return text
+
+
+@runs_cmd.command("tag")
+@_registry_option
+@click.argument("run_id")
+@click.argument("assignments", nargs=-1, metavar="KEY=VALUE...")
+@click.option("--remove", "-r", "removals", multiple=True, metavar="KEY", help="remove this tag (also: KEY=)")
+@click.pass_context
+def runs_tag(ctx, registry_url, run_id, assignments, removals) -> None:
+    """Set tags on a run (KEY=VALUE; KEY= or --remove KEY removes one); filter them as tags.KEY."""
+    if not assignments and not removals:
+        raise UserError("runs tag needs KEY=VALUE (or KEY= / --remove KEY to remove a tag)")
+    tags: dict[str, str] = {}
+    remove = [_tag_key(k, "--remove") for k in removals]
+    for a in assignments:
+        key, eq, value = a.partition("=")
+        if not eq:
+            raise UserError(f"runs tag: {printable(a, 60)!r} is not KEY=VALUE (KEY= removes a tag)")
+        key = _tag_key(key.strip(), "runs tag")
+        if value.strip():
+            tags[key] = _user_text(value, f"the value of tag {key!r}", MAX_TAG_VALUE, one_line=True)
+        else:
+            remove.append(key)
+    both = sorted(set(tags) & set(remove))
+    if both:
+        raise UserError(f"runs tag: tag {both[0]!r} is both set and removed")
+    reg = _open(ctx, registry_url)
+    run = reg.get_run(run_id)
+    reg.set_tags(run.id, tags, remove)
+    gone = [k for k in remove if k in run.tags]
+    echo(f"run {run.id}: " + "; ".join(
+        [*(f"{k}={printable(v, 80)}" for k, v in tags.items()), *(f"removed {k}" for k in gone)] or ["no change"]))
+
+
+@runs_cmd.command("note")
+@_registry_option
+@click.argument("run_id")
+@click.argument("text")
+@click.pass_context
+def runs_note(ctx, registry_url, run_id, text) -> None:
+    """Add a free-text note to a run; `runs show` shows the latest, `--where "note like '%lr%'"` finds it."""
+    text = _user_text(text, "the note", MAX_NOTE, one_line=False)
+    reg = _open(ctx, registry_url)
+    run = reg.get_run(run_id)
+    reg.add_note(run.id, text)
+    echo(f"run {run.id}: noted")
+
+
+@runs_cmd.command("rename")
+@_registry_option
+@click.argument("run_id")
+@click.argument("new_name")
+@click.option("--reset", is_flag=True, help="give the run back its spec's name (NEW_NAME: '-')")
+@click.pass_context
+def runs_rename(ctx, registry_url, run_id, new_name, reset) -> None:
+    """Give a run a display name (its id never changes; `spec_name` keeps the spec's)."""
+    name = None if reset or new_name == "-" else _user_text(new_name, "the new name", MAX_NAME, one_line=True)
+    reg = _open(ctx, registry_url)
+    run = reg.get_run(run_id)
+    reg.rename_run(run.id, name)
+    echo(f"run {run.id}: {printable(run.name, 80)} → {printable(name or run.spec_name, 80)}")
+
+
+@runs_cmd.command("delete")
+@_registry_option
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN...")
+@click.option("--force", is_flag=True, help="also delete FINISHED runs that belong to a sweep")
+@click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation (scripts)")
+@click.option("--dry-run", is_flag=True, help="say what would be deleted, delete nothing")
+@click.option("--keep-files", is_flag=True, help="delete the registry rows only; leave every file in place")
+@click.pass_context
+def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> None:
+    """Delete runs: their registry rows and their run directories, together (never half of it)."""
+    from archspec.registry.housekeeping import delete_runs, human_size, plan_deletion
+
+    reg = _open(ctx, registry_url)
+    runs = list({r.id: r for r in (reg.get_run(i) for i in run_ids)}.values())
+    for r in runs:
+        if r.status == "RUNNING" and not r.stale:
+            raise UserError(f"run {r.id} is RUNNING (its writer is alive); stop it first (or `archspec runs reap` "
+                            "once it is dead)")
+        if r.status == "FINISHED" and r.sweeps and not force:
+            raise UserError(f"run {r.id} FINISHED and belongs to sweep {printable(r.sweeps[0], 60)}: its report needs "
+                            "it; --force deletes it anyway")
+    plans = plan_deletion(reg, runs, keep_files=keep_files)
+    for p in plans:
+        echo(f"run {p.run.id} ({printable(p.run.name, 60)}, {p.run.status}): its registry rows")
+        for d in p.dirs:
+            echo(f"  directory {printable(str(d), 200)} ({human_size(p.size)})")
+        for d in p.missing:
+            echo(f"  ({printable(str(d), 200)} is not here (another host, moved, or a relative path); left alone)")
+    total = sum(p.size for p in plans)
+    what = f"{len(plans)} run{'s' * (len(plans) != 1)}" + (f" and {human_size(total)} of files" if total else "")
+    if dry_run:
+        echo(f"would delete {what} (dry run: nothing deleted)")
+        return
+    if not yes:
+        try:
+            ok = click.confirm(f"delete {what}?", default=False)
+        except click.exceptions.Abort:
+            raise UserError("no answer to the confirmation (stdin closed); pass --yes to delete without asking; "
+                            "nothing deleted") from None
+        if not ok:
+            echo("nothing deleted")
+            ctx.exit(1)
+    left = delete_runs(reg, plans)
+    echo(f"deleted {what}")
+    for a in left:
+        echo(f"could not remove {printable(a, 200)}; remove it by hand", err=True)
+
+
+@click.command("gc")
+@_registry_option
+@click.option("--keep", type=click.Choice(["last", "best", "none"]), default="last", show_default=True,
+              help="last: each FINISHED run keeps its latest checkpoint; best: per model, only the run with the best "
+                   "--metric keeps one; none: no FINISHED run keeps any")
+@click.option("--metric", default="val_loss", show_default=True, help="the metric --keep best judges by "
+              "(metrics.best.<metric>: lowest, or highest for throughput, MFU, accuracy)")
+@click.option("--where", "-w", help="only runs matching this filter (see runs list)")
+@click.option("--apply", "do_apply", is_flag=True, help="delete the files (default: a dry run listing them)")
+@click.pass_context
+def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
+    """Free the checkpoints of FINISHED runs that a policy lets go (dry run unless --apply). Never touches a RUNNING
+    run, or a file that is not recorded as a run's checkpoint."""
+    from archspec.registry.housekeeping import apply_gc, human_size, plan_gc
+    from archspec.registry.query.fields import unknown_key
+
+    reg = _open(ctx, registry_url)
+    if keep == "best":
+        problem = unknown_key(f"metrics.best.{metric}", *reg.known_keys()[:2])
+        if problem:
+            raise UserError(f"--metric {printable(metric, 80)}: {problem.replace('metrics.best.', '')}")
+    plan = plan_gc(reg, keep, metric, where)
+    for f in plan:
+        echo(f"{f.run.id}  {human_size(f.size):>10}  {printable(str(f.path), 200)}  ({f.why})")
+    total = human_size(sum(f.size for f in plan))
+    n = f"{len(plan)} checkpoint{'s' * (len(plan) != 1)}"
+    if not do_apply:
+        echo(f"would free {total} in {n} (--keep {keep}; --apply deletes them)")
+        return
+    left = apply_gc(reg, plan)
+    echo(f"freed {total} in {n}")
+    for a in left:
+        echo(f"could not remove {printable(a, 200)}; remove it by hand", err=True)
 
 
 # ── specs ────────────────────────────────────────────────────────────────────────────────────────────────────────

@@ -149,6 +149,8 @@ class RunRecord(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     # The run's accounting, at its own seq_len (with it), for display; run_accounting is for queries.
     accounting_json: Mapped[str] = mapped_column(Text, server_default="{}")
+    # The name a user gave the run (`archspec runs rename`); NULL: the spec's name above. The id never changes.
+    display_name: Mapped[str | None] = mapped_column(String(128))
 
 
 class RunParam(Base):
@@ -196,6 +198,18 @@ class RunTag(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class RunNote(Base):
+    """A free-text note on a run (`archspec runs note`), oldest first; the latest is the run's `note`. A table of its
+    own: a restart rewrites the writer's tags, never the notes."""
+
+    __tablename__ = "run_notes"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class Metric(Base):

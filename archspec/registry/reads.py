@@ -18,11 +18,11 @@ from sqlalchemy.engine import Connection
 
 from archspec.errors import UserError, printable
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
-from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunRecord,
-                                      RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
+from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunNote,
+                                      RunRecord, RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
 from archspec.registry.query.fields import check_known_keys, higher_is_better, resolve_field
 from archspec.registry.query.sql import compile_filter, compile_sort
-from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params
+from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params, writer_gone
 from archspec.train.logger import RUNNING, SweepMembership
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
@@ -143,11 +143,14 @@ class RunRow:
     # (`passkey.accuracy`), as `probe.<key>` filters read them.
     probes: dict[str, float] = field(default_factory=dict)
     _cache: _SpecCache = field(default_factory=_SpecCache, repr=False)
+    # `name` is what the run is shown as: the name a user gave it (`archspec runs rename`), else its spec's name.
+    spec_name: str = ""  # the spec's name, as the run was trained under it
+    note: str | None = None  # the latest note (`archspec runs note`); `notes` on the Registry has them all
 
     @property
     def spec(self) -> dict[str, Any]:
         """The spec as run: its name, its model, and the recipe actually used."""
-        return {"name": self.name, "model": self._cache.get(self.model_hash)[0], "train": self.recipe}
+        return {"name": self.spec_name or self.name, "model": self._cache.get(self.model_hash)[0], "train": self.recipe}
 
     @cached_property
     def accounting(self) -> dict[str, Any]:
@@ -193,7 +196,8 @@ class RunRow:
     def stale(self) -> bool:
         """RUNNING, but its writer stopped beating (the process died or was killed); `archspec runs reap` (or the next
         run start or sweep) marks it KILLED. Computed when asked, never written by a read."""
-        return self.status == RUNNING and is_stale(self.heartbeat, self.heartbeat_timeout_s, self.read_at or utcnow())
+        return self.status == RUNNING and (is_stale(self.heartbeat, self.heartbeat_timeout_s, self.read_at or utcnow())
+                                           or writer_gone(self.host, self.tags.get("pid")))
 
     @property
     def duration_s(self) -> float | None:
@@ -222,7 +226,8 @@ class RunRow:
             return t.isoformat() if t else None
 
         return {
-            "id": self.id, "name": self.name, "status": self.status, "sweeps": self.sweeps, "seed": self.seed,
+            "id": self.id, "name": self.name, "spec_name": self.spec_name, "note": self.note, "status": self.status,
+            "sweeps": self.sweeps, "seed": self.seed,
             "model_hash": self.model_hash, "data_hash": self.data_hash, "host": self.host,
             "code_version": self.code_version, "attempt": self.attempt, "created": iso(self.created),
             "started": iso(self.started), "ended": iso(self.ended), "heartbeat": iso(self.heartbeat),
@@ -235,8 +240,9 @@ class RunRow:
     def flat(self, params: bool = True) -> dict[str, Any]:
         """One flat record (CSV, pandas): attributes, accounting, metrics, summary, tags and (optionally) params."""
         out: dict[str, Any] = {
-            k: getattr(self, k) for k in ("id", "name", "status", "sweep", "seed", "model_hash", "data_hash", "host",
-                                          "code_version", "attempt", "created", "started", "ended", "error")
+            k: getattr(self, k) for k in ("id", "name", "spec_name", "note", "status", "sweep", "seed", "model_hash",
+                                          "data_hash", "host", "code_version", "attempt", "created", "started",
+                                          "ended", "error")
         }
         out.update(self.accounting_fields)
         out.update({f"metrics.{k}": v for k, v in self.metrics.items()})
@@ -273,11 +279,15 @@ class RegistryReader(RegistryEngine):
         """(status, stale): the recorded status, and whether a RUNNING run's heartbeat is older than its timeout."""
 
         def tx(conn: Connection) -> tuple[str | None, bool]:
-            row = conn.execute(select(RunRecord.status, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s)
-                               .where(RunRecord.id == run_id)).first()
+            row = conn.execute(select(RunRecord.status, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s,
+                                      RunRecord.host).where(RunRecord.id == run_id)).first()
             if row is None:
                 return None, False
-            return row.status, row.status == RUNNING and is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now())
+            if row.status != RUNNING:
+                return row.status, False
+            pid = conn.execute(select(RunTag.value).where(RunTag.run_id == run_id, RunTag.key == "pid")).scalar()
+            stale = is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now()) or writer_gone(row.host, pid)
+            return row.status, stale
 
         return self._read(tx, "run_status", empty=lambda: (None, False))
 
@@ -314,7 +324,8 @@ class RegistryReader(RegistryEngine):
         now = self._now()
         rows: list[RunRow] = [
             RunRow(
-                id=r.id, name=r.name, status=r.status, model_hash=r.spec_hash,  # the column keeps its stored name
+                id=r.id, name=r.display_name or r.name, spec_name=r.name, status=r.status,
+                model_hash=r.spec_hash,  # the column keeps its stored name
                 data_hash=r.data_hash, seed=r.seed,
                 host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,
@@ -362,6 +373,10 @@ class RegistryReader(RegistryEngine):
             ).all():
                 v = number(value, f"evaluation_metrics {run_id} {key}")
                 by_id[run_id].probes[key] = by_id[run_id].probes[f"{task}.{key}"] = v
+            for run_id, text in conn.execute(  # oldest first: the latest note stays
+                select(RunNote.run_id, RunNote.text).where(RunNote.run_id.in_(chunk)).order_by(RunNote.id)
+            ).all():
+                by_id[run_id].note = text
         return QueryResult(rows)
 
     def get_run(self, run_id: str) -> RunRow:
@@ -392,6 +407,12 @@ class RegistryReader(RegistryEngine):
             raise UserError(f"no run {run_id!r} in registry {self.url}{short} (`archspec runs list` shows the runs)")
 
         return self._read(tx, "get_run", empty=unknown)
+
+    def notes(self, run_id: str) -> list[tuple[datetime, str]]:
+        """Every note of a run, oldest first: (created, text)."""
+        return self._read(lambda conn: [(r.created, r.text) for r in conn.execute(
+            select(RunNote.created, RunNote.text).where(RunNote.run_id == run_id).order_by(RunNote.id))],
+            "notes", empty=list)
 
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
         """Every point of one metric of a run, in step order (NaN where the value was NaN)."""
@@ -425,6 +446,11 @@ class RegistryReader(RegistryEngine):
             (r.kind, r.path) for r in conn.execute(
                 select(Artifact.kind, Artifact.path).where(Artifact.run_id == run_id).order_by(Artifact.id))
         ], "artifacts", empty=list)
+
+    def all_artifacts(self) -> list[tuple[str, str, str]]:
+        """(run id, kind, path) of every recorded artifact, oldest first (housekeeping: whose files are where)."""
+        return self._read(lambda conn: [tuple(r) for r in conn.execute(
+            select(Artifact.run_id, Artifact.kind, Artifact.path).order_by(Artifact.id))], "artifacts", empty=list)
 
     def run_checkpoint(self, run_ref: str, purpose: str = "use") -> tuple[RunRow, Path]:
         """The run (by id or unique prefix) and the checkpoint it recorded last, as a path that exists on this host.

@@ -116,3 +116,28 @@ def typed_row(value: Any) -> dict[str, Any]:
 def is_stale(heartbeat: datetime | None, timeout_s: float, now: datetime) -> bool:
     """A RUNNING run whose writer has not beaten for longer than its own timeout: the process died or was killed."""
     return heartbeat is None or (now - heartbeat).total_seconds() > timeout_s
+
+
+def writer_gone(host: str | None, pid_text: str | None) -> bool:
+    """The run's writer ran on this host (its recorded `host`) and its process (its `pid` tag) no longer exists: the
+    run is dead now, whatever its heartbeat timeout says (`kill -9`). Another host's process cannot be checked (that is
+    what `--take-over` and the heartbeat are for); a pid reused by an unrelated process reads as alive (the safe
+    side), and so does this very process. Asking the kernel whether a pid exists changes nothing: reads use it too."""
+    import os
+    import socket
+
+    if not host or host != socket.gethostname():
+        return False
+    try:
+        pid = int(pid_text or "")
+    except ValueError:
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # exists, owned by someone else; or no pid at all
+        return False
+    return False

@@ -27,6 +27,7 @@ from archspec.registry.models import (
     MetricStats,
     RunAccounting,
     RunParam,
+    RunNote,
     RunRecord,
     RunTag,
     SpecAccounting,
@@ -37,7 +38,7 @@ from archspec.registry.models import (
     SweepRun,
 )
 from archspec.registry.values import (accounting_fields, canonical_text, flatten, is_stale, run_params, typed_row,
-                                     with_seq_len)
+                                     with_seq_len, writer_gone)
 from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, RunInfo, SweepMembership
 
 
@@ -51,24 +52,15 @@ class RunFinishedError(UserError):
 
 
 def _writer_gone(conn: Connection, row) -> bool:
-    """The run's writer ran on this host and its process no longer exists. Another host's process cannot be checked
-    (that is what `--take-over` is for); a pid reused by an unrelated process reads as alive (the safe side)."""
-    if not row.host or row.host != socket.gethostname():
-        return False
+    """The run's writer ran on this host and its process no longer exists (see `values.writer_gone`)."""
     pid_text = conn.execute(select(RunTag.value).where(RunTag.run_id == row.id, RunTag.key == "pid")).scalar()
-    try:
-        pid = int(pid_text or "")
-    except ValueError:
-        return False
-    if pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by someone else
-        return False
-    return False
+    return writer_gone(row.host, pid_text)
+
+
+# Tags the training loop writes itself (archspec.train.loop `run_info`): a restart replaces them, `archspec runs tag`
+# may not set or remove them (a forged `pid` would make a live run look dead, or a dead one alive).
+WRITER_TAGS = ("device", "precision", "world_size", "compile", "parallel", "activation_checkpointing", "corpus",
+               "corpus_hash", "tokenizer", "train_tokens", "val_tokens", "resumed_from_step", "repeat_of", "pid")
 
 
 class RunActiveError(UserError):
@@ -246,8 +238,11 @@ class RegistryWriter(RegistryEngine):
                     f"(last heartbeat {age:.0f}s ago); if that process is dead (killed on another machine), "
                     "`archspec train ... --take-over` starts it anyway"
                 )
-            for table in (SummaryMetric, RunParam, RunTag, RunAccounting):
+            for table in (SummaryMetric, RunParam, RunAccounting):
                 conn.execute(delete(table).where(table.run_id == info.run_id))
+            # The writer's tags are the new attempt's; the user's own (`archspec runs tag`) stay, like its notes.
+            writer_keys = set(WRITER_TAGS) | set(info.tags or {})
+            conn.execute(delete(RunTag).where(RunTag.run_id == info.run_id, RunTag.key.in_(sorted(writer_keys))))
             attempt = row.attempt if (row.status == SCHEDULED and row.started is None) else row.attempt + 1
             conn.execute(update(RunRecord).where(RunRecord.id == info.run_id).values(
                 status=RUNNING, attempt=attempt, started=now, ended=None, heartbeat=now, error=None,
@@ -422,38 +417,44 @@ class RegistryWriter(RegistryEngine):
         return is_stale(row.heartbeat, row.heartbeat_timeout_s if timeout_s is None else timeout_s, now)
 
     def reap(self, timeout_s: float | None = None) -> list[str]:
-        """Mark KILLED every RUNNING run whose last heartbeat is older than its writer's timeout (or `timeout_s`).
+        """Mark KILLED every RUNNING run whose last heartbeat is older than its writer's timeout (or `timeout_s`), and
+        at once every RUNNING run whose writer ran on this host and whose process (its `pid` tag) is gone (`kill -9`).
 
         A write, done where writes happen: at a run start, by a sweep before each job, and by `archspec runs reap`.
-        Reads never reap; they show such a run as stale (`RunRow.stale`). The update re-checks the heartbeat, so a
-        run that beat in between is left alone. Returns the ids marked.
+        Reads never reap; they show such a run as stale (`RunRow.stale`). The update re-checks the heartbeat (or,
+        for a dead writer, the attempt), so a run that beat or restarted in between is left alone. Returns the ids
+        marked.
         """
         now = self._now()
-        rows = self._read(
-            lambda conn: conn.execute(
-                select(RunRecord.id, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s, RunRecord.attempt)
-                .where(RunRecord.status == RUNNING)
-            ).all(),
-            "find stale runs",
-            empty=list,
-        )
-        stale = [r for r in rows if self._is_stale(r, now, timeout_s)]
+
+        def find(conn: Connection):
+            rows = conn.execute(
+                select(RunRecord.id, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s, RunRecord.attempt,
+                       RunRecord.host).where(RunRecord.status == RUNNING)
+            ).all()
+            pids = dict(conn.execute(select(RunTag.run_id, RunTag.value).where(
+                RunTag.key == "pid", RunTag.run_id.in_(select(RunRecord.id).where(RunRecord.status == RUNNING)))).all())
+            return [(r, writer_gone(r.host, pids.get(r.id))) for r in rows]
+
+        rows = self._read(find, "find stale runs", empty=list)
+        stale = [(r, gone) for r, gone in rows if gone or self._is_stale(r, now, timeout_s)]
         if not stale:
             return []
 
         def tx(conn: Connection) -> list[str]:
             marked = []
-            for r in stale:
+            for r, gone in stale:
                 limit = r.heartbeat_timeout_s if timeout_s is None else timeout_s
-                cutoff = now - timedelta(seconds=limit)
-                res = conn.execute(
-                    update(RunRecord)
-                    .where(RunRecord.id == r.id, RunRecord.status == RUNNING, RunRecord.attempt == r.attempt,
-                           (RunRecord.heartbeat.is_(None)) | (RunRecord.heartbeat < cutoff))
-                    .values(status=KILLED, ended=r.heartbeat or now,
-                            error=f"no heartbeat since {fmt_time(r.heartbeat)} (timeout {limit:g}s): "
-                                  "the process died or was killed")
-                )
+                cond = RunRecord.id == r.id, RunRecord.status == RUNNING, RunRecord.attempt == r.attempt
+                if gone:
+                    error = f"its writer's process on this host ({r.host}) is gone: it was killed or died"
+                else:
+                    cutoff = now - timedelta(seconds=limit)
+                    cond += ((RunRecord.heartbeat.is_(None)) | (RunRecord.heartbeat < cutoff),)
+                    error = (f"no heartbeat since {fmt_time(r.heartbeat)} (timeout {limit:g}s): "
+                             "the process died or was killed")
+                res = conn.execute(update(RunRecord).where(*cond).values(
+                    status=KILLED, ended=r.heartbeat or now, error=error))
                 if res.rowcount:
                     marked.append(r.id)
             return marked
@@ -461,3 +462,66 @@ class RegistryWriter(RegistryEngine):
         return self._write(tx, "mark stale runs KILLED")
 
     mark_stale_killed = reap  # the earlier name
+
+    # housekeeping: what a user asks for explicitly (`archspec runs tag|note|rename|delete`); nothing else changes
+
+    def _require_run(self, conn: Connection, run_id: str) -> None:
+        if conn.execute(select(RunRecord.id).where(RunRecord.id == run_id)).first() is None:
+            raise UserError(f"no run {run_id!r} in registry {self.url}")
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str], remove: Sequence[str] = ()) -> None:
+        """Set (`tags`) and remove (`remove`) user tags of a run, in one transaction; removing an absent tag is no
+        error. The writer's own tags (`WRITER_TAGS`) are refused by the CLI."""
+        def tx(conn: Connection) -> None:
+            self._require_run(conn, run_id)
+            keys = sorted({*tags, *remove})
+            if keys:
+                conn.execute(delete(RunTag).where(RunTag.run_id == run_id, RunTag.key.in_(keys)))
+            if tags:
+                conn.execute(insert(RunTag), [{"run_id": run_id, "key": k, "value": v} for k, v in tags.items()])
+
+        self._write(tx, "set tags")
+
+    def add_note(self, run_id: str, text: str) -> None:
+        """Add a free-text note to a run; the latest note is the run's `note` (earlier ones stay, oldest first)."""
+        def tx(conn: Connection) -> None:
+            self._require_run(conn, run_id)
+            conn.execute(insert(RunNote).values(run_id=run_id, text=text, created=self._now()))
+
+        self._write(tx, "add note")
+
+    def rename_run(self, run_id: str, name: str | None) -> None:
+        """Give a run a display name (None: back to its spec's name). Its id never changes."""
+        def tx(conn: Connection) -> None:
+            self._require_run(conn, run_id)
+            conn.execute(update(RunRecord).where(RunRecord.id == run_id).values(display_name=name))
+
+        self._write(tx, "rename run")
+
+    def delete_runs(self, run_ids: Sequence[str], before_commit: Callable[[], None] | None = None) -> int:
+        """Delete runs and every row that belongs to them (params, accounting, tags, notes, sweep memberships,
+        metrics, summary, artifacts, evaluations) in one transaction; their specs stay (specs exist without runs).
+        `before_commit` runs inside the transaction, last: an exception there rolls everything back. Returns the
+        number of runs deleted. The files are the caller's (archspec.registry.housekeeping)."""
+        ids = list(dict.fromkeys(run_ids))
+
+        def tx(conn: Connection) -> int:
+            evaluations = select(Evaluation.id).where(Evaluation.run_id.in_(ids))
+            conn.execute(delete(EvaluationMetric).where(EvaluationMetric.evaluation_id.in_(evaluations)))
+            for table in (Evaluation, RunNote, Artifact, SummaryMetric, MetricStats, Metric, RunTag, SweepRun,
+                          RunAccounting, RunParam):
+                conn.execute(delete(table).where(table.run_id.in_(ids)))
+            n = conn.execute(delete(RunRecord).where(RunRecord.id.in_(ids))).rowcount
+            if before_commit is not None:
+                before_commit()
+            return n
+
+        return self._write(tx, "delete runs")
+
+    def forget_artifacts(self, paths_by_run: Mapping[str, Sequence[str]]) -> None:
+        """Forget recorded artifacts (run id → paths) in one transaction: their files are gone (`archspec gc`)."""
+        def tx(conn: Connection) -> None:
+            for run_id, paths in paths_by_run.items():
+                conn.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.path.in_(list(paths))))
+
+        self._write(tx, "forget artifacts")

@@ -238,3 +238,12 @@ def test_the_reproduce_command_quotes_a_hostile_name():
     run = type("R", (), {"id": "ab12", "name": "x; touch /tmp/pwned #"})()
     command = _reproduce(run, "http://h/")
     assert "'x; touch /tmp/pwned #.yaml'" in command and "> x;" not in command
+
+
+def test_the_run_page_shows_the_note_and_the_display_name_escaped(fixture):
+    registry, ids, client = fixture
+    registry.add_note(ids["llama0"], "lr too high " + SCRIPT)
+    registry.rename_run(ids["llama0"], "llama-first")
+    page = client.get(f"/runs/{ids['llama0']}").text
+    assert "lr too high" in page and SCRIPT not in page and "llama-first" in page and "spec name" in page
+    assert client.get(f"/runs/{ids['llama0']}/spec.yaml").text.startswith("name: llama\n")  # the spec's own name

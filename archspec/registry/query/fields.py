@@ -7,7 +7,7 @@ Fields (see FIELDS_HELP): spec params `params.model.*`, `params.train.*`, `param
 `params.active`, `params.embedding`, `params.by_component.<name>`, `flops.forward`, `flops.train`, `kv_cache_bytes`;
 metrics `metrics.<key>` (latest value), `metrics.best.<key>` (lowest; highest for throughput, MFU and accuracy: see
 `higher_is_better`), `metrics.min.<key>`, `metrics.max.<key>`;
-`summary.<key>`; `tags.<key>`; run attributes (status, name, created, ...).
+`summary.<key>`; `tags.<key>`; run attributes (status, name, spec_name, note, created, ...).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from archspec.registry.models import RunRecord, SpecRecord
+from sqlalchemy import func, select
+
+from archspec.registry.models import RunNote, RunRecord, SpecRecord
 from archspec.registry.query.parse import FilterError, _fields_of, parse_filter, parse_sort
 
 # Accounting figures (from `RunInfo.accounting`, flattened as stored in spec_accounting), and their aliases.
@@ -56,9 +58,15 @@ def best_aggregate(key: str) -> str:
 
 
 # Typed run attributes: text, number, time or status (text, normalised to upper case and checked).
+# `name` is what a run is shown as (its display name, `archspec runs rename`, else its spec's name); `spec_name` the
+# spec's; `note` the latest note (`archspec runs note`; `note like '%lr%'`, `note is null`).
+_LATEST_NOTE = (select(RunNote.text).where(RunNote.run_id == RunRecord.id).order_by(RunNote.id.desc()).limit(1)
+                .correlate(RunRecord).scalar_subquery())
 RUN_ATTRS: dict[str, tuple[Any, str]] = {
     "id": (RunRecord.id, "str"),
-    "name": (RunRecord.name, "str"),
+    "name": (func.coalesce(RunRecord.display_name, RunRecord.name), "str"),
+    "spec_name": (RunRecord.name, "str"),
+    "note": (_LATEST_NOTE, "str"),
     "status": (RunRecord.status, "status"),
     "seed": (RunRecord.seed, "num"),
     "model_hash": (RunRecord.model_hash, "str"),
@@ -156,6 +164,57 @@ def resolve_field(name: str, target: str) -> FieldRef:
     raise ValueError(f"unknown field {name!r}; fields are {FIELDS_HELP}")
 
 
+def closest_key(key: str, known: set[str]) -> str | None:
+    """The known key `key` most likely meant: one it abbreviates part by part (`tok_s` → `tokens_per_s`: every `_`/`.`
+    part a prefix of a part, in order), else the closest spelling."""
+    import re
+
+    parts = [p for p in re.split(r"[_.]", key) if p]
+
+    def abbreviates(candidate: str) -> bool:
+        rest = [p for p in re.split(r"[_.]", candidate) if p]
+        i = 0
+        for part in parts:
+            while i < len(rest) and not rest[i].startswith(part):
+                i += 1
+            if i == len(rest):
+                return False
+            i += 1
+        return True
+
+    abbreviated = sorted((k for k in known if k != key and abbreviates(k)), key=lambda k: (len(k), k))
+    if parts and abbreviated:
+        return abbreviated[0]
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return close[0] if close else None
+
+
+def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_keys: set[str] | None = None
+                ) -> str | None:
+    """Why `name` (a resolvable runs field) names nothing: a `metrics.` / `summary.` key no run has, or a `probe.`
+    key no probe has, with the closest known key; None when it is fine (or there is nothing to check against)."""
+    if not metric_keys and not summary_keys and not probe_keys:
+        return None
+    ref = resolve_field(name, "runs")
+    if ref.kind == "probe":
+        key = f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key
+        if not probe_keys or key in probe_keys or (ref.aggregate and ref.key in probe_keys):
+            return None  # a known key under a task nobody probed yet is no typo: it matches nothing
+        close = closest_key(key, probe_keys)
+        hint = f"did you mean probe.{close}?" if close else f"known: {', '.join(sorted(probe_keys))}"
+        return f"no probe of any run has {key!r}; {hint}"
+    if ref.kind not in ("metric", "summary"):
+        return None
+    known = metric_keys if ref.kind == "metric" else summary_keys
+    if ref.key in known:
+        return None
+    head = name[: len(name) - len(ref.key)]  # "metrics.", "metrics.best.", "summary."
+    close = closest_key(ref.key, known)
+    hint = f"did you mean {head}{close}?" if close else f"known: {', '.join(sorted(known)) or 'none'}"
+    kind = "metric" if ref.kind == "metric" else "summary key"
+    return f"no run has the {kind} {ref.key!r}; {hint}"
+
+
 def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str], summary_keys: set[str],
                      probe_keys: set[str] | None = None) -> None:
     """Refuse `metrics.<key>` / `summary.<key>` that no run in the registry has (a typo would match nothing, or sort
@@ -166,21 +225,6 @@ def check_known_keys(where: str | None, sort: str | None, metric_keys: set[str],
     checks = [("filter", where, f) for f in _fields_of(parse_filter(where))]
     checks += [("sort", sort, f) for f, _ in parse_sort(sort)]
     for what, text, field in checks:
-        ref = resolve_field(field.name, "runs")
-        if ref.kind == "probe":
-            key = f"{ref.aggregate}.{ref.key}" if ref.aggregate else ref.key
-            if not probe_keys or key in probe_keys or (ref.aggregate and ref.key in probe_keys):
-                continue  # a known key under a task nobody probed yet is no typo: it matches nothing
-            close = difflib.get_close_matches(key, sorted(probe_keys), n=1)
-            hint = f"did you mean probe.{close[0]}?" if close else f"known: {', '.join(sorted(probe_keys))}"
-            raise FilterError(what, text or "", field.pos, f"no probe of any run has {key!r}; {hint}")
-        if ref.kind not in ("metric", "summary"):
-            continue
-        known = metric_keys if ref.kind == "metric" else summary_keys
-        if ref.key in known:
-            continue
-        head = field.name[: len(field.name) - len(ref.key)]  # "metrics.", "metrics.best.", "summary."
-        close = difflib.get_close_matches(ref.key, sorted(known), n=1)
-        hint = f"did you mean {head}{close[0]}?" if close else f"known: {', '.join(sorted(known)) or 'none'}"
-        kind = "metric" if ref.kind == "metric" else "summary key"
-        raise FilterError(what, text or "", field.pos, f"no run has the {kind} {ref.key!r}; {hint}")
+        problem = unknown_key(field.name, metric_keys, summary_keys, probe_keys)
+        if problem:
+            raise FilterError(what, text or "", field.pos, problem)
