@@ -214,24 +214,42 @@ class Factor:
 
     @property
     def name(self) -> str:
-        return " + ".join(self.keys)
+        return "+".join(self.keys)
 
 
 def grid_factors(variants: list[VariantResult]) -> list[Factor]:
-    """The factors of the sweep's grid: each override key whose value varies, keys that always vary together (a zip)
-    merged into one factor."""
+    """The factors of the sweep's grid: each override key whose value varies, keys that co-vary merged into one
+    factor. Two keys are separate factors only when they are crossed (every pair of their levels occurs, as in a
+    grid's product); keys of a zip vary together (`n_layers` 2, 2, 3, 4 beside `d_model` 32, 48, 64, 96: a coarser
+    partition, not a second factor), so they are one factor, named `key1+key2`."""
     keys = list(dict.fromkeys(k for v in variants for k in v.overrides))
     if not keys or any(set(v.overrides) != set(keys) for v in variants):
         return []
-    partitions: dict[tuple, list[str]] = {}
+    groups: list[list[str]] = []
     for key in keys:
-        values = [v.overrides[key] for v in variants]
-        firsts = list(dict.fromkeys(values))
-        if len(firsts) < 2:
-            continue
-        partitions.setdefault(tuple(firsts.index(x) for x in values), []).append(key)
+        if len({v.overrides[key] for v in variants}) >= 2:
+            groups.append([key])
+
+    def levels(group: list[str]) -> list[tuple[str, ...]]:
+        return [tuple(v.overrides[k] for k in group) for v in variants]
+
+    def crossed(a: list[str], b: list[str]) -> bool:
+        la, lb = levels(a), levels(b)
+        return len(set(zip(la, lb))) == len(set(la)) * len(set(lb))
+
+    merged = True
+    while merged:  # merge any two groups that are not crossed, until every pair is
+        merged = False
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                if not crossed(groups[i], groups[j]):
+                    groups[i] = groups[i] + groups.pop(j)
+                    merged = True
+                    break
+            if merged:
+                break
     factors = []
-    for pattern, group in partitions.items():
+    for group in groups:
         level_of = {v.index: ", ".join(v.overrides[k] for k in group) if len(group) > 1 else v.overrides[group[0]]
                     for v in variants}
         factors.append(Factor(group, list(dict.fromkeys(level_of[v.index] for v in variants)), level_of))
@@ -310,38 +328,91 @@ def rich_table(title: str, rows: list[dict[str, str]], caption: str | None = Non
     return table
 
 
-def plot_png(title: str, variants: list[VariantResult], path: Path) -> Path:
-    """Val loss vs step (mean line, min–max band over seeds) and vs cumulative train FLOPs."""
+def verdict_text(v: VariantResult, baseline: VariantResult | None) -> str:
+    """A variant's verdict as the figure states it: `baseline`, or Δ with its 95% CI and the verdict."""
+    if baseline is None or v.index == baseline.index:
+        return "baseline"
+    c = compare(v, baseline)
+    if c.interval is None:
+        return "no runs" if not v.finals else "no baseline runs"
+    ci = f" {c.interval.text()}" if c.interval.known else ""
+    return f"Δ {c.delta:+.4f}{ci}: {c.verdict}"
+
+
+def report_figure(title: str, variants: list[VariantResult], baseline_index: int | None = None):
+    """The report's figure (matplotlib): val loss vs step and vs cumulative train FLOPs (mean line, min–max band over
+    seeds), and a third panel of the final val loss per variant (each seed, the mean and its 95% t interval) on a
+    y-range set by the final values' spread, so the gap the verdict is about can be seen. Each variant's legend
+    label carries its verdict against the baseline (Δ with its Welch interval); the legend sits below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_step, ax_flops) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    for v in variants:
+    from archspec.ablate.stats import mean_interval
+
+    baseline = next((v for v in variants if v.index == baseline_index), None)
+    fig, (ax_step, ax_flops, ax_final) = plt.subplots(1, 3, figsize=(15, 5.2), constrained_layout=True,
+                                                      gridspec_kw={"width_ratios": [1.2, 1.2, 0.8]})
+    handles, labels, finals_shown = [], [], []
+    for pos, v in enumerate(variants):
         curves = [dict(r.history) for r in v.runs if r.history]
-        if not curves:
-            continue
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        if not steps:
-            continue
-        vals = [[c[s] for c in curves] for s in steps]
-        mean = [statistics.fmean(x) for x in vals]
-        lo, hi = [min(x) for x in vals], [max(x) for x in vals]
-        label = f"v{v.index}: {v.label}"[:60]
-        (line,) = ax_step.plot(steps, mean, label=label, marker="o", markersize=3)
-        ax_step.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
-        tokens_per_step = v.runs[0].tokens_per_step
-        flops = [s * tokens_per_step * v.flops_train_per_token for s in steps]
-        ax_flops.plot(flops, mean, color=line.get_color(), marker="o", markersize=3)
-        ax_flops.fill_between(flops, lo, hi, alpha=0.2, color=line.get_color())
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        label = f"v{v.index}: {v.label}"[:60] + f" — {verdict_text(v, baseline)}"
+        color = f"C{pos % 10}"
+        if steps:
+            vals = [[c[s] for c in curves] for s in steps]
+            mean = [statistics.fmean(x) for x in vals]
+            lo, hi = [min(x) for x in vals], [max(x) for x in vals]
+            (line,) = ax_step.plot(steps, mean, marker="o", markersize=3, color=color)
+            ax_step.fill_between(steps, lo, hi, alpha=0.2, color=color)
+            tokens_per_step = v.runs[0].tokens_per_step
+            flops = [s * tokens_per_step * v.flops_train_per_token for s in steps]
+            ax_flops.plot(flops, mean, color=color, marker="o", markersize=3)
+            ax_flops.fill_between(flops, lo, hi, alpha=0.2, color=color)
+            handles.append(line)
+            labels.append(label)
+        finals = v.finals
+        if finals:
+            ax_final.plot([pos] * len(finals), finals, ".", color=color, alpha=0.5, markersize=6)
+            m = mean_interval(finals)
+            err = [[v.mean - m.low], [m.high - v.mean]] if m is not None and m.known else None
+            ax_final.errorbar([pos], [v.mean], yerr=err, fmt="s", color=color, capsize=4, markersize=5)
+            finals_shown += finals + ([m.low, m.high] if m is not None and m.known else [])
+            if not steps:
+                handles.append(ax_final.lines[-1])
+                labels.append(label)
     ax_step.set(xlabel="step", ylabel="val loss", title=f"{title}: val loss (mean, min–max over seeds)")
     ax_flops.set(xlabel="train FLOPs", ylabel="val loss", title="val loss vs compute", xscale="log")
-    ax_step.legend(fontsize=7)
-    for ax in (ax_step, ax_flops):
+    ax_final.set(ylabel="final val loss", title="final val loss (seeds, mean, 95% CI)",
+                 xticks=list(range(len(variants))), xticklabels=[f"v{v.index}" for v in variants])
+    if finals_shown:  # the y-range of the final values' spread: the gap is the point of the panel
+        lo, hi = min(finals_shown), max(finals_shown)
+        pad = max(hi - lo, 1e-3 * max(abs(hi), 1.0)) * 0.25
+        ax_final.set_ylim(lo - pad, hi + pad)
+        ax_final.set_xlim(-0.6, len(variants) - 0.4)
+    for ax in (ax_step, ax_flops, ax_final):
         ax.grid(alpha=0.3)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=1 if len(handles) > 4 else 2, fontsize=8,
+                   title="variant — Δ final val loss vs baseline [95% Welch CI]: verdict", title_fontsize=8)
+    return fig
+
+
+def figure_texts(fig) -> list[str]:
+    """Every text a figure draws (titles, labels, legend entries): what a test reads instead of pixels."""
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+
+
+def plot_png(title: str, variants: list[VariantResult], path: Path, baseline_index: int | None = None) -> Path:
+    """The report's figure (`report_figure`) as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = report_figure(title, variants, baseline_index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -354,19 +425,46 @@ _HTML = jinja2.Environment(
 _HTML.filters["spec"] = spec_text  # values as a spec writes them (null, true), not Python's None/True
 
 
+def scaling_section(fits, png: Path) -> dict[str, Any]:
+    """The scaling fit (archspec.ablate.scaling.GroupFit list) as the HTML report shows it: a row per group and
+    its picture."""
+    from archspec.ablate.scaling import X_NAMES
+
+    def ci(r, name: str) -> str:
+        return f"[{number(r.interval[name][0])}, {number(r.interval[name][1])}]" if r.interval else "-"
+
+    rows = [{"group": g.label, "x": X_NAMES[g.over], "sizes": str(len(g.sizes)),
+             "runs": str(sum(len(s.runs) for s in g.sizes)), "E": number(g.result.law.E), "E 95% CI": ci(g.result, "E"),
+             "A": number(g.result.law.A), "A 95% CI": ci(g.result, "A"), "α": f"{g.result.law.alpha:.4f}",
+             "α 95% CI": ci(g.result, "alpha")} for g in fits]
+    n_boot = max((g.result.n_boot for g in fits), default=0)
+    return {"rows": rows, "image": base64.b64encode(png.read_bytes()).decode(),
+            "notes": [g.result.note for g in fits if g.result.note],
+            "caption": f"L = E + A·x^(−α), least squares on the seed means at each size; intervals: 95% percentile "
+                       f"bootstrap over seeds ({n_boot} replicates); `archspec scaling` refits with more"}
+
+
 def render_html(title: str, rows: list[dict[str, str]], png: Path, variants: list[VariantResult],
-                meta: dict[str, Any], effects: list[dict[str, str]] | None = None) -> str:
+                meta: dict[str, Any], effects: list[dict[str, str]] | None = None,
+                scaling: dict[str, Any] | None = None) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     return _HTML.get_template("report.html.j2").render(title=title, rows=rows, image=image, variants=variants,
                                                        meta=meta, caption=CAPTION, effects=effects or [],
-                                                       effects_caption=EFFECTS_CAPTION)
+                                                       effects_caption=EFFECTS_CAPTION, scaling=scaling)
 
 
 def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,
-                 meta: dict[str, Any]) -> tuple[list[dict[str, str]], Path, Path]:
+                 meta: dict[str, Any], fits=None) -> tuple[list[dict[str, str]], Path, Path]:
+    """Table rows, the PNG and the HTML; `fits` (archspec.ablate.scaling.sweep_fits), when the sweep has a scaling
+    fit, adds it to the HTML with its own picture (`<title>-scaling.png`)."""
     rows = table_rows(variants, baseline_index)
-    png = plot_png(title, variants, out_dir / f"{title}.png")
+    png = plot_png(title, variants, out_dir / f"{title}.png", baseline_index)
     html = out_dir / f"{title}.html"
     effects = effect_rows(main_effects(variants, baseline_index))
-    html.write_text(render_html(title, rows, png, variants, meta, effects), encoding="utf-8")
+    scaling = None
+    if fits:
+        from archspec.ablate.scaling import plot_fits
+
+        scaling = scaling_section(fits, plot_fits(title, fits, out_dir / f"{title}-scaling.png"))
+    html.write_text(render_html(title, rows, png, variants, meta, effects, scaling), encoding="utf-8")
     return rows, png, html

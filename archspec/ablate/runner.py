@@ -10,14 +10,15 @@ RUNNING (with a live heartbeat, i.e. another machine on the same registry) is le
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from rich.markup import escape
 
 from archspec.ablate.report import RunResult, VariantResult, label_overrides
-from archspec.ablate.sweep import Job, Sweep, spec_diff, spec_text
+from archspec.ablate.sweep import Job, Sweep, load_sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.registry.query.parse import text_literal
@@ -226,3 +227,79 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             overrides=overrides,
         ))
     return variants, baseline_index
+
+
+@dataclass
+class Found:
+    """A sweep's runs as a report entry point found them (`find_runs`)."""
+
+    name: str
+    sweep: Sweep | None  # the sweep file as loaded with the options, None when given by name or when it fell back
+    variants: list  # VariantResult
+    baseline: int
+    note: str | None = None  # said when the runs were found some other way than asked
+
+
+def _options_text(overrides: Sequence[str], seeds: Sequence[int] | None, steps: int | None) -> str:
+    return "".join([*(f" --set {o}" for o in overrides), f" --seeds {','.join(map(str, seeds))}" if seeds else "",
+                    f" --steps {steps}" if steps else ""])
+
+
+def _recipes_seen(registry: Registry, name: str) -> str:
+    """How the runs recorded under the sweep's name were trained (steps, seeds): so an error can say which options
+    would select them."""
+    rows = registry.runs(where=f"sweep = {text_literal(name)}", sort="created")
+    steps = sorted({int(r.recipe.get("steps", 0)) for r in rows if r.recipe.get("steps")})
+    seeds = sorted({r.seed for r in rows})
+    if not rows:
+        return ""
+    return (f"{len(rows)} run(s) of sweep {name!r} are recorded, trained at steps {', '.join(map(str, steps))}, "
+            f"seeds {', '.join(map(str, seeds))}")
+
+
+def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = (), seeds: Sequence[int] | None = None,
+              steps: int | None = None, command: str = "report") -> Found:
+    """The runs a report (`archspec report`, `archspec scaling`) shows for SWEEP, a sweep file or a sweep name.
+
+    A file is loaded with the options `archspec ablate` took (`--set`, `--seeds`, `--steps`), so its variants are
+    those ablate trained and their runs are matched by model and recipe. A file given without options whose variants
+    have no runs (they were trained with, e.g., `--steps 40`) falls back to the runs recorded as members of its sweep,
+    grouped by the variant each membership names, with a note saying so. `seeds` restricts the report to those seeds.
+    When there are truly no runs, the error names what was looked for and the command that trains them."""
+    path = Path(sweep_arg)
+    is_file = path.suffix in (".yaml", ".yml") or path.exists()
+    if not is_file and (overrides or steps):
+        raise UserError(f"--set/--steps need a sweep file, got the sweep name {printable(sweep_arg, 100)!r}")
+    loaded = load_sweep(path, overrides=overrides, seeds=seeds, steps=steps) if is_file else None
+    name = loaded.name if loaded else sweep_arg
+    variants, baseline = collect(registry, name, loaded)
+    note = None
+    if is_file and not any(v.runs for v in variants) and not (overrides or steps):
+        by_name, by_name_baseline = collect(registry, name, None)
+        if any(v.runs for v in by_name):
+            variants, baseline, loaded = by_name, by_name_baseline, None
+            note = (f"no run matches {printable(sweep_arg, 200)} as written (its budget and seeds); showing the runs "
+                    f"recorded as members of sweep {name!r} ({_recipes_seen(registry, name)}); pass the options "
+                    "`archspec ablate` took (--steps/--seeds/--set) to select exactly those")
+    if seeds is not None:
+        wanted = set(seeds)
+        for v in variants:
+            v.runs = [r for r in v.runs if r.seed in wanted]
+    if not any(v.runs for v in variants):
+        options = _options_text(overrides, seeds, steps)
+        if loaded is not None:
+            budget = (json.dumps(loaded.file.budget.model_dump(exclude_none=True)) if loaded.file.budget
+                      else "each variant's train.steps")
+            looked = (f"runs of the {len(loaded.variants)} variant(s) of {printable(sweep_arg, 200)} at budget "
+                      f"{budget}" + (f", seeds {', '.join(map(str, seeds))}" if seeds else "")
+                      + (f", with --set {' '.join(overrides)}" if overrides else ""))
+            train = f"archspec ablate {printable(sweep_arg, 200)}{options}"
+        else:
+            looked = f"runs recorded as members of sweep {printable(name, 100)!r}" + (
+                f" at seeds {', '.join(map(str, seeds))}" if seeds else "")
+            train = "archspec ablate SWEEP_FILE (whose name: is " + printable(name, 100) + ")"
+        seen = _recipes_seen(registry, name)
+        raise UserError(f"{command} {printable(sweep_arg, 200)}: no runs in the registry {registry.url}: looked for "
+                        f"{looked}" + (f"; {seen}: give the options they were trained with" if seen else "")
+                        + f"; `{train}` trains them")
+    return Found(name, loaded, variants, baseline, note)

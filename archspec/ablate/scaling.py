@@ -344,7 +344,7 @@ def plot_fits(title: str, fits: list[GroupFit], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8, 5.5), constrained_layout=True)
     for g in fits:
         xs = np.array([s.x for s in g.sizes])
         means = np.array([s.mean for s in g.sizes])
@@ -371,12 +371,32 @@ def plot_fits(title: str, fits: list[GroupFit], path: Path) -> Path:
     for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis_formatter(FormatStrFormatter("%.2f"))  # losses span less than a decade: plain numbers, not 4×10⁰
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    # below the axes, never over the curves; the tight box keeps the long labels whole
+    fig.legend(loc="outside lower center", fontsize=8, ncol=1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-__all__ = ["PowerLaw", "FitResult", "fit_power_law", "fit_with_intervals", "RunPoint", "run_points", "SizePoint",
+# Bootstrap replicates for the fit an ablation report shows (`archspec scaling` takes --bootstrap, default 1000).
+REPORT_BOOT = 300
+
+
+def sweep_fits(rows: Sequence[Any], size_keys: Sequence[str], n_boot: int = REPORT_BOOT) -> list[GroupFit] | None:
+    """The scaling fit of a sweep that has one, for its report: the sweep varies a size key (SIZE_KEYS, e.g.
+    `model.d_model` in a zip) and its finished runs can be fitted (three or more sizes per architecture). None
+    otherwise: a sweep over kinds has no size axis, and a fit that cannot be made is `archspec scaling`'s to explain."""
+    if not any(k.rpartition(".")[2] in SIZE_KEYS for k in size_keys):
+        return None
+    points, _ = run_points(rows)
+    if len({p.params for p in points}) < N_PARAMS:
+        return None
+    try:
+        return fit_groups(points, n_boot=n_boot)
+    except UserError:
+        return None
+
+
+__all__ = ["sweep_fits", "REPORT_BOOT", "PowerLaw", "FitResult", "fit_power_law", "fit_with_intervals", "RunPoint", "run_points", "SizePoint",
            "GroupFit", "fit_groups", "choose_over", "non_embedding_params", "plot_fits", "SIZE_KEYS", "OVER"]

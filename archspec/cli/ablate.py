@@ -39,28 +39,29 @@ def _out_option(f):
 def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_type: str = "cpu") -> Table:
     """The variant table; times from the registry's measured throughput (`measured`, archspec.ablate.estimate), else
     from the stated assumption on `peak`."""
-    from archspec.ablate.estimate import caption, estimate
+    from archspec.ablate.estimate import caption, estimate, work_of
     from archspec.spec import model_hash
 
     table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
                   f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
                   title_justify="left")
     for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
-                "est. time/run"):
+                "evals × tokens", "est. time/run"):
         table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
     total_s = 0.0
     for v in sweep.variants:
         t = v.spec.train
-        tokens = t.steps * t.batch_size * t.grad_accum * t.seq_len
-        est = estimate(model_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), v.accounting.flops_train, tokens,
-                       list(measured), peak)
+        work = work_of(v.spec, v.accounting)
+        est = estimate(model_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
+        time_text = (f"{seconds:.0f} s (train {est.train_s:.0f} + eval {est.eval_s:.0f} + {est.fixed_s:.0f} fixed; "
+                     f"{est.basis})" if seconds is not None else "-")
         table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
-                      f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(tokens),
-                      f"{seconds:.0f} s ({est.basis})" if seconds is not None else "-")
+                      f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
+                      f"{work.evals} × {human(work.eval_tokens)}", time_text)
     table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs; "
                      + caption(list(measured), peak, device_type))
     table.caption_justify = "left"
@@ -68,7 +69,9 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
 
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
-            as_json: bool = False) -> None:
+            as_json: bool = False, found=None) -> None:
+    """The report of a sweep; `found` (archspec.ablate.runner.find_runs) when the entry point has looked its runs up
+    already (`archspec report`), else the runs of `sweep` as just trained."""
     from archspec.ablate.report import (
         EFFECTS_CAPTION,
         effect_numbers,
@@ -79,11 +82,16 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
         write_report,
     )
     from archspec.ablate.runner import collect
-    from archspec.errors import UserError
     from archspec.registry import Registry, default_url
+    from archspec.registry.query.parse import text_literal
 
     registry = Registry(registry_url)
-    variants, baseline = collect(registry, sweep_name, sweep)
+    if found is not None:
+        variants, baseline, sweep = found.variants, found.baseline, found.sweep
+        if found.note:
+            make_console(stderr=True).print(f"note: {escape(found.note)}")
+    else:
+        variants, baseline = collect(registry, sweep_name, sweep)
     if not variants or not any(v.runs for v in variants):
         raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or default_url()} yet; "
                         f"run `archspec ablate` first")
@@ -96,7 +104,12 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
-    rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta)
+    from archspec.ablate.scaling import sweep_fits
+
+    ids = {r.run_id for v in variants for r in v.runs}
+    run_rows = [r for r in registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created") if r.id in ids]
+    fits = sweep_fits(run_rows, sorted({k for v in variants for k in (*v.overrides, *v.diff)}))
+    rows, png, html = write_report(sweep_name, variants, baseline, out_dir, meta, fits)
     effects = main_effects(variants, baseline)
     if as_json:
         echo(json.dumps({"sweep": sweep_name, "baseline": baseline, "rows": rows,
@@ -194,10 +207,21 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
 @click.command()
 @click.argument("sweep", metavar="SWEEP")
 @_registry_option
+@set_option
+@click.option("--seeds", callback=_seeds, metavar="0,1,2",
+              help="With a sweep file: the seeds `archspec ablate --seeds` trained (the report shows only these).")
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS),
+              help="With a sweep file: its runs trained by `archspec ablate SWEEP --steps N`.")
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
-def report_cmd(sweep: str, registry_url, out_dir: Path | None, as_json: bool):
-    """Rebuild a sweep's report (table, PNG, HTML) from the registry alone. SWEEP: a sweep file or a sweep name."""
-    path = Path(sweep)
-    loaded = load_sweep(path) if path.suffix in (".yaml", ".yml") or path.exists() else None
-    _report(make_console(), loaded.name if loaded else sweep, loaded, registry_url, out_dir, as_json)
+def report_cmd(sweep: str, registry_url, overrides: tuple[str, ...], seeds: list[int] | None, steps: int | None,
+               out_dir: Path | None, as_json: bool):
+    """Rebuild a sweep's report (table, PNG, HTML) from the registry alone. SWEEP: a sweep file or a sweep name.
+
+    With a sweep file, --set/--seeds/--steps select the runs `archspec ablate` trained with the same options; a file
+    given without them whose variants have no runs shows the runs recorded as members of its sweep (with a note)."""
+    from archspec.ablate.runner import find_runs
+    from archspec.registry import Registry
+
+    found = find_runs(Registry(registry_url), sweep, overrides=overrides, seeds=seeds, steps=steps)
+    _report(make_console(), found.name, found.sweep, registry_url, out_dir, as_json, found=found)

@@ -16,12 +16,11 @@ from archspec.spec.train import MAX_STEPS
 
 
 def _source_rows(registry, sweep: str | None, where: str | None, overrides: tuple[str, ...] = (),
-                 steps: int | None = None) -> tuple[list, str]:
+                 steps: int | None = None, seeds: list[int] | None = None) -> tuple[list, str]:
     """The runs to fit and a name for them. A sweep (file or name) gives its runs as the ablation report sees them
     (with the file: only runs of its current variants, the latest attempt per variant and seed; `overrides`/`steps`
-    as `archspec ablate --set/--steps` took them)."""
-    from archspec.ablate.runner import collect
-    from archspec.ablate.sweep import load_sweep
+    as `archspec ablate --set/--steps/--seeds` took them; archspec.ablate.runner.find_runs)."""
+    from archspec.ablate.runner import find_runs
 
     if where is not None:
         rows = registry.runs(where=where, sort="created")
@@ -29,19 +28,22 @@ def _source_rows(registry, sweep: str | None, where: str | None, overrides: tupl
             raise UserError(f"--where {printable(where, 200)!r}: no run in the registry {registry.url} matches")
         return list(rows), "scaling-where-" + hashlib.sha256(where.encode()).hexdigest()[:8]
     assert sweep is not None
-    path = Path(sweep)
-    loaded = (load_sweep(path, overrides=overrides, steps=steps) if path.suffix in (".yaml", ".yml") or path.exists()
-              else None)
-    if loaded is None and (overrides or steps):
-        raise UserError(f"--set/--steps need a sweep file, got the sweep name {printable(sweep, 100)!r}")
-    name = loaded.name if loaded else sweep
-    variants, _ = collect(registry, name, loaded)
-    ids = {r.run_id for v in variants for r in v.runs}
-    if not ids:
-        raise UserError(f"sweep {printable(name, 100)!r}: no runs in the registry {registry.url} "
-                        f"(`archspec ablate` trains a sweep; `archspec runs list --where 'sweep = ...'` lists them)")
+    found = find_runs(registry, sweep, overrides=overrides, seeds=seeds, steps=steps, command="scaling")
+    if found.note:
+        from archspec.console import make_console
+        from rich.markup import escape
+
+        make_console(stderr=True).print(f"note: {escape(found.note)}")
+    name = found.name
+    ids = {r.run_id for v in found.variants for r in v.runs}
     rows = [r for r in registry.runs(where=f"sweep = {text_literal(name)}", sort="created") if r.id in ids]
     return rows, name
+
+
+def _seeds_option(ctx, param, value):
+    from archspec.cli.ablate import _seeds
+
+    return _seeds(ctx, param, value)
 
 
 def _check_by(by: tuple[str, ...]) -> None:
@@ -75,6 +77,8 @@ def _num(v: float) -> str:
 @set_option
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS),
               help="With a sweep file: its runs trained by `archspec ablate SWEEP --steps N`.")
+@click.option("--seeds", callback=_seeds_option, metavar="0,1,2",
+              help="With a sweep: only the runs at these seeds (as `archspec ablate --seeds` trained them).")
 @click.option("--over", type=click.Choice(("auto", "params", "compute")), default="auto", show_default=True,
               help="x of the fit: non-embedding (active) parameters, or training FLOPs; auto: parameters when every "
                    "run of a group trained on the same tokens, else compute.")
@@ -87,14 +91,14 @@ def _num(v: float) -> str:
               help="Where the PNG goes (default reports/<sweep>/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fits as one JSON object on stdout.")
 def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, overrides: tuple[str, ...],
-                steps: int | None, over: str, by: tuple[str, ...], n_boot: int, out_dir: Path | None,
+                steps: int | None, seeds: list[int] | None, over: str, by: tuple[str, ...], n_boot: int, out_dir: Path | None,
                 as_json: bool) -> None:
     """Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where selects.
 
     x: non-embedding parameters N (active parameters for routed experts) at a fixed token budget, or training compute
     when budgets vary. One fit per architecture (runs whose model specs differ only in size keys: d_model, n_layers,
     heads, head_dim, hidden_dim), all in one log-log picture; 95% intervals by bootstrap over seeds. With a sweep
-    file, --set/--steps select the runs `archspec ablate` trained with the same options."""
+    file, --set/--steps/--seeds select the runs `archspec ablate` trained with the same options."""
     from rich.table import Table
 
     from archspec.ablate.scaling import X_NAMES, fit_groups, plot_fits, run_points
@@ -106,7 +110,7 @@ def scaling_cmd(sweep: str | None, where: str | None, registry_url: str | None, 
                         "give a SWEEP (file or name) or --where FILTER")
     _check_by(by)
     registry = Registry(registry_url)
-    rows, name = _source_rows(registry, sweep, where, overrides, steps)
+    rows, name = _source_rows(registry, sweep, where, overrides, steps, seeds)
     points, skipped = run_points(rows, by)
     if not points:
         shown = "; ".join(skipped[:5]) + ("; ..." if len(skipped) > 5 else "")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import yaml
 
-from archspec.ablate.estimate import ASSUMED_MFU, Measured, estimate, measured_runs, per_token_model
+from archspec.ablate.estimate import ASSUMED_MFU, Measured, Work, cost_model, estimate, measured_runs
 from archspec.cli import main
 from archspec.registry import Registry
 from tests.registry.helpers import make_info, make_spec, record_run
@@ -15,26 +17,31 @@ def measured(flops: float, tok_s: float, model_hash: str = "h", batch=(8, 128)) 
     return Measured(model_hash, "m", batch, flops, tok_s, True)
 
 
+def work(flops: float, steps: int = 100, tokens_per_step: int = 1024) -> Work:
+    return Work(steps, tokens_per_step, flops, flops / 3, evals=0, eval_batches=0, eval_tokens=0)
+
+
 def test_estimate_sources_in_order():
-    # three models on one line: 10 µs of overhead per token plus FLOPs at 50 GFLOP/s
-    line = [measured(f, 1 / (10e-6 + f / 50e9), model_hash=str(f)) for f in (1e5, 1e6, 4e6)]
-    a, inv_rate = per_token_model(line, peak=None)
-    assert a == pytest.approx(10e-6, rel=1e-6) and 1 / inv_rate == pytest.approx(50e9, rel=1e-6)
-    between = estimate("other", (8, 128), 2e6, 1_000_000, line, peak=1e12)
-    assert between.seconds == pytest.approx(1e6 * (10e-6 + 2e6 / 50e9)) and between.basis == "fit to 3 measured models"
+    # three models on one line: 10 ms of overhead per step plus FLOPs at 50 GFLOP/s (1024 tokens a step)
+    line = [measured(f, 1024 / (10e-3 + 1024 * f / 50e9), model_hash=str(f)) for f in (1e5, 1e6, 4e6)]
+    m = cost_model(line, peak=None)
+    assert m.step_overhead == pytest.approx(10e-3, rel=1e-6) and 1 / m.inv_rate == pytest.approx(50e9, rel=1e-6)
+    between = estimate("other", (8, 128), work(2e6), line, peak=1e12)
+    assert between.seconds == pytest.approx(100 * (10e-3 + 1024 * 2e6 / 50e9)) and between.basis == "fit to 3 measured models"
     # the same model at the same batch: its own median rate
-    same = estimate("1000000.0", (8, 128), 1e6, 1_000_000, line + [measured(1e6, 1000.0, "1000000.0")], peak=1e12)
-    assert same.basis == "same model (2 runs)"
-    assert same.seconds == pytest.approx(1e6 / ((1000.0 + 1 / (10e-6 + 1e6 / 50e9)) / 2))
+    same = estimate("1000000.0", (8, 128), work(1e6), line + [measured(1e6, 1000.0, "1000000.0")], peak=1e12)
+    assert same.basis.startswith("same model (2 runs)")
+    assert same.train_s == pytest.approx(100 * statistics.median([1024 / 1000.0, 10e-3 + 1024 * 1e6 / 50e9]))
     # one measured model: its achieved FLOP/s (or the assumption, when faster) and the overhead left over
     (one,) = line[1:2]
-    a1, inv1 = per_token_model([one], peak=1e9)  # 20% of 1 GFLOP/s is slower than what it achieved
-    assert 1 / inv1 == pytest.approx(one.flops_per_s) and a1 == pytest.approx(0.0, abs=1e-12)
-    a2, inv2 = per_token_model([one], peak=1e12)
-    assert 1 / inv2 == pytest.approx(1e12 * ASSUMED_MFU) and a2 == pytest.approx(1 / one.tokens_per_s - 1e6 / 2e11)
+    m1 = cost_model([one], peak=1e9)  # 20% of 1 GFLOP/s is slower than what it achieved
+    assert 1 / m1.inv_rate == pytest.approx(one.flops_per_s) and m1.step_overhead == pytest.approx(0.0, abs=1e-12)
+    m2 = cost_model([one], peak=1e12)
+    assert 1 / m2.inv_rate == pytest.approx(1e12 * ASSUMED_MFU)
+    assert m2.step_overhead == pytest.approx(one.step_s - 1024 * 1e6 / 2e11)
     # nothing measured: the stated assumption
-    assumed = estimate("x", (8, 128), 2e6, 1_000_000, [], peak=1e12)
-    assert assumed.seconds == pytest.approx(2e6 * 1e6 / (1e12 * ASSUMED_MFU)) and assumed.basis == "assumed 20% MFU"
+    assumed = estimate("x", (8, 128), work(2e6), [], peak=1e12)
+    assert assumed.seconds == pytest.approx(2e6 * 102_400 / (1e12 * ASSUMED_MFU)) and assumed.basis == "assumed 20% MFU"
 
 
 def _record(reg, spec, tok_s, device="cpu", precision="float32", seed=0):
@@ -59,7 +66,7 @@ def test_dry_run_uses_measured_runs_of_the_same_device_kind(tmp_path, capsys, mo
     path.write_text(yaml.safe_dump(sweep))
     assert main(["ablate", str(path), "--registry", url, "--dry-run", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "times from the training rates of 2 finished cpu run(s) on other hosts" in out
+    assert "times from 2 finished cpu run(s) on other hosts" in out
     assert "fit to 2 measured models" in out  # the batch differs from the recorded runs': no same-model rate
 
     missing = tmp_path / "none.db"
