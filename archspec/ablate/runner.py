@@ -27,6 +27,7 @@ from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.build import Build, prepare, run_recipe
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash
+from archspec.train.sinks import with_sinks
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:
     return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
@@ -139,7 +140,7 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
             on_event(f"{where}: running elsewhere (live heartbeat), skipped")
             continue
         on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
-        inner = logger_factory() if logger_factory else RegistryLogger(registry_url)
+        inner = logger_factory() if logger_factory else with_sinks(RegistryLogger(registry_url))  # train.log_to
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
                        progress=progress, cache=cache, build=builds[job.key])
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))

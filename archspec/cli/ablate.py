@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
-from archspec.cli.options import device_option, registry_option, set_option
+from archspec.cli.options import device_option, log_to_option, registry_option, set_option
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
@@ -136,11 +136,12 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")
 @device_option
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (faster for very short runs).")
+@log_to_option
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
                steps: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
-               out_dir: Path | None, as_json: bool):
+               log_to: str | None, out_dir: Path | None, as_json: bool):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
@@ -167,9 +168,13 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         make_console().print(dry_run_table(sweep, jobs, peak, measured, dev.type))
         return
     from archspec.ablate.runner import run_jobs
+    from archspec.train.sinks import parse_log_to, registry_with_sinks, resolve_sinks
 
+    sinks = parse_log_to(log_to)  # None: each run's train.log_to; every package checked before anything trains
+    resolve_sinks(sinks, [j.spec.train for j in jobs])
     outcome = run_jobs(sweep, jobs, registry_url, device=device, compile=False if no_compile else None,
-                       progress=not as_json, on_event=console.print)
+                       progress=not as_json, on_event=console.print,
+                       logger_factory=lambda: registry_with_sinks(registry_url, sinks))
     console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere")

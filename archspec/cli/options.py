@@ -24,6 +24,27 @@ device_option = click.option(
 )
 
 
+
+def _log_to(ctx, param, value: str | None) -> str | None:
+    """Checked and spelled one way (`tensorboard,wandb`, `none`): still text, so a resume command repeats it."""
+    from archspec.errors import UserError
+    from archspec.train.sinks import parse_log_to
+
+    try:
+        names = parse_log_to(value)
+    except UserError as e:
+        raise click.BadParameter(str(e).removeprefix("--log-to: ")) from None
+    return None if names is None else ",".join(names) or "none"
+
+
+log_to_option = click.option(
+    "--log-to", "log_to", metavar="SINKS", default=None, callback=_log_to,
+    help="Also send the run's params, metrics and summary to these trackers, comma-separated: tensorboard, wandb, "
+         "mlflow (each an extra: pip install 'archspec[tensorboard]'), or none; replaces train.log_to. The registry "
+         "stays the record: a tracker that fails is reported once and the run goes on.",
+)
+
+
 class FiniteFloat(click.FloatRange):
     """A float option with both bounds, refusing NaN and infinities (click's FloatRange lets NaN through: every
     comparison with NaN is false). Every float option of the CLI is one of these (tests/test_cli_fuzz.py checks)."""

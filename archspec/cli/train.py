@@ -11,7 +11,7 @@ import shlex
 
 import click
 
-from archspec.cli.options import device_option, registry_option, set_option
+from archspec.cli.options import device_option, log_to_option, registry_option, set_option
 from archspec.console import echo
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
@@ -19,16 +19,19 @@ from archspec.spec.train import MAX_STEPS
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
 
 
-def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False) -> RunLogger:
-    """The registry at `registry_url` (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db), on rank 0.
+def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False,
+                log_to: tuple[str, ...] | None = None) -> RunLogger:
+    """The registry at `registry_url` (default: $ARCHSPEC_REGISTRY, else sqlite:///registry/archspec.db), on rank 0,
+    fanned out to the sinks `log_to` (None: those of the run's `train.log_to`; archspec.train.sinks).
 
     `archspec train` is an explicit request to train, so a run the registry already holds as FINISHED (same spec,
     data, recipe and seed) is trained again as a new attempt; sweeps (`archspec ablate`) skip those instead."""
     if rank != 0:
         return NullLogger()  # under torchrun only rank 0 records anything
     from archspec.registry import RegistryLogger, default_url
+    from archspec.train.sinks import with_sinks
 
-    return RegistryLogger(registry_url or default_url(), rerun_finished=True, take_over=take_over)
+    return with_sinks(RegistryLogger(registry_url or default_url(), rerun_finished=True, take_over=take_over), log_to)
 
 
 # Options a resume command leaves out: the checkpoint brings the run directory and the starting weights, and the rest
@@ -63,6 +66,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
               help="Start from these weights (from `archspec import-hf --checkpoint`, or a run's checkpoint) instead "
                    "of a fresh init: fine-tuning. The weights' architecture must be the spec's.")
 @registry_option
+@log_to_option
 @click.option("--run-dir", metavar="DIR",
               help="Where the generated module and checkpoint go [default: runs/<name>-<run id>].")
 @click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (overrides train.compile).")
@@ -78,7 +82,8 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
                    "On this host a dead writer is recognised by its pid without this flag.")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
               init_from: str | None,
-              registry_url: str | None, run_dir: str | None, no_compile: bool, json_out: bool, quiet: bool,
+              registry_url: str | None, log_to: str | None, run_dir: str | None, no_compile: bool, json_out: bool,
+              quiet: bool,
               dry_run: bool, world_size: int | None, take_over: bool) -> None:
     """Train SPEC once with the shared loop and record the run."""
     if world_size and not dry_run:
@@ -91,7 +96,7 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     try:
         with install_signal_handlers():
             result = _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out,
-                            quiet, take_over, init_from)
+                            quiet, take_over, init_from, log_to)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it
         checkpoint = getattr(e, "checkpoint", None)
         if checkpoint is not None:
@@ -131,22 +136,24 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
 
 
 def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet,
-           take_over=False, init_from=None):
+           take_over=False, init_from=None, log_to=None):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
     from archspec.train.loop import (  # torch: imported when a run starts, not for --help
         check_start,
         train,
     )
+    from archspec.train.sinks import parse_log_to, resolve_sinks
 
     check_start(resume, init_from)
     _, rank, _ = world_env()  # inconsistent torchrun variables are refused before anything is built
     spec = load_spec(spec_path, overrides)
     if resume and not run_dir:
         run_dir = str(resolve(resume).parent)  # a resumed run keeps writing where it started
-    return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank, take_over), resume=resume,
-                 run_dir=run_dir, compile=False if no_compile else None, json_out=json_out, progress=not quiet,
-                 init_from=init_from)
+    sinks = resolve_sinks(parse_log_to(log_to), [spec.train])  # a missing package: exit 2 before anything trains
+    return train(spec, steps=steps, device=device, logger=make_logger(registry_url, rank, take_over, sinks),
+                 resume=resume, run_dir=run_dir, compile=False if no_compile else None, json_out=json_out,
+                 progress=not quiet, init_from=init_from)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -20,6 +20,9 @@ from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
 
 
+# Where a run is recorded besides the registry (archspec.train.sinks): each an optional extra, `archspec[<name>]`.
+LogSink = Literal["tensorboard", "wandb", "mlflow"]
+
 EVAL_POINTS = 10  # evaluations per run when eval_interval is not given: enough points for a curve at any budget
 
 MAX_STEPS = 10_000_000  # optimizer steps of one run at most (also the limit of every --steps option)
@@ -101,6 +104,11 @@ class TrainSpec(_Strict):
     parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
     activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)
     data: DataSpec = Field(default_factory=DataSpec)
+    # Left out of the spec's JSON when empty, so a spec or run without sinks records exactly what it did before.
+    log_to: list[LogSink] = Field(
+        default_factory=list, exclude_if=lambda v: not v, description="also send the run's params, metrics and summary to these trackers "
+                                          "(tensorboard, wandb, mlflow); the registry stays the record. "
+                                          "`--log-to` replaces it")
 
     @property
     def eval_every(self) -> int:

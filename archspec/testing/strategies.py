@@ -19,7 +19,7 @@ that a drawn spec builds and runs in milliseconds on a CPU.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, get_args
 
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from archspec.kinds.introspect import field_values, fields_of
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec
 from archspec.data.base import data_family, task_kinds, task_tokenizer
-from archspec.spec.train import DataSpec, TrainSpec
+from archspec.spec.train import DataSpec, LogSink, TrainSpec
 from archspec.testing.introspect import kind_omittable
 
 Strategy = st.SearchStrategy
@@ -306,6 +306,7 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
         "activation_checkpointing": st.one_of(
             st.sampled_from([{}, {"kind": "none"}, {"kind": "full"}]),
             st.integers(1, 4096).map(lambda k: {"kind": "every_k", "k": k})),
+        "log_to": st.lists(st.sampled_from(get_args(LogSink)), unique=True),
     }
     out = dict(draw(fields_of(TrainSpec, overrides)))
     if steps is not None:

@@ -29,6 +29,7 @@ NOT_IDENTITY = frozenset({
     "seed",  # identity, but a part of the key of its own
     "compile", "activation_checkpointing", "checkpointing", "parallel", "strategy", "fsdp",
     "eval_interval", "eval_batches", "eval_tokens", "checkpoint_interval", "device",
+    "log_to",  # where else the run is sent (archspec.train.sinks): observation only
 })
 
 
