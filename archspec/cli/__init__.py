@@ -52,6 +52,8 @@ SHORT_HELP = {
     "runs": "Query the runs in the registry.",
     "specs": "Query the specs recorded by `archspec build` (with their accounting), trained or not.",
     "registry": "The registry database itself: its schema revision, and upgrading it.",
+    "gc": "Free the checkpoints of FINISHED runs that a policy lets go (dry run unless --apply). Never touches a "
+          "RUNNING run, or a file that is not recorded as a run's checkpoint.",
     "ablate": "Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.",
     "report": "Rebuild a sweep's report (table, PNG, HTML) from the registry alone. SWEEP: a sweep file or a sweep "
               "name.",

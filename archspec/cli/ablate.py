@@ -62,7 +62,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
                       f"{work.evals} × {human(work.eval_tokens)}", time_text)
-    table.caption = (f"estimated total {total_s / 60:.1f} min for this shard's {len(jobs)} runs; "
+    total = f"{total_s:.0f} s" if total_s < 600 else f"{total_s / 60:.1f} min"  # short sweeps to the second
+    table.caption = (f"estimated total {total} for this shard's {len(jobs)} runs; "
                      + caption(list(measured), peak, device_type))
     table.caption_justify = "left"
     return table
