@@ -55,14 +55,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         missing = f"sqlite:///{tmp}/empty.db"
-        migrated = f"sqlite:///{tmp}/migrated.db"
-        rc = run_once(HERE, ["registry", "upgrade", "--registry", migrated])[2]
-        assert rc == 0, f"registry upgrade exited {rc}"
+        migrated = {name: f"sqlite:///{tmp}/migrated-{name}.db" for name in trees}  # each tree's own head
+        for name, tree in trees.items():
+            rc = run_once(tree, ["registry", "upgrade", "--registry", migrated[name]])[2]
+            assert rc == 0, f"registry upgrade exited {rc} in {tree}"
         commands = {
             "archspec --version": ["--version"],
             "archspec --help": ["--help"],
             "archspec runs list (no registry file yet)": ["runs", "list", "--registry", missing],
-            "archspec runs list (empty registry at head)": ["runs", "list", "--registry", migrated],
+            "archspec runs list (empty registry at head)": ["runs", "list", "--registry", "{migrated}"],
         }
         print(f"# {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
               f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.1f}, n={opts.n}")
@@ -72,17 +73,18 @@ def main() -> None:
         for label, args in commands.items():
             walls: dict[str, list[float]] = {k: [] for k in trees}
             cpus: dict[str, list[float]] = {k: [] for k in trees}
-            for tree in trees.values():
-                run_once(tree, args)  # warm-up: page cache, .pyc files
+            argv = {name: [migrated[name] if a == "{migrated}" else a for a in args] for name in trees}
+            for name, tree in trees.items():
+                run_once(tree, argv[name])  # warm-up: page cache, .pyc files
             for _ in range(opts.n):
                 for name, tree in trees.items():
-                    wall, cpu, code, _ = run_once(tree, args)
+                    wall, cpu, code, _ = run_once(tree, argv[name])
                     assert code == 0, f"{label} exited {code} in {tree}"
                     walls[name].append(wall)
                     cpus[name].append(cpu)
             for name, tree in trees.items():
                 print(f"{label:46} {name:7} {min(walls[name]):9.3f} {statistics.median(walls[name]):9.3f} "
-                      f"{statistics.median(cpus[name]):8.3f}  {'yes' if imports_torch(tree, args) else 'no'}")
+                      f"{statistics.median(cpus[name]):8.3f}  {'yes' if imports_torch(tree, argv[name]) else 'no'}")
             if "before" in trees:
                 ratio = statistics.median(a / b for a, b in zip(walls["after"], walls["before"]))
                 print(f"{'':46} {'ratio':7} {'':9} {ratio:9.2f}  (after/before, median of pairs)")
