@@ -7,7 +7,8 @@ A run spends its time in three places, and the estimate counts each:
   each a forward pass of `eval tokens × forward FLOPs/token` plus a per-batch overhead. At short budgets this is most of
   the run: `--steps 40` on the presets trains 41k tokens and evaluates 10 × 65k. Capability tasks (mqar, passkey) are
   scored inside these evaluations; a sweep runs no other probe;
-- a fixed per-run overhead: the run's record, its checkpoint, the final summary.
+- a fixed per-run overhead: the run's setup (data, generated module, model: the time to its first step less the
+  step; the cheapest measured, since the dearer ones paid once-only costs), its record, its checkpoint, the summary.
 
 The rates come from finished runs of this machine (runs count as similar when they ran on the same kind of device,
 the `device` tag's type, in the same precision, one process; this host's only when it has any):
@@ -52,6 +53,7 @@ class Measured:
     steps: int = 0
     eval_batches: int = 0  # forward batches over the whole run (evals × batches per eval)
     eval_flops: float = 0.0  # forward FLOPs over the whole run's evaluations
+    setup_s: float | None = None  # before the run was recorded: its data, generated module and model
 
     @property
     def flops_per_s(self) -> float:
@@ -161,10 +163,15 @@ def measured_runs(registry, device_type: str, precision: str) -> list[Measured]:
         windows = eval_tokens / batch[1]
         evals = eval_count(steps, every) if eval_tokens else 0
         wall = getattr(row, "duration_s", None)
+        setup = row.summary.get("time_to_first_step_s")
+        # started → ended begins when the run is recorded, after its data, module and model were made: that setup is
+        # the time to the first step less the step itself
+        setup_s = (max(0.0, setup - batch[0] * batch[1] / rate)
+                   if isinstance(setup, (int, float)) and math.isfinite(setup) else None)
         out.append(Measured(row.model_hash, row.name, batch, float(flops), float(rate), row.host == host,
                             wall_s=float(wall) if wall else None, steps=steps,
                             eval_batches=evals * math.ceil(windows / int(recipe["batch_size"])),
-                            eval_flops=evals * eval_tokens * float(forward)))
+                            eval_flops=evals * eval_tokens * float(forward), setup_s=setup_s))
     if any(m.same_host for m in out):
         out = [m for m in out if m.same_host]
     return out
@@ -210,6 +217,10 @@ def cost_model(measured: list[Measured], peak: float | None) -> CostModel | None
         (c, b), _ = nnls(np.array([[1.0, n] for n, _ in rest]), np.array([r for _, r in rest]))
     elif rest:
         c = max(0.0, statistics.median(r - n * b for n, r in rest))
+    # Every run of a sweep makes its data, module and model again; the cheapest setup measured is what recurs (the
+    # dearer ones also paid once-only costs: a corpus's first tokenising, the FLOP/s ceiling's first measurement).
+    setups = [m.setup_s for m in timed if m.setup_s is not None]
+    c += min(setups) if setups else 0.0
     return CostModel(float(a), float(inv_rate), float(b), float(c), basis)
 
 

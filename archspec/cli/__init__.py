@@ -256,11 +256,3 @@ def _stopped(signum: int) -> int:
     stop = Terminated(f"received {signal.Signals(signum).name}", signum)
     click.echo("interrupted" if stop.is_interrupt else f"terminated ({stop})", err=True)
     return stop.exit_code
-
-
-def entry() -> None:
-    sys.exit(main())  # the console script enters through archspec.entry, which imports this module
-
-
-if __name__ == "__main__":
-    entry()

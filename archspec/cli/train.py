@@ -1,6 +1,6 @@
 """`archspec train SPEC`: one run of a spec through the shared loop, recorded in the registry.
 
-Under `torchrun --nproc-per-node N -m archspec.cli train SPEC ...` the same command trains with DDP, or with FSDP2
+Under `torchrun --nproc-per-node N -m archspec train SPEC ...` the same command trains with DDP, or with FSDP2
 when `train.parallel.kind` is `fsdp`.
 """
 

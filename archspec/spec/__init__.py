@@ -1,10 +1,10 @@
 """Spec loading, validation, overrides, canonical form and hashing.
 
     spec = load_spec("specs/llama-like.yaml", overrides=["model.attention.n_kv_heads=1"])
-    spec_hash(spec)       # the model hash: sha256 of the canonical JSON of the fully-defaulted `model:` section
+    model_hash(spec)      # sha256 of the canonical JSON of the fully-defaulted `model:` section
 
 A spec's identity is its model's: the name is a label and the recipe (`train:`) belongs to runs, so neither enters
-`spec_hash`, the generated code or `SPEC_JSON` (see `archspec.train.logger.run_key` for a run's identity).
+`model_hash`, the generated code or `SPEC_JSON` (see `archspec.train.build` for a run's identity).
 """
 
 from __future__ import annotations

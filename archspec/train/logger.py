@@ -92,10 +92,12 @@ class RunInfo:
     tags: dict[str, str] = field(default_factory=dict)
     repeat: int = 0  # n >= 1: the n-th repeat of a FINISHED run of the same experiment (`archspec train` again)
     spec_accounting: dict[str, Any] | None = None  # the model's, at context_length (the spec's row); None: leave it
+    key: str = ""  # the run key as the run's build computed it (archspec.train.build); "" for a bare RunInfo
 
     @property
     def experiment_id(self) -> str:
-        return run_key(self.model_hash, self.recipe, self.data_hash, self.seed)
+        """The build's run key; a RunInfo made without a build (tests, benches) derives it by the same function."""
+        return self.key or run_key(self.model_hash, self.recipe, self.data_hash, self.seed)
 
     @property
     def run_id(self) -> str:

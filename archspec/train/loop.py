@@ -397,7 +397,7 @@ class Trainer:
                   "resumed_from_step": str(self.step),
                   **({"repeat_of": self.experiment_id} if self.run_id != self.experiment_id else {}),
                   "pid": str(os.getpid())},  # with `host`: lets a later resume on this host see the writer is gone
-            repeat=self.repeat,
+            repeat=self.repeat, key=self.build.experiment_id,
         )
 
     # ── one step ─────────────────────────────────────────────────────────────────────────────────────────────────

@@ -73,3 +73,18 @@ def test_dry_run_uses_measured_runs_of_the_same_device_kind(tmp_path, capsys, mo
     assert main(["ablate", str(path), "--registry", f"sqlite:///{missing}", "--dry-run", "--device", "cpu"]) == 0
     assert "no finished cpu run in the registry to measure from: times assume 20%" in capsys.readouterr().out
     assert not missing.exists()  # a dry run reads the registry, never creates it
+
+
+def test_each_run_pays_the_cheapest_setup_measured():
+    """A run's data, module and model are made before it is recorded (outside started → ended): the estimate adds the
+    cheapest setup its measured runs paid (a dearer one also paid once-only costs, such as a first tokenising)."""
+    from dataclasses import replace
+
+    base = measured(1e6, 1024 / 0.02)
+    timed = [replace(base, wall_s=100 * 0.02 + 1.0, steps=100, setup_s=s) for s in (9.0, 2.5)]
+    untimed_setup = cost_model([replace(t, setup_s=None) for t in timed], peak=None)
+    with_setup = cost_model(timed, peak=None)
+    assert with_setup.run_overhead == pytest.approx(untimed_setup.run_overhead + 2.5)
+    assert (estimate("x", (8, 128), work(1e6), timed, peak=None).fixed_s
+            == pytest.approx(estimate("x", (8, 128), work(1e6), [replace(t, setup_s=None) for t in timed],
+                                      peak=None).fixed_s + 2.5))
