@@ -16,7 +16,7 @@ from archspec.cli import main
 from archspec.registry import Registry
 from archspec.registry.migrate import alembic_config, head_revision
 
-from .helpers import make_info, make_spec, populate, record_run
+from .helpers import make_info, make_spec, populate, record_run, writer_tags
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_delete_is_all_or_nothing_when_the_database_fails(data, capsys, tmp_path
     d = run_dir(reg, tmp_path, ids["llama1"])
     from archspec.registry.writes import RegistryWriter
 
-    def broken(self, run_ids, before_commit=None):
+    def broken(self, run_ids):
         raise RuntimeError("disk I/O error")
 
     monkeypatch.setattr(RegistryWriter, "delete_runs", broken)
@@ -241,16 +241,18 @@ def test_gc_best_keeps_the_best_run_of_a_model(registry, registry_url, capsys, t
 # ── reaping a dead writer by pid; checked columns ───────────────────────────────────────────────────────────────
 
 
-def dead_pid() -> str:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return str(p.pid)
+def dead_pid() -> dict[str, str]:
+    """The writer tags of a process of this host that has ended."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    tags = writer_tags(p.pid)
+    p.communicate(b"")
+    return tags
 
 
 def test_a_dead_local_writer_is_stale_at_once_and_reaped(registry, registry_url, capsys):
-    other = make_info(seed=1, tags={"pid": dead_pid()})  # another host's pid says nothing here
+    other = make_info(seed=1, tags=dead_pid())  # another host's pid says nothing here
     record_run(registry, other, status="RUNNING", heartbeat_timeout_s=3600.0)
-    info = make_info(tags={"pid": dead_pid()})
+    info = make_info(tags=dead_pid())
     info.host = socket.gethostname()
     record_run(registry, info, status="RUNNING", heartbeat_timeout_s=3600.0)  # heartbeat fresh
     code, out, _ = run_cli(capsys, "runs", "list", "--registry", registry_url)
@@ -261,7 +263,7 @@ def test_a_dead_local_writer_is_stale_at_once_and_reaped(registry, registry_url,
     run = registry.get_run(info.run_id)
     assert run.status == "KILLED" and "is gone" in run.error
     assert registry.get_run(other.run_id).status == "RUNNING"
-    again = make_info(seed=2, tags={"pid": dead_pid()})  # every command that reaps: here a run start
+    again = make_info(seed=2, tags=dead_pid())  # every command that reaps: here a run start
     again.host = socket.gethostname()
     record_run(registry, again, status="RUNNING")
     record_run(registry, make_info(seed=3), status="FINISHED")
