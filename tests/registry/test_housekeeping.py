@@ -482,6 +482,21 @@ def test_reap_by_pid_needs_this_namespace_and_boot_and_notices_a_reused_pid(regi
     assert registry.get_run(info.run_id).status == "RUNNING"
 
 
+def test_delete_wants_a_heartbeat_stale_running_run_reaped_first(registry, registry_url, capsys):
+    info = make_info()  # on another host: only its heartbeat says it is dead
+    record_run(registry, info, status="RUNNING", heartbeat_timeout_s=0.001)
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--registry", registry_url)
+    assert code == 2 and "runs reap" in err and registry.get_run(info.run_id).status == "RUNNING"
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--force", "--registry", registry_url)
+    assert code == 0, err
+    info = make_info(seed=1)
+    record_run(registry, info, status="RUNNING", heartbeat_timeout_s=0.001)
+    time.sleep(0.01)
+    assert registry.reap() == [info.run_id]
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--registry", registry_url)
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("where", ["cwd", "home", "registry_link"])
 def test_delete_refuses_the_cwd_home_and_the_registry_however_named(registry, registry_url, capsys, tmp_path,
                                                                      monkeypatch, where):
@@ -505,6 +520,15 @@ def test_delete_refuses_the_cwd_home_and_the_registry_however_named(registry, re
     assert (recorded / "checkpoint.pt").exists() and registry.get_run(run)
 
 
+def test_gc_apply_with_nothing_to_free_creates_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'typo' / 'archspec.db'}"
+    code, out, err = run_cli(capsys, "gc", "--apply", "--registry", url)
+    assert code == 0 and "freed 0 B in 0 checkpoints" in out, err
+    code, out, err = run_cli(capsys, "gc", "--keep", "best", "--registry", url)
+    assert code == 0, err
+    assert not (tmp_path / "typo").exists()
+
+
 def test_delete_and_gc_dry_runs_leave_the_database_unchanged(data, capsys, tmp_path):
     import hashlib
 
@@ -523,6 +547,29 @@ def test_delete_and_gc_dry_runs_leave_the_database_unchanged(data, capsys, tmp_p
         code, _, err = run_cli(capsys, *args, "--registry", url)
         assert code == 0, (args, err)
     assert digest() == before
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--reset"], 0, "→ llama"),
+    ([], 2, "needs NEW_NAME"),
+    (["new", "--reset"], 2, "not both"),
+])
+def test_rename_reset_needs_no_name(data, capsys, args, code, message):
+    reg, url, ids = data
+    run_cli(capsys, "runs", "rename", ids["llama0"], "first", "--registry", url)
+    got, out, err = run_cli(capsys, "runs", "rename", ids["llama0"], *args, "--registry", url)
+    assert got == code and message in (out if code == 0 else err), (out, err)
+    if code:
+        assert len(err.strip().splitlines()) == 1 and reg.get_run(ids["llama0"]).name == "first"
+    else:
+        assert reg.get_run(ids["llama0"]).name == "llama"
+
+
+@pytest.mark.parametrize("metric", ["", "best.", "val loss"])
+def test_gc_best_checks_metric_is_a_metric_key(data, capsys, metric):
+    _, url, _ = data
+    code, _, err = run_cli(capsys, "gc", "--keep", "best", "--metric", metric, "--registry", url)
+    assert code == 2 and "is not a metric key" in err and "no run has" not in err, err
 
 
 def test_gc_best_compares_runs_on_the_same_data_only(registry, registry_url, capsys, tmp_path):
