@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from archspec.errors import UserError, printable
 from archspec.registry.reads import RunRow
 from archspec.registry.store import Registry
-from archspec.train.logger import FINISHED, KILLED, RUNNING, RecordingError
+from archspec.train.logger import FINISHED, RecordingError
 
 SHARDED_PATTERN = "checkpoint-step*.dcp"
 
@@ -291,7 +291,7 @@ def _sharded_name(path: Path) -> str | None:
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # torch raises many types for a bad file
+    except Exception as e:  # noqa: BLE001 (torch raises many types for a bad file)
         raise ValueError(f"not readable ({type(e).__name__})") from None
     name = state.get("sharded") if isinstance(state, dict) else None
     if name is None:

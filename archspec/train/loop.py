@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import random
 import resource
 import shutil
