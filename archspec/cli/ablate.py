@@ -16,7 +16,6 @@ from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
 
-_registry_option = registry_option
 
 
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
@@ -125,7 +124,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 
 @click.command()
 @click.argument("sweep_path", metavar="SWEEP", type=click.Path(dir_okay=False, path_type=Path))
-@_registry_option
+@registry_option
 @click.option("--shard", default="0/1", show_default=True, metavar="I/N",
               help="Run only shard I of N (deterministic split; N machines on one registry split a sweep).")
 @set_option
@@ -212,7 +211,7 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
 
 @click.command()
 @click.argument("sweep", metavar="SWEEP")
-@_registry_option
+@registry_option
 @set_option
 @click.option("--seeds", callback=_seeds, metavar="0,1,2",
               help="With a sweep file: the seeds `archspec ablate --seeds` trained (the report shows only these).")

@@ -30,6 +30,7 @@ from archspec.console import (
     number,
 )
 from archspec.errors import UserError, printable
+from archspec.registry.housekeeping import KEEP_POLICIES
 from archspec.registry.query.fields import FIELDS_HELP, higher_is_better, resolve_field
 from archspec.registry.query.parse import referenced_fields
 from archspec.registry.store import (
@@ -46,8 +47,6 @@ TABLE_LIMIT = 50  # rows a `list` table shows unless --limit says otherwise
 STATUS_STYLE = {"FINISHED": "green", "FAILED": "red", "KILLED": "yellow", "RUNNING": "cyan", "SCHEDULED": "dim"}
 _WHERE_HELP = "filter, e.g. \"params.model.attention.n_kv_heads = 1 and metrics.val_loss < 3.2\"; fields: " + FIELDS_HELP
 
-
-_registry_option = registry_option
 
 
 def _open(ctx: click.Context, url: str | None) -> Registry:
@@ -189,7 +188,7 @@ def _sparkline(values: Sequence[float], width: int = 40) -> str:
 
 
 @click.group("runs")
-@_registry_option
+@registry_option
 @click.pass_context
 def runs_cmd(ctx: click.Context, registry_url: str | None) -> None:
     """Query the runs in the registry."""
@@ -211,7 +210,7 @@ def _run_columns(rows: Sequence[RunRow], where: str | None, sort: str | None, ex
 
 
 @runs_cmd.command("list")
-@_registry_option
+@registry_option
 @click.option("--where", "-w", help=_WHERE_HELP)
 @click.option("--sort", "-s", help="sort fields, e.g. 'metrics.val_loss' or '-created, name' (- or DESC: descending)")
 @click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None,
@@ -287,7 +286,7 @@ def _history_table(histories: dict[str, list[MetricPoint]]) -> Table:
 
 
 @runs_cmd.command("show")
-@_registry_option
+@registry_option
 @click.argument("run_id")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table: for reading; json: one object")
@@ -385,7 +384,7 @@ def runs_show(ctx, registry_url, run_id, fmt, history_key) -> None:
 
 
 @runs_cmd.command("compare")
-@_registry_option
+@registry_option
 @click.argument("run_ids", nargs=-1, required=True)
 @click.option("--all", "show_all", is_flag=True, help="also list the params that are the same in every run")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
@@ -453,7 +452,7 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
 
 
 @runs_cmd.command("reap")
-@_registry_option
+@registry_option
 @click.option("--timeout", "timeout_s", type=FiniteFloat(0.0, 365 * 86400.0), default=None, metavar="SECONDS",
               help="call a run dead after this long without a heartbeat (default: the timeout its writer recorded)")
 @click.pass_context
@@ -467,7 +466,7 @@ def runs_reap(ctx, registry_url, timeout_s) -> None:
 
 
 @runs_cmd.command("export")
-@_registry_option
+@registry_option
 @click.option("--where", "-w", help=_WHERE_HELP)
 @click.option("--sort", "-s", help="sort fields (see runs list)")
 @click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None, help="at most N runs (default: all)")
@@ -548,7 +547,7 @@ def _user_text(text: str, what: str, limit: int, one_line: bool) -> str:
 
 
 @runs_cmd.command("tag")
-@_registry_option
+@registry_option
 @click.argument("run_id")
 @click.argument("assignments", nargs=-1, metavar="KEY=VALUE...")
 @click.option("--remove", "-r", "removals", multiple=True, metavar="KEY", help="remove this tag (also: KEY=)")
@@ -580,7 +579,7 @@ def runs_tag(ctx, registry_url, run_id, assignments, removals) -> None:
 
 
 @runs_cmd.command("note")
-@_registry_option
+@registry_option
 @click.argument("run_id")
 @click.argument("text")
 @click.pass_context
@@ -594,13 +593,16 @@ def runs_note(ctx, registry_url, run_id, text) -> None:
 
 
 @runs_cmd.command("rename")
-@_registry_option
+@registry_option
 @click.argument("run_id")
-@click.argument("new_name")
-@click.option("--reset", is_flag=True, help="give the run back its spec's name (NEW_NAME: '-')")
+@click.argument("new_name", required=False)
+@click.option("--reset", is_flag=True, help="give the run back its spec's name (instead of NEW_NAME; also: '-')")
 @click.pass_context
 def runs_rename(ctx, registry_url, run_id, new_name, reset) -> None:
-    """Give a run a display name (its id never changes; `spec_name` keeps the spec's)."""
+    """Give a run a display name (its id never changes; `spec_name` keeps the spec's); --reset takes it away."""
+    if (new_name is None) == (not reset):
+        raise UserError("runs rename needs NEW_NAME or --reset (not both)" if reset else
+                        "runs rename needs NEW_NAME (or --reset to give the run back its spec's name)")
     name = None if reset or new_name == "-" else _user_text(new_name, "the new name", MAX_NAME, one_line=True)
     reg = _open(ctx, registry_url)
     run = reg.get_run(run_id)
@@ -609,9 +611,10 @@ def runs_rename(ctx, registry_url, run_id, new_name, reset) -> None:
 
 
 @runs_cmd.command("delete")
-@_registry_option
+@registry_option
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN...")
-@click.option("--force", is_flag=True, help="also delete FINISHED runs that belong to a sweep")
+@click.option("--force", is_flag=True, help="also delete FINISHED runs that belong to a sweep, and RUNNING runs "
+              "that are stale but not yet reaped (their writer may be alive on another host)")
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation (scripts)")
 @click.option("--dry-run", is_flag=True, help="say what would be deleted, delete nothing")
 @click.option("--keep-files", is_flag=True, help="delete the registry rows only; leave every file in place")
@@ -626,6 +629,10 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
         if r.status == "RUNNING" and not r.stale:
             raise UserError(f"run {r.id} is RUNNING (its writer is alive); stop it first (or `archspec runs reap` "
                             "once it is dead)")
+        if r.status == "RUNNING" and not force:  # stale by its heartbeat only: a slow writer, or one on another host
+            raise UserError(f"run {r.id} is RUNNING and stale (no recent heartbeat), but its writer may still be "
+                            "alive; `archspec runs reap` marks it KILLED first (then delete it), or --force deletes it "
+                            "anyway")
         if r.status == "FINISHED" and r.sweeps and not force:
             raise UserError(f"run {r.id} FINISHED and belongs to sweep {printable(r.sweeps[0], 60)}: its report needs "
                             "it; --force deletes it anyway")
@@ -636,7 +643,7 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
             echo(f"  directory {printable(str(d), 200)} ({human_size(p.size)})")
         for d in p.missing:
             echo(f"  ({printable(str(d), 200)} is not here (another host, moved, or a relative path); left alone)")
-    total = sum(p.size for p in plans)
+    total = sum(p.size for p in plans)  # plan_deletion lists a directory two runs share once
     what = f"{len(plans)} run{'s' * (len(plans) != 1)}" + (f" and {human_size(total)} of files" if total else "")
     if dry_run:
         echo(f"would delete {what} (dry run: nothing deleted)")
@@ -657,8 +664,8 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
 
 
 @click.command("gc")
-@_registry_option
-@click.option("--keep", type=click.Choice(["last", "best", "none"]), default="last", show_default=True,
+@registry_option
+@click.option("--keep", type=click.Choice(KEEP_POLICIES), default="last", show_default=True,
               help="last: each FINISHED run keeps its latest checkpoint; best: per model, only the run with the best "
                    "--metric keeps one; none: no FINISHED run keeps any")
 @click.option("--metric", default="val_loss", show_default=True, help="the metric --keep best judges by "
@@ -674,6 +681,13 @@ def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
 
     reg = _open(ctx, registry_url)
     if keep == "best":
+        try:
+            ref = resolve_field(f"metrics.best.{metric}", "runs")
+        except ValueError:
+            ref = None
+        if not metric or ref is None or ref.kind != "metric" or ref.key != metric or metric.startswith(".") \
+                or metric.endswith(".") or ".." in metric or not all(c.isprintable() and not c.isspace() for c in metric):
+            raise UserError(f"--metric {printable(metric, 80)!r} is not a metric key (e.g. val_loss, loss)")
         problem = unknown_key(f"metrics.best.{metric}", *reg.known_keys()[:2])
         if problem:
             raise UserError(f"--metric {printable(metric, 80)}: {problem.replace('metrics.best.', '')}")
@@ -685,6 +699,9 @@ def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
     if not do_apply:
         echo(f"would free {total} in {n} (--keep {keep}; --apply deletes them)")
         return
+    if not plan:  # nothing to free: nothing written (a mistyped --registry URL is not created)
+        echo(f"freed {total} in {n}")
+        return
     left = apply_gc(reg, plan)
     echo(f"freed {total} in {n}")
     for a in left:
@@ -695,7 +712,7 @@ def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
 
 
 @click.group("specs")
-@_registry_option
+@registry_option
 @click.pass_context
 def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
     """Query the specs recorded by `archspec build` (with their accounting), trained or not."""
@@ -703,7 +720,7 @@ def specs_cmd(ctx: click.Context, registry_url: str | None) -> None:
 
 
 @specs_cmd.command("list")
-@_registry_option
+@registry_option
 @click.option("--where", "-w", help="filter over params and accounting, e.g. 'params.active < 20e6'")
 @click.option("--sort", "-s", help="sort fields, e.g. 'params.active' or '-created'")
 @click.option("--limit", "-n", type=click.IntRange(0, 1 << 31), default=None,
@@ -758,7 +775,7 @@ def registry_cmd() -> None:
 
 
 @registry_cmd.command("upgrade")
-@_registry_option
+@registry_option
 def registry_upgrade(registry_url) -> None:
     """Create the registry, or bring its schema to this archspec's revision (reads never do this themselves)."""
     from archspec.registry.migrate import head_revision
@@ -775,7 +792,7 @@ def registry_upgrade(registry_url) -> None:
 
 
 @registry_cmd.command("status")
-@_registry_option
+@registry_option
 def registry_status(registry_url) -> None:
     """The registry's schema revision, and whether this archspec reads it as it is."""
     from archspec.registry.migrate import head_revision, readable_revisions

@@ -12,8 +12,8 @@ file back, so a run is either fully there (rows and files) or fully gone.
 
 from __future__ import annotations
 
-import fnmatch
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -25,11 +25,63 @@ from archspec.registry.reads import RunRow
 from archspec.registry.store import Registry
 from archspec.train.logger import FINISHED, RecordingError
 
+SHARDED_PATTERN = "checkpoint-step*.dcp"
+
 # What a run directory holds when archspec wrote it (archspec.train: loop, checkpoint, tokenizer, run_dir, codegen),
-# besides the run's recorded artifacts. Anything else there is the user's: the directory is not deleted.
-RUN_FILES = ("checkpoint.pt", "tokenizer.json", "run.json", "metrics.jsonl", "__pycache__", "checkpoint-step*.dcp",
-             ".*.tmp", "*.tmp[0-9]*", ".*.deleting-*")
+# besides the run's recorded artifacts. Each entry is judged by its name *and* its type: the files are plain files, the
+# directories are walked and must hold only what archspec (Python, DCP) writes there. Anything else is the user's: the
+# directory is not deleted.
+RUN_FILES = ("checkpoint.pt", "tokenizer.json", "run.json", "metrics.jsonl")
+RUN_DIRS = {  # directory name → the names of the plain files it may hold
+    "__pycache__": re.compile(r"[\w.-]+\.pyc(\.\d+)?"),  # importlib writes <name>.pyc.<id> and renames it
+    SHARDED_PATTERN: re.compile(r"\.metadata(\.tmp)?|__\d+(_\d+\.distcp|\.metadata(\.tmp)?)"),  # DCP's own names
+}
+_SHARDED = re.compile(r"checkpoint-step\d+\.dcp")
+_ASIDE = re.compile(r"\.(checkpoint\.pt|checkpoint-step\d+\.dcp)\.deleting-\d+-[0-9a-f]{8}")  # gc's, left over
 KEEP_POLICIES = ("last", "best", "none")
+
+
+def _temp_of(name: str, files: set[str]) -> bool:
+    """A temporary file archspec writes beside one of `files`: `.NAME.<pid>.<hex12>.tmp` (cache.temp_path_beside) or,
+    for a generated module NAME.py, `NAME.py.tmp<pid>` (codegen.generate)."""
+    m = re.fullmatch(r"\.(.+)\.\d+\.[0-9a-f]{12}\.tmp", name)
+    if m and m.group(1) in files:
+        return True
+    m = re.fullmatch(r"(.+\.py)\.tmp\d+", name)
+    return bool(m and m.group(1) in files)
+
+
+def foreign_entries(d: Path, recorded: set[str]) -> list[str]:
+    """The entries of run directory `d` (names relative to it) that archspec did not write: not a recorded artifact or
+    a run file (plain files), not an allowed directory holding only its allowed plain files, not a temporary file
+    archspec names. OSError when `d` cannot be listed."""
+    files = set(recorded) | set(RUN_FILES)
+    foreign = []
+    with os.scandir(d) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        is_file = e.is_file(follow_symlinks=False)
+        is_dir = e.is_dir(follow_symlinks=False)
+        if is_file and (e.name in files or _temp_of(e.name, files)):
+            continue
+        aside = _ASIDE.fullmatch(e.name)
+        allowed = RUN_DIRS.get("__pycache__") if e.name == "__pycache__" else (
+            RUN_DIRS[SHARDED_PATTERN] if _SHARDED.fullmatch(e.name) or (aside and aside.group(1).endswith(".dcp"))
+            else None)
+        if is_file and aside and aside.group(1) == "checkpoint.pt":
+            continue
+        if is_dir and allowed is not None:
+            try:
+                with os.scandir(e.path) as sub:
+                    inside = sorted(sub, key=lambda x: x.name)
+            except OSError:
+                foreign.append(e.name + "/")
+                continue
+            foreign += [f"{e.name}/{x.name}" for x in inside
+                        if not (x.is_file(follow_symlinks=False) and allowed.fullmatch(x.name))]
+            continue
+        foreign.append(e.name + ("/" if is_dir else ""))
+    return foreign
 
 
 def tree_size(path: Path) -> int:
@@ -70,19 +122,15 @@ class RunDeletion:
     size: int = 0
 
 
-def _is_archspec_file(name: str, recorded: set[str]) -> bool:
-    return name in recorded or any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES)
-
-
 def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = False) -> list[RunDeletion]:
     """Check every run's directory and say what deleting the runs removes; UserError (nothing removed) when a
     directory cannot be deleted safely: it holds files archspec did not write, another run's files, or the
     registry itself."""
     ids = {r.id for r in runs}
     all_artifacts = reg.all_artifacts()
-    registry_file = getattr(reg, "_file", None)
-    registry_file = Path(os.path.abspath(registry_file)) if registry_file is not None else None
+    protected = _protected_paths(reg)
     plans = []
+    taken: set[Path] = set()  # directories an earlier plan already deletes (two runs sharing one)
     for run in runs:
         plan = RunDeletion(run)
         plans.append(plan)
@@ -98,16 +146,20 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
             if d.is_symlink() or not d.is_dir():
                 raise UserError(f"run {run.id}: {where} is not a directory (a link, or a file); archspec deletes only "
                                 "run directories it created (--keep-files deletes the registry rows alone)")
-            recorded = {p.name for p in paths if p.parent == d}
+            real = d.resolve()
+            for what, path in protected:
+                if path == real or path.is_relative_to(real):
+                    raise UserError(f"run {run.id}: {where} is or holds {what} ({printable(str(path), 200)}); not "
+                                    "deleting it (--keep-files deletes the registry rows alone)")
+            recorded = {Path(p).name for rid, _, p in all_artifacts if rid in ids and Path(p).parent == d}
             if not any((d / name).is_file() for name in recorded):
                 raise UserError(f"run {run.id}: {where} holds none of the run's recorded files (its module or "
                                 "checkpoint); not deleting a directory archspec cannot tell is the run's "
                                 "(--keep-files deletes the registry rows alone)")
             try:
-                entries = sorted(os.listdir(d))
+                foreign = foreign_entries(d, recorded)
             except OSError as e:
                 raise UserError(f"run {run.id}: cannot list {where}: {e.strerror}") from None
-            foreign = [e for e in entries if not _is_archspec_file(e, recorded)]
             if foreign:
                 shown = ", ".join(printable(f, 60) for f in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
                 raise UserError(f"run {run.id}: {where} also holds files archspec did not write ({shown}); delete "
@@ -117,48 +169,100 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
                 raise UserError(f"run {run.id}: {where} also holds the files of run {others[0]}"
                                 f"{f' (and {len(others) - 1} more)' if len(others) > 1 else ''}; delete those runs "
                                 "too, or pass --keep-files")
-            if registry_file is not None and registry_file.is_relative_to(d.absolute()):
-                raise UserError(f"run {run.id}: {where} holds the registry database; not deleting it")
+            if real in taken:
+                continue  # another planned run's directory too: deleted (and counted) once
+            taken.add(real)
             plan.dirs.append(d)
             plan.size += tree_size(d)
     return plans
+
+
+def _protected_paths(reg: Registry) -> list[tuple[str, Path]]:
+    """What a run directory must never be nor contain, resolved (links and `..` followed): the registry database, the
+    working directory, $HOME, archspec's state root."""
+    from archspec.paths import state_root
+
+    out = []
+    registry_file = getattr(reg, "_file", None)
+    if registry_file is not None:
+        out.append(("the registry database", Path(registry_file).resolve()))
+    for what, get in (("the working directory", Path.cwd), ("your home directory", Path.home),
+                      ("archspec's state root", lambda: state_root()[0])):
+        try:
+            out.append((what, Path(get()).resolve()))
+        except (OSError, RuntimeError, KeyError):
+            pass  # no cwd (deleted), no $HOME: nothing to compare
+    return out
 
 
 def _aside(path: Path) -> Path:
     return path.with_name(f".{path.name}.deleting-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def remove_with_rows(paths: Sequence[Path], delete_rows: Callable[[], object]) -> list[str]:
-    """Rename every path aside, run `delete_rows` (one transaction), then remove the renamed paths; when the
-    transaction fails every path is renamed back and the error re-raised as a RecordingError (exit 1). Returns the
-    paths that could not be removed afterwards (the rows are gone; the user is told where they are)."""
-    moved: list[tuple[Path, Path]] = []
-    try:
-        for p in paths:
-            a = _aside(p)
-            os.rename(p, a)
-            moved.append((p, a))
-    except OSError as e:
-        for p, a in reversed(moved):
-            os.rename(a, p)
-        raise UserError(f"cannot move {printable(str(e.filename or ''), 200)} aside ({e.strerror}); nothing "
-                        "deleted") from None
-    try:
-        delete_rows()
-    except BaseException as e:
-        for p, a in reversed(moved):
-            os.rename(a, p)
-        if isinstance(e, (UserError, KeyboardInterrupt, SystemExit)):
-            raise
-        raise RecordingError(f"the registry could not be written ({printable(str(e), 300)}); nothing deleted, "
-                             "every file is back in place") from e
-    left = []
-    for _, a in moved:
+def _put_back(moved: Sequence[tuple[Path, Path]]) -> list[str]:
+    """Rename every moved path back, each on its own (one failure does not abandon the rest); the ones that could
+    not be restored, said as `aside → original`."""
+    lost = []
+    for p, a in reversed(moved):
         try:
-            shutil.rmtree(a) if a.is_dir() and not a.is_symlink() else a.unlink()
-        except OSError:
-            left.append(str(a))
-    return left
+            os.rename(a, p)
+        except OSError as e:
+            lost.append(f"{printable(str(a), 200)} → {printable(str(p), 200)} ({e.strerror})")
+    return lost
+
+
+def _not_restored(lost: Sequence[str]) -> str:
+    return ("; could not be renamed back (rename them by hand): " + "; ".join(lost)) if lost else ""
+
+
+def _report_interrupted(lost: Sequence[str]) -> None:
+    """An interruption is re-raised as it was (its exit code is the shell's); what could not be put back is said first."""
+    if lost:
+        import sys
+
+        print("interrupted; nothing deleted" + _not_restored(lost), file=sys.stderr)
+
+
+def remove_with_rows(paths: Sequence[Path], delete_rows: Callable[[], object]) -> list[str]:
+    """Rename every path aside, run `delete_rows` (one transaction), then remove the renamed paths; when anything
+    fails before the transaction commits (an error, Ctrl-C, SIGTERM) every path is renamed back and the error re-raised
+    (a failed transaction as a RecordingError, exit 1; an interruption as it was). The whole is done with interrupts
+    deferred (archspec.signals: the CLI's handlers), so a signal is acted on once the deletion is complete. Returns
+    the paths that could not be removed afterwards (the rows are gone; the user is told where they are)."""
+    from archspec.signals import deferred_interrupts
+
+    with deferred_interrupts():
+        moved: list[tuple[Path, Path]] = []
+        try:
+            for p in paths:
+                a = _aside(p)
+                os.rename(p, a)
+                moved.append((p, a))
+        except BaseException as e:
+            lost = _put_back(moved)
+            if isinstance(e, OSError):
+                raise UserError(f"cannot move {printable(str(e.filename or ''), 200)} aside ({e.strerror}); nothing "
+                                "deleted" + _not_restored(lost)) from None
+            _report_interrupted(lost)
+            raise
+        try:
+            delete_rows()
+        except BaseException as e:
+            lost = _put_back(moved)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                _report_interrupted(lost)
+                raise
+            if isinstance(e, UserError) and not lost:
+                raise
+            raise RecordingError(f"the registry could not be written ({printable(str(e), 300)}); nothing deleted"
+                                 + (_not_restored(lost) or ", every file is back in place")) from e
+        left = []
+        for _, a in moved:
+            try:
+                shutil.rmtree(a) if a.is_dir() and not a.is_symlink() else a.unlink()
+            except OSError:
+                left.append(str(a))
+        return left
 
 
 def delete_runs(reg: Registry, plans: Sequence[RunDeletion]) -> list[str]:
@@ -176,24 +280,80 @@ class Freed:
     path: Path
     size: int
     why: str
+    shards: Path | None = None  # the sharded directory (checkpoint-stepN.dcp) the checkpoint file commits, freed too
+
+
+def _sharded_name(path: Path) -> str | None:
+    """The sharded directory a checkpoint file names (`checkpoint.sharded_directory` reads the same key); None for a
+    whole checkpoint. ValueError when the file cannot be read (safely) or names something that is not a directory
+    name beside it."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 (torch raises many types for a bad file)
+        raise ValueError(f"not readable ({type(e).__name__})") from None
+    name = state.get("sharded") if isinstance(state, dict) else None
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _SHARDED.fullmatch(name):
+        raise ValueError(f"its sharded state names {printable(repr(name), 80)}")
+    return name
+
+
+def _free_shards(path: Path) -> tuple[bool, Path | None]:
+    """(whether the checkpoint file may go, the sharded directory that goes with it). A directory without any
+    `checkpoint-step*.dcp` holds whole checkpoints only; otherwise the file is read for the directory it commits, which
+    must be a real directory holding DCP's files only; anything doubtful keeps the checkpoint."""
+    try:
+        if not any(_SHARDED.fullmatch(n) for n in os.listdir(path.parent)):
+            return True, None
+        name = _sharded_name(path)
+    except (OSError, ValueError):
+        return False, None
+    if name is None:
+        return True, None
+    shards = path.parent / name
+    if shards.is_symlink() or not shards.is_dir():
+        return True, None  # committed directory already gone: the file alone is freed
+    try:
+        inside = os.listdir(shards)
+    except OSError:
+        return False, None
+    if not all(RUN_DIRS[SHARDED_PATTERN].fullmatch(n) and (shards / n).is_file() and not (shards / n).is_symlink()
+               for n in inside):
+        return False, None
+    return True, shards
 
 
 def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | None = None) -> list[Freed]:
     """The recorded checkpoint files of FINISHED runs that `keep` lets go, as they are on this host:
 
     - `last`: each run keeps its latest recorded checkpoint; older ones (recorded at other paths) go.
-    - `best`: among the FINISHED runs of one model (model hash), only the run with the best `metrics.best.<metric>`
-      keeps its latest checkpoint; a run without that metric keeps its latest too (it cannot be judged).
+    - `best`: among the FINISHED runs of one model on one data set (model hash and data hash: a val_loss on other
+      data is not comparable; runs that differ only in their recipe, lr or steps, are exactly what `best` chooses
+      among), only the run with the best `metrics.best.<metric>` keeps its latest checkpoint; a run without that
+      metric keeps its latest too (it cannot be judged).
     - `none`: every checkpoint of every FINISHED run goes.
 
-    RUNNING (and every other unfinished) run is never touched, nor a file another run's artifact still names, nor
-    anything that is not a recorded checkpoint artifact."""
+    RUNNING (and every other unfinished) run is never touched, nor any file in a directory that holds a recorded file
+    of a run that is not FINISHED (a resumed run B writes into A's directory and records its checkpoint only when it
+    finishes), nor a file another run's artifact still names, nor anything that is not a recorded checkpoint
+    artifact. A sharded checkpoint (FSDP) is its checkpoint.pt, the commit file, and the `checkpoint-stepN.dcp/`
+    directory it names: both are freed together."""
     from archspec.registry.query.fields import higher_is_better
 
     if keep not in KEEP_POLICIES:
         raise UserError(f"--keep must be one of {', '.join(KEEP_POLICIES)}, got {printable(keep, 40)!r}")
-    finished = [r for r in reg.runs(where=where) if r.status == FINISHED]
+    everyone = reg.runs()
+    status = {r.id: r.status for r in everyone}
+    chosen = {r.id for r in reg.runs(where=where)} if where else set(status)
+    finished = [r for r in everyone if r.status == FINISHED and r.id in chosen]
     artifacts = reg.all_artifacts()
+    busy: set[Path] = set()  # directories a run that is not FINISHED uses (RUNNING, KILLED and resumable, ...)
+    for run_id, _, path in artifacts:
+        if status.get(run_id) != FINISHED:
+            busy |= {Path(path).parent, Path(os.path.realpath(path)).parent}
     checkpoints: dict[str, list[str]] = {}
     for run_id, kind, path in artifacts:
         if kind == "checkpoint":
@@ -201,15 +361,19 @@ def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | Non
             if path in lst:
                 lst.remove(path)
             lst.append(path)  # recorded order: the last is the latest
-    best_of_model: dict[str, str] = {}
+    best_of: dict[tuple[str, str], str] = {}
+
+    def group(r: RunRow) -> tuple[str, str]:
+        return r.model_hash, r.data_hash
+
     if keep == "best":
-        by_model: dict[str, list[RunRow]] = {}
+        groups: dict[tuple[str, str], list[RunRow]] = {}
         for r in finished:
             if metric in r.best:
-                by_model.setdefault(r.model_hash, []).append(r)
+                groups.setdefault(group(r), []).append(r)
         sign = -1.0 if higher_is_better(metric) else 1.0
-        for h, rs in by_model.items():
-            best_of_model[h] = min(rs, key=lambda r: (sign * r.best[metric], r.id)).id
+        for g, rs in groups.items():
+            best_of[g] = min(rs, key=lambda r: (sign * r.best[metric], r.id)).id
     freed: list[tuple[RunRow, str, str]] = []
     for r in finished:
         paths = checkpoints.get(r.id, [])
@@ -217,11 +381,11 @@ def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | Non
             continue
         if keep == "none":
             freed += [(r, p, "--keep none") for p in paths]
-        elif keep == "last" or metric not in r.best or best_of_model.get(r.model_hash) == r.id:
+        elif keep == "last" or metric not in r.best or best_of.get(group(r)) == r.id:
             freed += [(r, p, "superseded by a later checkpoint of the run") for p in paths[:-1]]
         else:
-            winner = best_of_model[r.model_hash]
-            freed += [(r, p, f"run {winner} has the model's best {metric}") for p in paths]
+            winner = best_of[group(r)]
+            freed += [(r, p, f"run {winner} has the best {metric} of its model and data") for p in paths]
     going = {(r.id, p) for r, p, _ in freed}
     still_named = {p for run_id, _, p in artifacts if (run_id, p) not in going}
     out = []
@@ -229,16 +393,25 @@ def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | Non
         path = Path(p)
         if p in still_named or not path.is_absolute() or path.is_symlink() or not path.is_file():
             continue  # another run's (or a kept) artifact, not here, or not a plain file: left alone
-        out.append(Freed(r, path, tree_size(path), why))
+        if path.parent in busy or Path(os.path.realpath(path)).parent in busy:
+            continue  # a run that is not FINISHED uses the directory (it may be writing this very file)
+        ok, shards = _free_shards(path)
+        if not ok:
+            continue
+        out.append(Freed(r, path, tree_size(path) + (tree_size(shards) if shards else 0), why, shards))
     return out
 
 
 def apply_gc(reg: Registry, plan: Sequence[Freed]) -> list[str]:
-    """Remove the planned checkpoint files and forget their artifact rows, together."""
+    """Remove the planned checkpoint files (with their sharded directories) and forget their artifact rows,
+    together. Nothing planned: nothing written (the registry is not even opened for writing)."""
+    if not plan:
+        return []
+
     def rows() -> None:
         by_run: dict[str, list[str]] = {}
         for f in plan:
             by_run.setdefault(f.run.id, []).append(str(f.path))
         reg.forget_artifacts(by_run)
 
-    return remove_with_rows([f.path for f in plan], rows)
+    return remove_with_rows([q for f in plan for q in (f.path, f.shards) if q is not None], rows)

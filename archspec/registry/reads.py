@@ -22,7 +22,8 @@ from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Me
                                       RunRecord, RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
 from archspec.registry.query.fields import check_known_keys, higher_is_better, resolve_field
 from archspec.registry.query.sql import compile_filter, compile_sort
-from archspec.registry.values import accounting_fields, flatten, is_stale, load_json, number, run_params, writer_gone
+from archspec.registry.values import (WRITER_IDENTITY, accounting_fields, flatten, is_stale, load_json, number, run_params,
+                                     writer_gone)
 from archspec.train.logger import RUNNING, SweepMembership
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
@@ -197,7 +198,7 @@ class RunRow:
         """RUNNING, but its writer stopped beating (the process died or was killed); `archspec runs reap` (or the next
         run start or sweep) marks it KILLED. Computed when asked, never written by a read."""
         return self.status == RUNNING and (is_stale(self.heartbeat, self.heartbeat_timeout_s, self.read_at or utcnow())
-                                           or writer_gone(self.host, self.tags.get("pid")))
+                                           or writer_gone(self.host, self.tags))
 
     @property
     def duration_s(self) -> float | None:
@@ -285,8 +286,9 @@ class RegistryReader(RegistryEngine):
                 return None, False
             if row.status != RUNNING:
                 return row.status, False
-            pid = conn.execute(select(RunTag.value).where(RunTag.run_id == run_id, RunTag.key == "pid")).scalar()
-            stale = is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now()) or writer_gone(row.host, pid)
+            tags = dict(conn.execute(select(RunTag.key, RunTag.value).where(
+                RunTag.run_id == run_id, RunTag.key.in_(WRITER_IDENTITY))).all())
+            stale = is_stale(row.heartbeat, row.heartbeat_timeout_s, self._now()) or writer_gone(row.host, tags)
             return row.status, stale
 
         return self._read(tx, "run_status", empty=lambda: (None, False))

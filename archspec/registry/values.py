@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import socket
 from datetime import datetime
 from typing import Any, Mapping
 
@@ -118,26 +120,72 @@ def is_stale(heartbeat: datetime | None, timeout_s: float, now: datetime) -> boo
     return heartbeat is None or (now - heartbeat).total_seconds() > timeout_s
 
 
-def writer_gone(host: str | None, pid_text: str | None) -> bool:
-    """The run's writer ran on this host (its recorded `host`) and its process (its `pid` tag) no longer exists: the
-    run is dead now, whatever its heartbeat timeout says (`kill -9`). Another host's process cannot be checked (that is
-    what `--take-over` and the heartbeat are for); a pid reused by an unrelated process reads as alive (the safe
-    side), and so does this very process. Asking the kernel whether a pid exists changes nothing: reads use it too."""
-    import os
-    import socket
+# The tags that identify the writer's process (archspec.train.loop `run_info` writes `writer_identity()`): its pid,
+# the pid namespace it is a pid in (the inode of /proc/self/ns/pid), the boot it ran in (the kernel's boot_id) and
+# the process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot).
+WRITER_IDENTITY = ("pid", "pid_namespace", "boot_id", "pid_start")
 
+
+def _proc_start(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (the start time, in clock ticks since boot); None when there is no such process
+    (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after the command name, which may hold spaces and ')'
+    return fields[19] if len(fields) > 19 else None  # field 3 is fields[0]
+
+
+def _namespace_and_boot() -> tuple[str | None, str | None]:
+    try:
+        ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        ns = None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip() or None
+    except OSError:
+        boot = None
+    return ns, boot
+
+
+def writer_identity() -> dict[str, str]:
+    """This process as a run's writer: the `WRITER_IDENTITY` tags (those /proc cannot tell are left out)."""
+    ns, boot = _namespace_and_boot()
+    pid = os.getpid()
+    tags = {"pid": str(pid), "pid_namespace": ns, "boot_id": boot, "pid_start": _proc_start(pid)}
+    return {k: v for k, v in tags.items() if v is not None}
+
+
+def writer_gone(host: str | None, tags: Mapping[str, str]) -> bool:
+    """The run's writer ran on this host, in this pid namespace and this boot (its recorded `host` and its
+    `WRITER_IDENTITY` tags), and its process no longer exists (its pid is absent, or a process started at another
+    time holds it: the pid was reused): the run is dead now, whatever its heartbeat timeout says (`kill -9`).
+
+    A hostname alone proves nothing (containers share one without sharing pids; a cloned VM keeps it): without the
+    namespace and boot tags (runs of an older archspec), or when they differ from this process's, or off Linux, the
+    writer cannot be checked and only the heartbeat tells (False here). So does another host's writer (that is what
+    `--take-over` and the heartbeat are for), and this very process. Reading /proc changes nothing: reads use it too."""
     if not host or host != socket.gethostname():
         return False
+    ns, boot = _namespace_and_boot()
+    if ns is None or boot is None or tags.get("pid_namespace") != ns or tags.get("boot_id") != boot:
+        return False
     try:
-        pid = int(pid_text or "")
+        pid = int(tags.get("pid") or "")
     except ValueError:
         return False
-    if pid <= 0 or pid == os.getpid():
+    if pid <= 0 or pid == os.getpid() or not tags.get("pid_start"):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # exists, owned by someone else; or no pid at all
-        return False
-    return False
+    start = _proc_start(pid)
+    if start is None:  # no such process: but is it ours to see? /proc lists every pid of this namespace
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except (OSError, OverflowError):
+            return False
+        return False  # it exists after all (raced with its start)
+    return start != tags["pid_start"]  # another process now holds the pid

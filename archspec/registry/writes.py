@@ -38,7 +38,7 @@ from archspec.registry.models import (
     SweepRun,
 )
 from archspec.registry.values import (accounting_fields, canonical_text, flatten, is_stale, run_params, typed_row,
-                                     with_seq_len, writer_gone)
+                                     with_seq_len, WRITER_IDENTITY, writer_gone)
 from archspec.train.logger import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, RunInfo, SweepMembership
 
 
@@ -53,14 +53,17 @@ class RunFinishedError(UserError):
 
 def _writer_gone(conn: Connection, row) -> bool:
     """The run's writer ran on this host and its process no longer exists (see `values.writer_gone`)."""
-    pid_text = conn.execute(select(RunTag.value).where(RunTag.run_id == row.id, RunTag.key == "pid")).scalar()
-    return writer_gone(row.host, pid_text)
+    tags = dict(conn.execute(select(RunTag.key, RunTag.value).where(
+        RunTag.run_id == row.id, RunTag.key.in_(WRITER_IDENTITY))).all())
+    return writer_gone(row.host, tags)
 
 
 # Tags the training loop writes itself (archspec.train.loop `run_info`): a restart replaces them, `archspec runs tag`
 # may not set or remove them (a forged `pid` would make a live run look dead, or a dead one alive).
+# `tests/train/test_writer_tags.py` checks this is exactly what `Trainer.run_info` writes.
 WRITER_TAGS = ("device", "precision", "world_size", "compile", "parallel", "activation_checkpointing", "corpus",
-               "corpus_hash", "tokenizer", "train_tokens", "val_tokens", "resumed_from_step", "repeat_of", "pid")
+               "corpus_hash", "tokenizer", "train_tokens", "val_tokens", "resumed_from_step", "repeat_of",
+               *WRITER_IDENTITY)
 
 
 class RunActiveError(UserError):
@@ -432,9 +435,12 @@ class RegistryWriter(RegistryEngine):
                 select(RunRecord.id, RunRecord.heartbeat, RunRecord.heartbeat_timeout_s, RunRecord.attempt,
                        RunRecord.host).where(RunRecord.status == RUNNING)
             ).all()
-            pids = dict(conn.execute(select(RunTag.run_id, RunTag.value).where(
-                RunTag.key == "pid", RunTag.run_id.in_(select(RunRecord.id).where(RunRecord.status == RUNNING)))).all())
-            return [(r, writer_gone(r.host, pids.get(r.id))) for r in rows]
+            tags: dict[str, dict[str, str]] = {}
+            for run_id, key, value in conn.execute(select(RunTag.run_id, RunTag.key, RunTag.value).where(
+                    RunTag.key.in_(WRITER_IDENTITY),
+                    RunTag.run_id.in_(select(RunRecord.id).where(RunRecord.status == RUNNING)))).all():
+                tags.setdefault(run_id, {})[key] = value
+            return [(r, writer_gone(r.host, tags.get(r.id, {}))) for r in rows]
 
         rows = self._read(find, "find stale runs", empty=list)
         stale = [(r, gone) for r, gone in rows if gone or self._is_stale(r, now, timeout_s)]
@@ -498,11 +504,10 @@ class RegistryWriter(RegistryEngine):
 
         self._write(tx, "rename run")
 
-    def delete_runs(self, run_ids: Sequence[str], before_commit: Callable[[], None] | None = None) -> int:
+    def delete_runs(self, run_ids: Sequence[str]) -> int:
         """Delete runs and every row that belongs to them (params, accounting, tags, notes, sweep memberships,
         metrics, summary, artifacts, evaluations) in one transaction; their specs stay (specs exist without runs).
-        `before_commit` runs inside the transaction, last: an exception there rolls everything back. Returns the
-        number of runs deleted. The files are the caller's (archspec.registry.housekeeping)."""
+        Returns the number of runs deleted. The files are the caller's (archspec.registry.housekeeping)."""
         ids = list(dict.fromkeys(run_ids))
 
         def tx(conn: Connection) -> int:
@@ -511,10 +516,7 @@ class RegistryWriter(RegistryEngine):
             for table in (Evaluation, RunNote, Artifact, SummaryMetric, MetricStats, Metric, RunTag, SweepRun,
                           RunAccounting, RunParam):
                 conn.execute(delete(table).where(table.run_id.in_(ids)))
-            n = conn.execute(delete(RunRecord).where(RunRecord.id.in_(ids))).rowcount
-            if before_commit is not None:
-                before_commit()
-            return n
+            return conn.execute(delete(RunRecord).where(RunRecord.id.in_(ids))).rowcount
 
         return self._write(tx, "delete runs")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import random
 import resource
 import shutil
@@ -33,6 +32,7 @@ from torch import nn
 import archspec
 from archspec import codegen
 from archspec.errors import UserError, printable
+from archspec.registry.values import writer_identity
 from archspec.spec import Spec, canonical_dict, load_spec_dict
 from archspec.train.cache import cache_dir, digest
 from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
@@ -396,7 +396,7 @@ class Trainer:
                   "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
                   "resumed_from_step": str(self.step),
                   **({"repeat_of": self.experiment_id} if self.run_id != self.experiment_id else {}),
-                  "pid": str(os.getpid())},  # with `host`: lets a later resume on this host see the writer is gone
+                  **writer_identity()},  # with `host`: lets a later resume on this host see the writer is gone
             repeat=self.repeat, key=self.build.experiment_id,
         )
 

@@ -84,3 +84,12 @@ def populate(reg) -> dict[str, str]:
         "wide0": record_run(reg, make_info(wide, seed=0), None, status="RUNNING"),
     }
     return ids
+
+
+def writer_tags(pid: int) -> dict[str, str]:
+    """The writer-identity tags (archspec.registry.values.WRITER_IDENTITY) a process `pid` of this host would record;
+    read while it still exists (a zombie will do)."""
+    from archspec.registry.values import _namespace_and_boot, _proc_start
+
+    ns, boot = _namespace_and_boot()
+    return {"pid": str(pid), "pid_namespace": ns or "", "boot_id": boot or "", "pid_start": _proc_start(pid) or ""}

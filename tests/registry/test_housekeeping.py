@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from alembic import command
@@ -16,7 +18,7 @@ from archspec.cli import main
 from archspec.registry import Registry
 from archspec.registry.migrate import alembic_config, head_revision
 
-from .helpers import make_info, make_spec, populate, record_run
+from .helpers import make_info, make_spec, populate, record_run, writer_tags
 
 
 @pytest.fixture
@@ -171,7 +173,7 @@ def test_delete_is_all_or_nothing_when_the_database_fails(data, capsys, tmp_path
     d = run_dir(reg, tmp_path, ids["llama1"])
     from archspec.registry.writes import RegistryWriter
 
-    def broken(self, run_ids, before_commit=None):
+    def broken(self, run_ids):
         raise RuntimeError("disk I/O error")
 
     monkeypatch.setattr(RegistryWriter, "delete_runs", broken)
@@ -232,7 +234,7 @@ def test_gc_best_keeps_the_best_run_of_a_model(registry, registry_url, capsys, t
     bad = record_run(registry, make_info(spec, seed=1), {"val_loss": [(0, 3.0), (10, 2.5)]})
     dg, db = run_dir(registry, tmp_path, good, "m"), run_dir(registry, tmp_path, bad, "m")
     code, out, err = run_cli(capsys, "gc", "--keep", "best", "--apply", "--registry", registry_url)
-    assert code == 0 and f"run {good} has the model's best val_loss" in out, err
+    assert code == 0 and f"run {good} has the best val_loss of its model and data" in out, err
     assert (dg / "checkpoint.pt").exists() and not (db / "checkpoint.pt").exists() and (db / "m.py").exists()
     code, _, err = run_cli(capsys, "gc", "--keep", "best", "--metric", "val_los", "--registry", registry_url)
     assert code == 2 and "did you mean val_loss" in err
@@ -241,16 +243,18 @@ def test_gc_best_keeps_the_best_run_of_a_model(registry, registry_url, capsys, t
 # ── reaping a dead writer by pid; checked columns ───────────────────────────────────────────────────────────────
 
 
-def dead_pid() -> str:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return str(p.pid)
+def dead_pid() -> dict[str, str]:
+    """The writer tags of a process of this host that has ended."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    tags = writer_tags(p.pid)
+    p.communicate(b"")
+    return tags
 
 
 def test_a_dead_local_writer_is_stale_at_once_and_reaped(registry, registry_url, capsys):
-    other = make_info(seed=1, tags={"pid": dead_pid()})  # another host's pid says nothing here
+    other = make_info(seed=1, tags=dead_pid())  # another host's pid says nothing here
     record_run(registry, other, status="RUNNING", heartbeat_timeout_s=3600.0)
-    info = make_info(tags={"pid": dead_pid()})
+    info = make_info(tags=dead_pid())
     info.host = socket.gethostname()
     record_run(registry, info, status="RUNNING", heartbeat_timeout_s=3600.0)  # heartbeat fresh
     code, out, _ = run_cli(capsys, "runs", "list", "--registry", registry_url)
@@ -261,7 +265,7 @@ def test_a_dead_local_writer_is_stale_at_once_and_reaped(registry, registry_url,
     run = registry.get_run(info.run_id)
     assert run.status == "KILLED" and "is gone" in run.error
     assert registry.get_run(other.run_id).status == "RUNNING"
-    again = make_info(seed=2, tags={"pid": dead_pid()})  # every command that reaps: here a run start
+    again = make_info(seed=2, tags=dead_pid())  # every command that reaps: here a run start
     again.host = socket.gethostname()
     record_run(registry, again, status="RUNNING")
     record_run(registry, make_info(seed=3), status="FINISHED")
@@ -330,3 +334,248 @@ def test_dry_runs_are_reads_and_create_nothing(tmp_path, capsys):
     code, _, err = run_cli(capsys, "runs", "delete", "abcd1234", "--dry-run", "--registry", url)
     assert code == 2 and "no run" in err
     assert not (tmp_path / "none").exists()
+
+
+# ── review fixes: gc and delete around other runs, archspec's files, interruptions, guards ───────────────────────
+
+
+def test_gc_never_frees_a_checkpoint_in_a_directory_an_unfinished_run_uses(registry, registry_url, capsys, tmp_path):
+    """`--resume A/checkpoint.pt --set train.steps=...` starts run B writing into A's directory; B records its
+    checkpoint only when it finishes, but its other files are recorded there already."""
+    spec = make_spec("m")
+    a = record_run(registry, make_info(spec, seed=0), {"val_loss": [(0, 3.0)]})
+    d = run_dir(registry, tmp_path, a, "m")
+    b = record_run(registry, make_info(spec, seed=1), status="RUNNING")
+    registry.add_artifact(b, "model", str(d / "m.py"))
+    code, out, err = run_cli(capsys, "gc", "--keep", "none", "--apply", "--registry", registry_url)
+    assert code == 0 and "freed 0 B in 0 checkpoints" in out, (out, err)
+    assert (d / "checkpoint.pt").exists()
+
+
+def test_delete_two_runs_sharing_a_directory_deletes_it_once(registry, registry_url, capsys, tmp_path):
+    spec = make_spec("m")
+    a = record_run(registry, make_info(spec, seed=0), status="FAILED")
+    b = record_run(registry, make_info(spec, seed=1), status="FAILED")
+    d = run_dir(registry, tmp_path, a, "m")
+    registry.add_artifact(b, "checkpoint", str(d / "checkpoint.pt"))
+    code, out, err = run_cli(capsys, "runs", "delete", a, b, "--dry-run", "--registry", registry_url)
+    assert code == 0 and out.count(str(d)) == 1 and "2 runs and 2.0 KiB of files" in out, (out, err)
+    code, out, err = run_cli(capsys, "runs", "delete", a, b, "--yes", "--registry", registry_url)
+    assert code == 0 and "deleted 2 runs and 2.0 KiB" in out and not d.exists(), err
+    assert registry.runs() == []
+
+
+@pytest.mark.parametrize("make, foreign", [
+    (lambda d: (d / "__pycache__").mkdir() or (d / "__pycache__" / "thesis.tex").write_text("x"), "thesis.tex"),
+    (lambda d: (d / "checkpoint-step00000004.dcp").mkdir() or (d / "checkpoint-step00000004.dcp" / "mine").mkdir(),
+     "mine"),
+    (lambda d: (d / "checkpoint-step00000004.dcp").write_text("a file, not DCP's directory"), "checkpoint-step"),
+    (lambda d: (d / "tokenizer.json").mkdir(), "tokenizer.json/"),
+    (lambda d: (d / "notes.tmp2024.txt").write_text("mine"), "notes.tmp2024.txt"),
+    (lambda d: (d / ".draft.tmp").write_text("mine"), ".draft.tmp"),
+])
+def test_delete_judges_entries_by_type_and_contents_not_name(data, capsys, tmp_path, make, foreign):
+    reg, url, ids = data
+    d = run_dir(reg, tmp_path, ids["llama1"])
+    make(d)
+    code, _, err = run_cli(capsys, "runs", "delete", ids["llama1"], "--yes", "--registry", url)
+    assert code == 2 and foreign in err and d.is_dir() and reg.get_run(ids["llama1"])
+
+
+def test_delete_takes_what_archspec_writes_in_a_run_directory(data, capsys, tmp_path):
+    reg, url, ids = data
+    d = run_dir(reg, tmp_path, ids["llama1"], extra={".run.json.123.0123456789ab.tmp": "", "llama.py.tmp4242": "",
+                                                       "metrics.jsonl": ""})
+    (d / "__pycache__").mkdir()
+    (d / "__pycache__" / "llama.cpython-312.pyc").write_bytes(b"")
+    shards = d / "checkpoint-step00000004.dcp"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"")
+    (shards / "__0_0.distcp").write_bytes(b"")
+    code, _, err = run_cli(capsys, "runs", "delete", ids["llama1"], "--yes", "--registry", url)
+    assert code == 0 and not d.exists(), err
+
+
+def test_an_interrupt_between_renames_puts_everything_back_and_says_what_it_could_not(tmp_path, monkeypatch, capsys):
+    from archspec.registry import housekeeping
+
+    paths = [tmp_path / n for n in ("a", "b", "c")]
+    for p in paths:
+        p.mkdir()
+    real, calls = housekeeping.os.rename, []
+
+    def rename(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C while moving the third aside
+        if len(calls) == 4:
+            raise PermissionError(13, "Permission denied", str(src))  # putting b back fails
+        real(src, dst)
+
+    monkeypatch.setattr(housekeeping.os, "rename", rename)
+    rows = []
+    with pytest.raises(KeyboardInterrupt):
+        housekeeping.remove_with_rows(paths, lambda: rows.append(1))
+    err = capsys.readouterr().err
+    assert rows == [] and "could not be renamed back" in err and ".b.deleting-" in err
+    assert (tmp_path / "a").is_dir() and (tmp_path / "c").is_dir() and not (tmp_path / "b").exists()  # a: restored
+
+
+def test_an_interrupt_during_the_transaction_puts_everything_back(tmp_path):
+    from archspec.registry.housekeeping import remove_with_rows
+
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for p in paths:
+        p.mkdir()
+
+    def rows():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        remove_with_rows(paths, rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_gc_frees_a_sharded_checkpoint_with_its_directory(data, capsys, tmp_path):
+    import torch
+
+    reg, url, ids = data
+    d = run_dir(reg, tmp_path, ids["llama0"])
+    shards = d / "checkpoint-step00000004.dcp"
+    shards.mkdir()
+    (shards / ".metadata").write_bytes(b"m" * 100)
+    (shards / "__0_0.distcp").write_bytes(b"s" * 4096)
+    torch.save({"step": 4, "sharded": shards.name}, d / "checkpoint.pt")
+    other = d / "checkpoint-step00000002.dcp"  # an earlier step's directory the checkpoint does not name: stays
+    other.mkdir()
+    code, out, err = run_cli(capsys, "gc", "--keep", "none", "--apply", "--registry", url)
+    assert code == 0 and "freed 1 checkpoint" not in out and "in 1 checkpoint" in out, err
+    assert not (d / "checkpoint.pt").exists() and not shards.exists() and other.is_dir()
+
+
+def test_gc_keeps_a_checkpoint_beside_shards_it_cannot_read(data, capsys, tmp_path):
+    reg, url, ids = data
+    d = run_dir(reg, tmp_path, ids["llama0"])  # checkpoint.pt holds zeros: not readable
+    (d / "checkpoint-step00000004.dcp").mkdir()
+    code, out, err = run_cli(capsys, "gc", "--keep", "none", "--apply", "--registry", url)
+    assert code == 0 and "in 0 checkpoints" in out and (d / "checkpoint.pt").exists(), err
+
+
+def test_reap_by_pid_needs_this_namespace_and_boot_and_notices_a_reused_pid(registry, registry_url, capsys):
+    from archspec.registry.values import writer_gone, writer_identity
+
+    host = socket.gethostname()
+    dead = dead_pid()
+    assert writer_gone(host, dead)
+    assert not writer_gone(host, {"pid": dead["pid"]})  # an old run: no identity tags, the heartbeat tells
+    assert not writer_gone(host, {**dead, "pid_namespace": "4026531999"})  # another container's pid
+    assert not writer_gone(host, {**dead, "boot_id": "0" * 32})  # a cloned VM, or before a reboot
+    me = writer_identity()
+    parent = {**me, "pid": str(os.getppid())}
+    parent["pid_start"] = writer_tags(os.getppid())["pid_start"]
+    assert not writer_gone(host, parent)  # alive, the same process
+    assert writer_gone(host, {**parent, "pid_start": "1"})  # alive, but another process holds the pid now
+    info = make_info(tags={**parent, "pid_namespace": "1"})
+    info.host = host
+    record_run(registry, info, status="RUNNING", heartbeat_timeout_s=3600.0)
+    code, _, err = run_cli(capsys, "runs", "reap", "--registry", registry_url)
+    assert code == 0 and registry.get_run(info.run_id).status == "RUNNING", err  # another namespace: heartbeat only
+
+
+def test_delete_wants_a_heartbeat_stale_running_run_reaped_first(registry, registry_url, capsys):
+    info = make_info()  # on another host: only its heartbeat says it is dead
+    record_run(registry, info, status="RUNNING", heartbeat_timeout_s=0.001)
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--registry", registry_url)
+    assert code == 2 and "runs reap" in err and registry.get_run(info.run_id).status == "RUNNING"
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--force", "--registry", registry_url)
+    assert code == 0, err
+    info = make_info(seed=1)
+    record_run(registry, info, status="RUNNING", heartbeat_timeout_s=0.001)
+    time.sleep(0.01)
+    assert registry.reap() == [info.run_id]
+    code, _, err = run_cli(capsys, "runs", "delete", info.run_id, "--yes", "--registry", registry_url)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("where", ["cwd", "home", "registry_link"])
+def test_delete_refuses_the_cwd_home_and_the_registry_however_named(registry, registry_url, capsys, tmp_path,
+                                                                     monkeypatch, where):
+    run = record_run(registry, make_info(), status="FAILED")
+    d = tmp_path / "runs" / "r"
+    d.mkdir(parents=True)
+    (d / "checkpoint.pt").write_bytes(b"\0")
+    recorded = d
+    if where == "cwd":
+        monkeypatch.chdir(d)
+    elif where == "home":
+        monkeypatch.setenv("HOME", str(d))
+    else:  # the registry opened through a link to its directory: abspath would not see it is inside `recorded`
+        recorded = registry._file.parent
+        (recorded / "checkpoint.pt").write_bytes(b"\0")
+        (tmp_path / "link").symlink_to(recorded)
+        registry_url = f"sqlite:///{tmp_path / 'link' / registry._file.name}"
+    registry.add_artifact(run, "checkpoint", str(recorded / "checkpoint.pt"))
+    code, _, err = run_cli(capsys, "runs", "delete", run, "--yes", "--registry", registry_url)
+    assert code == 2 and "not deleting it" in err, err
+    assert (recorded / "checkpoint.pt").exists() and registry.get_run(run)
+
+
+def test_gc_apply_with_nothing_to_free_creates_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'typo' / 'archspec.db'}"
+    code, out, err = run_cli(capsys, "gc", "--apply", "--registry", url)
+    assert code == 0 and "freed 0 B in 0 checkpoints" in out, err
+    code, out, err = run_cli(capsys, "gc", "--keep", "best", "--registry", url)
+    assert code == 0, err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_delete_and_gc_dry_runs_leave_the_database_unchanged(data, capsys, tmp_path):
+    import hashlib
+
+    reg, url, ids = data
+    run_dir(reg, tmp_path, ids["llama0"])
+    reg.close()
+    db = reg._file
+
+    def digest():
+        return hashlib.sha256(b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists()))\
+            .hexdigest()
+
+    before = digest()
+    for args in (["runs", "delete", ids["llama1"], "--dry-run"], ["gc"], ["gc", "--keep", "none"],
+                 ["gc", "--keep", "best"]):
+        code, _, err = run_cli(capsys, *args, "--registry", url)
+        assert code == 0, (args, err)
+    assert digest() == before
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--reset"], 0, "→ llama"),
+    ([], 2, "needs NEW_NAME"),
+    (["new", "--reset"], 2, "not both"),
+])
+def test_rename_reset_needs_no_name(data, capsys, args, code, message):
+    reg, url, ids = data
+    run_cli(capsys, "runs", "rename", ids["llama0"], "first", "--registry", url)
+    got, out, err = run_cli(capsys, "runs", "rename", ids["llama0"], *args, "--registry", url)
+    assert got == code and message in (out if code == 0 else err), (out, err)
+    if code:
+        assert len(err.strip().splitlines()) == 1 and reg.get_run(ids["llama0"]).name == "first"
+    else:
+        assert reg.get_run(ids["llama0"]).name == "llama"
+
+
+@pytest.mark.parametrize("metric", ["", "best.", "val loss"])
+def test_gc_best_checks_metric_is_a_metric_key(data, capsys, metric):
+    _, url, _ = data
+    code, _, err = run_cli(capsys, "gc", "--keep", "best", "--metric", metric, "--registry", url)
+    assert code == 2 and "is not a metric key" in err and "no run has" not in err, err
+
+
+def test_gc_best_compares_runs_on_the_same_data_only(registry, registry_url, capsys, tmp_path):
+    spec = make_spec("m")
+    good = record_run(registry, make_info(spec, seed=0), {"val_loss": [(0, 2.0)]})
+    other = record_run(registry, make_info(spec, seed=1, data_hash="data-v2"), {"val_loss": [(0, 2.5)]})
+    dg, do = run_dir(registry, tmp_path, good, "m"), run_dir(registry, tmp_path, other, "m")
+    code, out, err = run_cli(capsys, "gc", "--keep", "best", "--apply", "--registry", registry_url)
+    assert code == 0 and (dg / "checkpoint.pt").exists() and (do / "checkpoint.pt").exists(), (out, err)

@@ -12,7 +12,7 @@ import pytest
 from archspec.registry import Registry, RunActiveError
 from archspec.cli.train import make_logger
 
-from .helpers import make_info
+from .helpers import make_info, writer_tags
 
 
 def test_a_live_run_elsewhere_is_refused_unless_taken_over(tmp_path):
@@ -30,10 +30,11 @@ def test_a_live_run_elsewhere_is_refused_unless_taken_over(tmp_path):
 def test_a_dead_writer_on_this_host_is_recognised_by_its_pid(writer, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        tags = writer_tags(proc.pid)
         if writer == "dead":
             proc.kill()
             proc.wait()
-        info = make_info(tags={"pid": str(proc.pid)})
+        info = make_info(tags=tags)
         info.host = socket.gethostname()
         with Registry(f"sqlite:///{tmp_path}/registry.db") as reg:
             reg.start_run(info, heartbeat_timeout_s=3600)
