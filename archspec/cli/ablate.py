@@ -17,7 +17,6 @@ from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
 
 
-
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
