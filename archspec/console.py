@@ -87,6 +87,16 @@ def human(n: float) -> str:
     return f"{n:.0f}"
 
 
+def byte_size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1: `512 B`, `4.7 MiB`."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
 def number(v: Any) -> str:
     """The one number format of every table: integers and values from 1,000 up as counts (51.10k, 795.80k, 1.20G);
     smaller values to 4 significant digits without an exponent (3.207, 0.0412); tiny ones in scientific form

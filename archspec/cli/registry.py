@@ -621,7 +621,8 @@ def runs_rename(ctx, registry_url, run_id, new_name, reset) -> None:
 @click.pass_context
 def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> None:
     """Delete runs: their registry rows and their run directories, together (never half of it)."""
-    from archspec.registry.housekeeping import delete_runs, human_size, plan_deletion
+    from archspec.console import byte_size
+    from archspec.registry.housekeeping import delete_runs, plan_deletion
 
     reg = _open(ctx, registry_url)
     runs = list({r.id: r for r in (reg.get_run(i) for i in run_ids)}.values())
@@ -640,11 +641,11 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
     for p in plans:
         echo(f"run {p.run.id} ({printable(p.run.name, 60)}, {p.run.status}): its registry rows")
         for d in p.dirs:
-            echo(f"  directory {printable(str(d), 200)} ({human_size(p.size)})")
+            echo(f"  directory {printable(str(d), 200)} ({byte_size(p.size)})")
         for d in p.missing:
             echo(f"  ({printable(str(d), 200)} is not here (another host, moved, or a relative path); left alone)")
     total = sum(p.size for p in plans)  # plan_deletion lists a directory two runs share once
-    what = f"{len(plans)} run{'s' * (len(plans) != 1)}" + (f" and {human_size(total)} of files" if total else "")
+    what = f"{len(plans)} run{'s' * (len(plans) != 1)}" + (f" and {byte_size(total)} of files" if total else "")
     if dry_run:
         echo(f"would delete {what} (dry run: nothing deleted)")
         return
@@ -676,7 +677,8 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
 def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
     """Free the checkpoints of FINISHED runs that a policy lets go (dry run unless --apply). Never touches a RUNNING
     run, or a file that is not recorded as a run's checkpoint."""
-    from archspec.registry.housekeeping import apply_gc, human_size, plan_gc
+    from archspec.console import byte_size
+    from archspec.registry.housekeeping import apply_gc, plan_gc
     from archspec.registry.query.fields import unknown_key
 
     reg = _open(ctx, registry_url)
@@ -693,8 +695,8 @@ def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
             raise UserError(f"--metric {printable(metric, 80)}: {problem.replace('metrics.best.', '')}")
     plan = plan_gc(reg, keep, metric, where)
     for f in plan:
-        echo(f"{f.run.id}  {human_size(f.size):>10}  {printable(str(f.path), 200)}  ({f.why})")
-    total = human_size(sum(f.size for f in plan))
+        echo(f"{f.run.id}  {byte_size(f.size):>10}  {printable(str(f.path), 200)}  ({f.why})")
+    total = byte_size(sum(f.size for f in plan))
     n = f"{len(plan)} checkpoint{'s' * (len(plan) != 1)}"
     if not do_apply:
         echo(f"would free {total} in {n} (--keep {keep}; --apply deletes them)")

@@ -101,14 +101,6 @@ def tree_size(path: Path) -> int:
     return total
 
 
-def human_size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
-
-
 # ── deleting runs ────────────────────────────────────────────────────────────────────────────────────────────────
 
 

@@ -124,12 +124,17 @@ class RunMetrics:
         once a run is steady. Returns (tokens/s, steps it is over); None before the first step."""
         if not self.step_seconds:
             return None
-        window = (self.step_seconds[1:] or self.step_seconds)[-LIVE_WINDOW:]
+        window = self._steady()[-LIVE_WINDOW:]
         return self.tokens_per_step * len(window) / sum(window), len(window)
 
+    def _steady(self) -> list[float]:
+        """The step times the rates are over: every step this process ran but its first (which also warms caches and
+        allocators), or that one alone."""
+        return self.step_seconds[1:] or self.step_seconds
+
     def steady_steps(self) -> int:
-        """How many steps the summary's average rate is over (every step this process ran but its first)."""
-        return max(1, len(self.step_seconds) - 1) if self.step_seconds else 0
+        """How many steps the summary's average rate is over."""
+        return len(self._steady())
 
     def since_eval(self, step: int) -> EvalWindow | None:
         """The learning rate of the last step and the gradient norms of the steps since the last evaluation (this
@@ -144,7 +149,7 @@ class RunMetrics:
         """The summary's speed figures: the steady rate (the first step also warms caches and allocators)."""
         if not self.step_seconds:
             return {}
-        steady = self.step_seconds[1:] or self.step_seconds
+        steady = self._steady()
         tokens_per_s = self.tokens_per_step * len(steady) / sum(steady)
         out = {"tokens_per_s": tokens_per_s, "train_s": sum(self.step_seconds),
                "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world_size),
@@ -152,7 +157,7 @@ class RunMetrics:
         if self.palm_flops_per_token is not None:  # the convention most published MFU figures use, beside ours
             out["mfu_palm"] = mfu(self.palm_flops_per_token, tokens_per_s, self.peak_flops, self.world_size)
         # An MFU above 1 is kept as measured and flagged (the ceiling is never raised to hide it).
-        out["mfu_above_ceiling"] = float(max(out["mfu"], out.get("mfu_palm", 0.0)) > 1.0)
+        out["mfu_above_ceiling"] = float(_highest_mfu(out) > 1.0)
         return out
 
     def mfu_text(self, m: dict[str, Any]) -> str:
@@ -160,14 +165,19 @@ class RunMetrics:
 
     @staticmethod
     def flag(m: dict[str, Any]) -> str | None:
-        return mfu_flag(max(m.get("mfu", 0.0), m.get("mfu_palm", 0.0)))
+        return mfu_flag(_highest_mfu(m))
+
+
+def _highest_mfu(m: dict[str, Any]) -> float:
+    """The larger MFU of the two conventions: the one a too-low ceiling shows first."""
+    return max(m.get("mfu", 0.0), m.get("mfu_palm", 0.0))
 
 
 def mfu_text(peak_source: str, m: dict[str, Any]) -> str:
     """MFU with its ceiling and FLOP convention beside it, and the 6N+12LHQT figure for dense models."""
     ceiling = ("of this machine's measured matmul rate" if peak_source.startswith("this machine")
                else f"of the {peak_source}")
-    if max(m["mfu"], m.get("mfu_palm", 0.0)) > 1.0:  # never shown as a figure: the ceiling is what is wrong
+    if _highest_mfu(m) > 1.0:  # never shown as a figure: the ceiling is what is wrong
         return f"MFU not shown: above 100% {ceiling}, so that ceiling is too low"
     text = f"MFU {100 * m['mfu']:.1f}% {ceiling} ({OUR_CONVENTION}"
     if "mfu_palm" in m:
