@@ -25,8 +25,6 @@ import torch
 
 from archspec.data.base import CorpusKind, Tokenizer, task_tokenizer
 from archspec.data.base import TextSource as Corpus
-from archspec.data.corpus.files import FilesSource  # noqa: F401 (re-exported: the built-in text sources)
-from archspec.data.corpus.stdlib import StdlibSource  # noqa: F401
 from archspec.errors import UserError
 from archspec.spec.train import DataSpec
 from archspec.train.cache import atomic_write_text, digest, writing_cache

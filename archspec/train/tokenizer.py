@@ -12,13 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from archspec.data.base import TextSource, Tokenizer, TokenizerKind, tokenizer_kinds
-from archspec.data.tokenizer.bpe import BPECodec as BPETokenizer  # noqa: F401 (re-exported: the built-in tokenizers)
 from archspec.data.tokenizer.bpe import file_state
-from archspec.data.tokenizer.byte import ByteCodec as ByteTokenizer  # noqa: F401
-from archspec.data.tokenizer.common import EOS_TEXT  # noqa: F401
 from archspec.errors import UserError
 
-__all__ = ["EOS_TEXT", "TOKENIZER_FILE", "BPETokenizer", "ByteTokenizer", "Tokenizer", "build_tokenizer",
+__all__ = ["TOKENIZER_FILE", "Tokenizer", "build_tokenizer",
            "checkpoint_tokenizer", "load_tokenizer_file", "tokenizer_from_state", "tokenizer_state", "tokenizer_state_problems"]
 
 

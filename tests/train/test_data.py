@@ -14,16 +14,18 @@ from archspec.spec import load_spec_dict
 from archspec.spec.train import BPETokenizer as BPESpec
 from archspec.spec.train import DataSpec
 from archspec.train import data as data_mod
+from archspec.data.corpus.files import FilesSource
+from archspec.data.corpus.stdlib import StdlibSource
 from archspec.train.data import (
-    FilesSource,
-    StdlibSource,
     WindowSampler,
     _is_val_document,
     build_data,
     prepare_tokens,
     val_batches,
 )
-from archspec.train.tokenizer import EOS_TEXT, ByteTokenizer, build_tokenizer
+from archspec.data.tokenizer.byte import ByteCodec as ByteTokenizer
+from archspec.data.tokenizer.common import EOS_TEXT
+from archspec.train.tokenizer import build_tokenizer
 
 from .conftest import tiny_spec_dict
 
