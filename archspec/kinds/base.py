@@ -26,6 +26,56 @@ Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending va
 _NUMBERS = (int, float, int | None, float | None)
 
 
+# ── identity: fields added after a hash was fixed ────────────────────────────────────────────────────────────────
+
+
+class _Since:
+    """Annotation marker (see `Since`)."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def __repr__(self) -> str:  # pragma: no cover
+        return f"Since({self.version!r})"
+
+
+def Since(version: str) -> _Since:
+    """Mark a field added after model hashes and run ids were in use: `x: Annotated[float, Since("0.4")] = 1.0`.
+    At its default the field is left out of the identity dump (`identity_dump`), so every spec written before it
+    existed keeps its model hash and its runs' ids; set to anything else it is part of the identity like any field."""
+    return _Since(version)
+
+
+def _since(info: FieldInfo) -> bool:
+    return any(isinstance(m, _Since) for m in info.metadata)
+
+
+def identity_dump(model: BaseModel) -> dict[str, Any]:
+    """`model.model_dump(mode="json")` without the `Since` fields that hold their defaults, at every depth: what
+    the model hash and the run key are taken over."""
+    return _drop_new_defaults(model, model.model_dump(mode="json"))
+
+
+def _drop_new_defaults(value: Any, dumped: Any) -> Any:
+    if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        for name, info in type(value).model_fields.items():
+            if name not in dumped:
+                continue
+            current = getattr(value, name)
+            if _since(info) and current == info.get_default(call_default_factory=True):
+                del dumped[name]
+            else:
+                dumped[name] = _drop_new_defaults(current, dumped[name])
+        return dumped
+    if isinstance(value, (list, tuple)) and isinstance(dumped, list) and len(value) == len(dumped):
+        return [_drop_new_defaults(v, d) for v, d in zip(value, dumped)]
+    if isinstance(value, dict) and isinstance(dumped, dict):
+        return {k: _drop_new_defaults(value.get(k), d) for k, d in dumped.items()}
+    return dumped
+
+
 # ── the base of every spec class ─────────────────────────────────────────────────────────────────────────────────
 
 

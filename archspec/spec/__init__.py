@@ -23,7 +23,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from archspec.errors import UserError, printable
 from archspec.kinds import registry_version
-from archspec.kinds.base import is_default_member
+from archspec.kinds.base import identity_dump, is_default_member
 from archspec.spec import safe_yaml
 from archspec.spec.layers import SELECTION_TAGS
 from archspec.spec.model import SLUG as SLUG_RE
@@ -281,11 +281,12 @@ def _normalise(value: Any) -> Any:
 
 
 def canonical_dict(spec: Spec) -> dict[str, Any]:
-    return _normalise(spec.model_dump(mode="json"))
+    """The spec as plain data, every default written out but those of fields added later (`Since`): the identity."""
+    return _normalise(identity_dump(spec))
 
 
 def canonical_json(spec: Spec) -> str:
-    """Sorted keys, no whitespace, every default written out: the form that is hashed and embedded."""
+    """Sorted keys, no whitespace, every default written out (but a `Since` field's): the form hashed and embedded."""
     return json.dumps(canonical_dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from archspec.accounting import Accounting, account
+from archspec.kinds.base import identity_dump
 from archspec.memory import MemoryPlan, check_memory
 from archspec.spec import Spec, model_hash
 from archspec.train.data import TrainData
@@ -26,7 +27,7 @@ def run_recipe(spec: Spec, *, world_size: int = 1, init_digest: str | None = Non
     different experiment, so a different run id (a single process's id is unchanged by this). Other starting weights
     are another experiment too, named by their digest. The parallel strategy and activation checkpointing are stored
     with it but are not part of the run id (run_key)."""
-    recipe = spec.train.model_dump(mode="json")
+    recipe = identity_dump(spec.train)
     if init_digest is not None:
         recipe["init_from"] = init_digest
     if world_size > 1:
