@@ -130,6 +130,15 @@ CASES = {
                                                    "original_max_position_embeddings": 8, "beta_fast": 8.0,
                                                    "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5},
         **_NO_IDS),
+    # Phi-3: half of each head rotated in (i, i + d/2) pairs, fused qkv_proj and gate_up_proj, no biases
+    "phi3": lambda: transformers.Phi3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=64, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5, **_NO_IDS),
+    # Phi-3 with a sliding window of 7 and 3/4 of each head rotated, tied
+    "phi3_window": lambda: transformers.Phi3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, partial_rotary_factor=0.75, sliding_window=7,
+        tie_word_embeddings=True, **_NO_IDS),
     # LLaMA with yarn: half layout, every dimension, the ramp's ends not truncated, an attention factor given
     "llama_yarn": lambda: transformers.LlamaConfig(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
@@ -239,11 +248,13 @@ _MOE = {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hi
                                                "beta_fast": 12.0, "beta_slow": 1.5}}},
       "norm": {"kind": "rmsnorm", "eps": 1e-6}, "ffn": {"kind": "glu", "activation": "silu", "hidden_dim": 24}},
      "glm"),
+    # half of each head rotated in half-layout pairs, no biases: Phi-3
+    ({"attention": {"n_heads": 2, "n_kv_heads": 1, "positional": {"kind": "rope", "partial": 0.5}}}, "phi3"),
     # every dimension rotated, interleaved: GLM too (partial_rotary_factor 1.0 written, GLM assumes 0.5 without it)
     ({"attention": {"n_heads": 4, "positional": {"kind": "rope", "layout": "interleaved"}},
       "tie_embeddings": True}, "glm"),
 ], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like", "glm-like",
-        "interleaved-whole-heads"])
+        "partial-half", "interleaved-whole-heads"])
 def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -305,6 +316,10 @@ REFUSED = {
         "long_factor": [1.0]}), "long_factor: not used by rope_type 'yarn'"),
     # GLM: what a spec cannot say, by name: an odd number of rotated dimensions (int(0.2 · 16) = 3), an MLP bias or
     # a sliding window (keys GlmConfig does not have), rope per layer type
+    # Phi-3 reads yarn as longrope (which archspec lacks)
+    "phi3_yarn": (lambda: _set(CASES["phi3"]().to_dict(), rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 16}),
+                  "rope_type 'yarn': phi3's rotary embedding takes default or longrope"),
     "glm_odd_rotary": (lambda: _set(CASES["glm"]().to_dict(), rope_parameters={
         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.2}), "model.attention.positional.partial"),
     "glm_mlp_bias": (lambda: _set(CASES["glm"]().to_dict(), mlp_bias=True), "mlp_bias"),
@@ -436,7 +451,7 @@ def test_imported_weights_that_do_not_fit_the_config_are_refused(tmp_path, capsy
     assert not (tmp_path / "s.yaml").exists() and not (tmp_path / "w.pt").exists()
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "qwen3", "mistral", "glm"])
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "qwen3", "mistral", "glm", "phi3"])
 def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
     """A hand-written config with few keys: what archspec assumes for the rest is what transformers assumes."""
     from archspec.hf import spec_from_config
@@ -573,15 +588,20 @@ def test_released_glm_4_9b_config_imports_with_its_published_parameter_count():
     assert sum(parts.values()) == pytest.approx(9.4e9, abs=0.06e9)
 
 
-@pytest.mark.parametrize("case", ["glm", "glm_yarn", "llama_yarn"])
+@pytest.mark.parametrize("case", ["glm", "glm_yarn", "llama_yarn", "phi3"])
 def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, capsys):
     """The imported model's KV-cached greedy decoding gives HF generate's tokens (partial, interleaved, yarn)."""
     hf, src = _hf_dir(tmp_path, case, seed=len(case) + 3)
     with torch.no_grad():  # lively text (not one token repeated): larger embeddings, sharper attention
         hf.get_input_embeddings().weight.mul_(3.0)
         for layer in hf.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                proj.weight.mul_(4.0)
+            attn = layer.self_attn
+            if hasattr(attn, "qkv_proj"):  # Phi-3's fused projection: q and k rows first, then v
+                v_rows = hf.config.num_key_value_heads * attn.head_dim
+                attn.qkv_proj.weight[: attn.qkv_proj.weight.shape[0] - v_rows].mul_(4.0)
+            else:
+                attn.q_proj.weight.mul_(4.0)
+                attn.k_proj.weight.mul_(4.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
     prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))

@@ -323,6 +323,33 @@ QWEN3_MOE = HFType(
     check=(_common_checks,),
 )
 
+def _phi3_rope(cfg: HFConfig) -> None:
+    """Phi-3 reads a yarn (or `su`) rope as longrope, and refuses linear, llama3 and dynamic ones: only its default
+    rotary embedding is one archspec has."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = cfg.data.get(key)
+        if isinstance(value, dict):
+            named = value.get("rope_type", value.get("type", "default"))
+            if named not in (None, "default"):
+                raise cfg.refuse(key, f"rope_type {named!r}: phi3's rotary embedding takes default or longrope "
+                                 "(yarn and su are read as longrope), and archspec has no longrope")
+
+
+PHI3 = HFType(  # Phi-3: LLaMA's block with fused qkv_proj and gate_up_proj, no biases, a rotary fraction (half pairs)
+    model_type="phi3", architecture="Phi3ForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _mistral_pattern}, keys=_LLAMA_KEYS,
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-5, "resid_pdrop": 0.0, "partial_rotary_factor": 1.0},
+    names={**_LLAMA_NAMES, "qkv": "qkv_proj", "gate_up": "gate_up_proj"},
+    facts={"partial_rotary": True, "default_rope_only": True},
+    dropout_keys=("resid_pdrop", "attention_dropout"),
+    fixed={"sliding_window": None},
+    # embd_pdrop: read by no Phi-3 module; original_max_position_embeddings: read only by longrope (refused)
+    inert=frozenset({"embd_pdrop", "original_max_position_embeddings"}),
+    check=(_common_checks, _phi3_rope),
+)
+
 GLM = HFType(  # GLM-4 (THUDM/glm-4-9b-hf): LLaMA's block with half of each head rotated in (2i, 2i + 1) pairs
     model_type="glm", architecture="GlmForCausalLM", blocks=_LLAMA_BLOCKS, keys=_LLAMA_KEYS,
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
@@ -338,13 +365,13 @@ GLM = HFType(  # GLM-4 (THUDM/glm-4-9b-hf): LLaMA's block with half of each head
 )
 
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE, GLM)}
+                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
-# ministral (a pattern per layer); mixtral before qwen2_moe; glm, the one type with partial or interleaved rotation,
-# last).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, GLM)
+# ministral (a pattern per layer); mixtral before qwen2_moe; the types with a rotary fraction last: phi3 (half pairs),
+# glm (interleaved)).
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {}

@@ -40,7 +40,7 @@ class HFType:
     conv1d: weights stored (in, out), GPT-2's Conv1D, rather than nn.Linear's (out, in).
     facts: yes/no properties units ask about ("qkv_bias", "out_bias", "qk_norm", "norm_bias", "mlp_bias",
         "partial_rotary": the rotary embedding honours partial_rotary_factor, "rope_interleaved": it rotates (2i, 2i + 1)
-        pairs): a config key (str) that holds it, or the value this type always has (bool). Absent: always False.
+        pairs, "default_rope_only": it has no frequency scaling archspec has): a config key (str) that holds it, or the value this type always has (bool). Absent: always False.
     inert: keys that do not change the function the model computes (ids, generation defaults, init scale, ...).
     check: extra config rules of this type: callables (HFConfig) → None that take their keys and may refuse.
     dropout_keys: the config's dropout rates (archspec has one, model.dropout).

@@ -343,6 +343,9 @@ class RopePositional(PositionalKind):
         return out
 
     def to_hf(self, m, out, hf, path):
+        if self.scaling is not None and hf.facts.get("default_rope_only"):
+            raise HFUnsupported(f"{'.'.join((*path, 'scaling'))}: {self.scaling.kind} cannot be expressed as "
+                                f"{hf.model_type} (its rotary embedding has no such scaling)")
         if self.partial != 1.0 and not hf.facts.get("partial_rotary"):
             raise HFUnsupported(f"{'.'.join((*path, 'partial'))}: {self.partial} cannot be expressed as "
                                 f"{hf.model_type} (its rotary embedding rotates every dimension)")
