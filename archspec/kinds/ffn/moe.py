@@ -6,6 +6,21 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
 - Router: logits = x · W_router (fp32, no bias) → p = softmax over all experts → the top_k experts S → gate
   g_i = p_i / Σ_{j∈S} p_j (`renormalize: true`) or g_i = p_i (`renormalize: false`, Qwen2-MoE's
   `norm_topk_prob: false`). The top-k choice is a constant in backward; the router learns through the gates.
+- Routing variants (DeepSeek-V3; transformers' DeepseekV3TopkRouter computes exactly these): `score: sigmoid` takes
+  s = sigmoid(logits) per expert instead of the softmax (gates s_i / (Σ_{j∈S} s_j + 1e-20) renormalised, s_i raw);
+  the balancing loss and the entropy are then over the normalised scores s / Σ_j s. `selection_bias: true` adds a
+  per-expert bias b (a persistent buffer: in the checkpoint and in HF's files as e_score_correction_bias) to the
+  scores for the choice only: S = top_k of s + b, the gates use s. `n_group` / `topk_group`: the experts split into
+  n_group groups of n_experts / n_group; a group's score is the sum of its top two (biased) scores (of its one
+  score for groups of one); the top_k experts are chosen within the best topk_group groups (null: all).
+  `routed_scaling_factor` multiplies the routed gates (after renormalising).
+- Bias balancing (auxiliary-loss-free, Wang et al. 2024): with `bias_update_rate` r > 0, after each optimizer step
+  b += r · sign(mean_i load_i − load_i), load_i the assignments chosen for expert i (before any capacity drop: what
+  the bias steers) summed over every training forward of the step (each micro-batch; `Model.after_micro_batch`, which
+  the loop calls after each training forward, never after evaluation) and over every data-parallel rank
+  (`Model.after_optimizer_step(all_sum)`: one all-reduce of int64 counts), so 2 processes update exactly as 1. It
+  works beside a capacity factor (the loads are the router's choices, before drops, so that equivalence holds for
+  the bias even where the drops themselves depend on the micro-batch), and beside the balancing loss (both steer).
 - Capacity: `capacity_factor: null` is dropless. Otherwise each expert takes at most
   C = ceil(capacity_factor · N · top_k / n_experts) assignments, where N is the number of tokens *of that forward
   call on that process* (B · T of the micro-batch): with a limit, the output depends on the micro-batch, so the
