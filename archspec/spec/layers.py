@@ -289,6 +289,21 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
     return blocks, []
 
 
+def _keep_overrides(full: Any, dropped: Any, wide: Any) -> Any:
+    """A group's identity dump (`dropped`: fields added later left out at their defaults) with those fields put back
+    where the model-wide component has them: a group is laid over the model-wide component, so a field it leaves
+    out would take the model-wide value."""
+    if not (isinstance(full, dict) and isinstance(dropped, dict) and isinstance(wide, dict)):
+        return dropped
+    out = {}
+    for key, value in full.items():
+        if key in dropped:
+            out[key] = _keep_overrides(value, dropped[key], wide.get(key))
+        elif key in wide:
+            out[key] = value
+    return out
+
+
 def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model-wide components, groups) in canonical form: per component, the configuration most layers use is
     model-wide (ties: the earliest), and each other configuration is one group named `<component>_<n>` selecting
@@ -306,7 +321,8 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
         order = [k for k in dict.fromkeys(keys) if k != base_key]
         for n, k in enumerate(order, 1):
-            dump = identity_dump(values[keys.index(k)])
+            unit = values[keys.index(k)]
+            dump = _keep_overrides(unit.model_dump(mode="json"), identity_dump(unit), wide[c])
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}
