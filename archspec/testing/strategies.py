@@ -153,11 +153,16 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     fits = (lambda h: any(1 < k < h for k in divisors(h))) if kv == "gqa" else (lambda h: True)
     derivable = [h for h in divisors(d_model) if h <= max_heads and d_model // h <= MAX_HEAD_DIM
                  and (d_model // h) % mult == 0 and fits(h)]
-    free = [h for h in range(1, max_heads + 1) if fits(h)] or list(range(1, max_heads + 1))
+    def limit(h: int) -> int:  # the widest head h heads may have: n_heads·head_dim ≤ 8·d_model
+        return min(max(max_head_dim, mult), MAX_HEAD_DIM, 8 * d_model // h)
+
+    # a free width is a multiple of the positional step (rope at partial 0.375: 16), so few heads can take it
+    free = ([h for h in range(1, max_heads + 1) if fits(h) and limit(h) >= mult]
+            or [h for h in range(1, max_heads + 1) if limit(h) >= mult] or [1])
     mode = draw(st.sampled_from(["omit", "written", "free"])) if derivable else "free"
     if mode == "free":
         n_heads = draw(st.sampled_from(free))
-        limit = min(max_head_dim, MAX_HEAD_DIM, 8 * d_model // n_heads)  # n_heads·head_dim ≤ 8·d_model
+        limit = limit(n_heads)
         head_dim = mult * draw(st.integers(1, max(1, limit // mult)))
         out.update(n_heads=n_heads, head_dim=head_dim)
     else:
