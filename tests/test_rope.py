@@ -268,3 +268,27 @@ def test_rope_rules_name_the_field(positional, path):
         _spec(head_dim, positional)
     text = str(err.value) + " ".join(err.value.problems)
     assert path in text, text
+
+
+def test_the_new_fields_through_set_and_schema_and_bad_values_exit_2(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from archspec.cli import main
+
+    tiny = str(Path(__file__).resolve().parent.parent / "specs" / "llama-like-tiny.yaml")
+    sets = ["--set", "model.attention.positional.partial=0.25", "--set", "model.attention.positional.layout=interleaved",
+            "--set", "model.attention.positional.scaling={kind: yarn, factor: 4.0, original_context_length: 32}"]
+    assert main(["build", tiny, *sets, "--json", "--out", str(tmp_path)]) == 0
+    built = json.loads(capsys.readouterr().out)
+    source = Path(built["generated"]).read_text()
+    assert "ROTARY_DIM = 8" in source and "rotate_pairs" in source and "yarn_scaled" in source
+    assert main(["schema"]) == 0
+    schema = capsys.readouterr().out
+    assert '"partial"' in schema and '"interleaved"' in schema and '"yarn"' in schema
+    for value, field in (("0.1", "model.attention.positional.partial"), ("1.5", "model.attention.positional.partial"),
+                         ("diagonal", "model.attention.positional.layout")):
+        key = field.rsplit(".", 1)[1]
+        assert main(["build", tiny, "--set", f"model.attention.positional.{key}={value}", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err, err
