@@ -66,6 +66,8 @@ def _drop_new_defaults(value: Any, dumped: Any) -> Any:
             current = getattr(value, name)
             if _since(info) and current == info.get_default(call_default_factory=True):
                 del dumped[name]
+            elif isinstance(current, BaseModel) and dumped[name] != current.model_dump(mode="json"):
+                continue  # a serializer wrote something else there (per-layer groups' canonical form): its own
             else:
                 dumped[name] = _drop_new_defaults(current, dumped[name])
         return dumped

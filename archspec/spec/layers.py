@@ -34,7 +34,7 @@ from typing import Annotated, Union
 from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
 from archspec.kinds import AttentionSpec, family, registry_version
-from archspec.kinds.base import Problem, Strict
+from archspec.kinds.base import Problem, Strict, identity_dump
 
 COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
 GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -289,6 +289,21 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
     return blocks, []
 
 
+def _keep_overrides(full: Any, dropped: Any, wide: Any) -> Any:
+    """A group's identity dump (`dropped`: fields added later left out at their defaults) with those fields put back
+    where the model-wide component has them: a group is laid over the model-wide component, so a field it leaves
+    out would take the model-wide value."""
+    if not (isinstance(full, dict) and isinstance(dropped, dict) and isinstance(wide, dict)):
+        return dropped
+    out = {}
+    for key, value in full.items():
+        if key in dropped:
+            out[key] = _keep_overrides(value, dropped[key], wide.get(key))
+        elif key in wide:
+            out[key] = value
+    return out
+
+
 def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model-wide components, groups) in canonical form: per component, the configuration most layers use is
     model-wide (ties: the earliest), and each other configuration is one group named `<component>_<n>` selecting
@@ -302,10 +317,12 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         top = max(counts.values())
         # The model-wide norm is also the final norm, so it stays model-wide whatever the layers use.
         base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
-        wide[c] = (m.norm if c == "norm" else values[keys.index(base_key)]).model_dump(mode="json")
+        # identity_dump: a field added later (Since) at its default leaves a layer group's hash as it was too
+        wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
         order = [k for k in dict.fromkeys(keys) if k != base_key]
         for n, k in enumerate(order, 1):
-            dump = values[keys.index(k)].model_dump(mode="json")
+            unit = values[keys.index(k)]
+            dump = _keep_overrides(unit.model_dump(mode="json"), identity_dump(unit), wide[c])
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}

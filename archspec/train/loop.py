@@ -4,7 +4,9 @@
     result.status, result.metrics["val_loss"], result.losses
 
 Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
-DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`.
+DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`
+(a model with `after_micro_batch()` / `after_optimizer_step(all_sum)` has them called after each training forward
+and after the update: state it keeps outside the gradient, summed over micro-batches and ranks).
 Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints,
 heartbeats, final status.
 """
@@ -430,6 +432,8 @@ class Trainer:
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
+            if hasattr(self.model, "after_micro_batch"):  # state a model keeps over a step's training forwards
+                self.model.after_micro_batch()
             total = loss + sum(aux.values()) if aux else loss
             (total / accum).backward()
         return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}
@@ -458,6 +462,8 @@ class Trainer:
         self._check_finite(loss_value + sum(aux_values), grad_norm)
         with deferred_interrupts():  # never half an update: a signal now is raised once the step is whole
             self.optimizer.step()
+            if hasattr(self.model, "after_optimizer_step"):  # updates outside the gradient (every rank alike)
+                self.model.after_optimizer_step(self.world.all_sum)
             self.optimizer.zero_grad(set_to_none=True)
             self._sync()
             self.step += 1

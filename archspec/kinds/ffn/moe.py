@@ -6,6 +6,21 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
 - Router: logits = x · W_router (fp32, no bias) → p = softmax over all experts → the top_k experts S → gate
   g_i = p_i / Σ_{j∈S} p_j (`renormalize: true`) or g_i = p_i (`renormalize: false`, Qwen2-MoE's
   `norm_topk_prob: false`). The top-k choice is a constant in backward; the router learns through the gates.
+- Routing variants (DeepSeek-V3; transformers' DeepseekV3TopkRouter computes exactly these): `score: sigmoid` takes
+  s = sigmoid(logits) per expert instead of the softmax (gates s_i / (Σ_{j∈S} s_j + 1e-20) renormalised, s_i raw);
+  the balancing loss and the entropy are then over the normalised scores s / Σ_j s. `selection_bias: true` adds a
+  per-expert bias b (a persistent buffer: in the checkpoint and in HF's files as e_score_correction_bias) to the
+  scores for the choice only: S = top_k of s + b, the gates use s. `n_group` / `topk_group`: the experts split into
+  n_group groups of n_experts / n_group; a group's score is the sum of its top two (biased) scores (of its one
+  score for groups of one); the top_k experts are chosen within the best topk_group groups (null: all).
+  `routed_scaling_factor` multiplies the routed gates (after renormalising).
+- Bias balancing (auxiliary-loss-free, Wang et al. 2024): with `bias_update_rate` r > 0, after each optimizer step
+  b += r · sign(mean_i load_i − load_i), load_i the assignments chosen for expert i (before any capacity drop: what
+  the bias steers) summed over every training forward of the step (each micro-batch; `Model.after_micro_batch`, which
+  the loop calls after each training forward, never after evaluation) and over every data-parallel rank
+  (`Model.after_optimizer_step(all_sum)`: one all-reduce of int64 counts), so 2 processes update exactly as 1. It
+  works beside a capacity factor (the loads are the router's choices, before drops, so that equivalence holds for
+  the bias even where the drops themselves depend on the micro-batch), and beside the balancing loss (both steer).
 - Capacity: `capacity_factor: null` is dropless. Otherwise each expert takes at most
   C = ceil(capacity_factor · N · top_k / n_experts) assignments, where N is the number of tokens *of that forward
   call on that process* (B · T of the micro-batch): with a limit, the output depends on the micro-batch, so the
@@ -34,11 +49,11 @@ equal to capacity_factor when a limit is set and the buffer is full; 1 on the gr
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, FFNKind, Problem, kind_union, lit_bool, lit_float, lit_int, register
+from archspec.kinds.base import Const, FFNKind, Problem, Since, kind_union, lit_bool, lit_float, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
 from archspec.kinds.ffn.glu import GLUSpec
@@ -72,6 +87,24 @@ class MoESpec(FFNKind):
         "the lowest router probabilities (not causal)")
     aux_loss_coef: float = Field(0.01, ge=0.0, le=100.0, description="load-balancing loss α")
     z_loss_coef: float = Field(0.0, ge=0.0, le=100.0, description="router z-loss coefficient")
+    # Routing variants (DeepSeek-V3): added after hashes were in use, so at their defaults they leave every existing
+    # model hash and run id as it was (Since).
+    score: Annotated[Literal["softmax", "sigmoid"], Since("0.4")] = Field(
+        "softmax", description="router scores: softmax over the experts, or each expert's sigmoid (DeepSeek-V3)")
+    selection_bias: Annotated[bool, Since("0.4")] = Field(
+        False, description="a per-expert bias (a persistent buffer) added to the scores for the top-k choice only; "
+        "gates use the unbiased scores (DeepSeek-V3's e_score_correction_bias)")
+    bias_update_rate: Annotated[float, Since("0.4")] = Field(
+        0.0, ge=0.0, le=1.0, description="auxiliary-loss-free balancing: after each optimizer step, bias += rate · "
+        "sign(mean load − each expert's load), loads summed over the step's micro-batches and data-parallel ranks; "
+        "0: the bias stays as it is (needs selection_bias)")
+    n_group: Annotated[int, Since("0.4")] = Field(
+        1, ge=1, le=MAX_EXPERTS, description="group-limited routing: the experts split into n_group equal groups")
+    topk_group: Annotated[int | None, Since("0.4")] = Field(
+        None, ge=1, le=MAX_EXPERTS, description="groups kept per token (a group's score: the sum of its top two "
+        "biased scores); top_k is chosen within them; null: every group")
+    routed_scaling_factor: Annotated[float, Since("0.4")] = Field(
+        1.0, gt=0.0, le=1000.0, description="multiplies the routed experts' gates (DeepSeek-V3: 2.5)")
 
     # ── spec ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -93,7 +126,31 @@ class MoESpec(FFNKind):
             if self.shared_gate:
                 out.append((path + ("shared_gate",), "needs n_shared_experts >= 1 (there is no shared expert to "
                             "gate)", self.shared_gate))
+        if self.bias_update_rate > 0 and not self.selection_bias:
+            out.append((path + ("bias_update_rate",), "needs selection_bias: true (the bias it updates), got "
+                        f"{self.bias_update_rate}", self.bias_update_rate))
+        if self.n_experts % self.n_group:
+            out.append((path + ("n_group",), f"must divide n_experts ({self.n_experts}), got {self.n_group}",
+                        self.n_group))
+        elif self.topk_group is not None:
+            if self.topk_group > self.n_group:
+                out.append((path + ("topk_group",), f"must be at most n_group ({self.n_group}), got "
+                            f"{self.topk_group}", self.topk_group))
+            elif self.top_k > self.topk_group * (self.n_experts // self.n_group):
+                reach = self.topk_group * (self.n_experts // self.n_group)
+                out.append((path + ("top_k",), f"must be at most topk_group · n_experts / n_group ({reach}: the "
+                            f"experts of the {self.topk_group} kept group(s)), got {self.top_k}", self.top_k))
         return out
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether the choice is limited to the best topk_group of n_group groups (not all of them)."""
+        return self.topk_group is not None and self.topk_group < self.n_group
+
+    @property
+    def plain_router(self) -> bool:
+        """The router of the first MoE kinds: softmax, no selection bias, no groups (its template code unchanged)."""
+        return self.score == "softmax" and not self.selection_bias and not self.group_limited
 
     @property
     def causal(self) -> bool:
@@ -150,6 +207,14 @@ class MoESpec(FFNKind):
         if self.capacity_factor is not None:
             out.append(Const("MOE_CAPACITY_FACTOR", lit_float(self.capacity_factor),
                              "capacity = ceil(factor · tokens · top_k / n_experts) per forward call"))
+        if self.group_limited:
+            out += [Const("MOE_N_GROUP", lit_int(self.n_group), "expert groups (MOE_N_EXPERTS // MOE_N_GROUP each)"),
+                    Const("MOE_TOPK_GROUP", lit_int(self.topk_group), "groups a token's experts are chosen within")]
+        if self.routed_scaling_factor != 1.0:
+            out.append(Const("MOE_ROUTED_SCALING", lit_float(self.routed_scaling_factor), "multiplies the routed gates"))
+        if self.bias_update_rate > 0:
+            out.append(Const("MOE_BIAS_UPDATE_RATE", lit_float(self.bias_update_rate),
+                             "selection bias step after each optimizer step: rate · sign(mean load − load)"))
         out += [Const("MOE_AUX_LOSS_COEF", lit_float(self.aux_loss_coef), "load-balancing loss α"),
                 Const("MOE_Z_LOSS_COEF", lit_float(self.z_loss_coef), "router z-loss")]
         return out
@@ -164,7 +229,15 @@ class MoESpec(FFNKind):
         name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
         shared = f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
         cap = "dropless" if self.capacity_factor is None else f"capacity {self.capacity_factor:g}"
-        return f"MoE FFN (top-{self.top_k} of {self.n_experts} {name} experts of hidden {e.hidden_dim}{shared}, {cap})"
+        routing = "" if self.score == "softmax" else f", {self.score} scores"
+        if self.group_limited:
+            routing += f", within {self.topk_group} of {self.n_group} groups"
+        if self.bias_update_rate > 0:
+            routing += f", bias balancing at {self.bias_update_rate:g}"
+        elif self.selection_bias:
+            routing += ", selection bias"
+        return (f"MoE FFN (top-{self.top_k} of {self.n_experts} {name} experts of hidden {e.hidden_dim}{shared}, "
+                f"{cap}{routing})")
 
     def template_context(self, m) -> dict[str, Any]:
         e = self.expert
@@ -182,6 +255,17 @@ class MoESpec(FFNKind):
             "capacity": self.capacity_factor is not None,
             "drop_policy": self.drop_policy,
             "grouped": self.grouped(m),
+            "plain_router": self.plain_router,
+            "sigmoid": self.score == "sigmoid",
+            "selection_bias": self.selection_bias,
+            "group_limited": self.group_limited,
+            # a group's score sums its top two scores (DeepSeek-V3); a group of one expert has only one
+            "group_top": min(2, self.n_experts // self.n_group),
+            "scaled": self.routed_scaling_factor != 1.0,
+            "bias_update": self.bias_update_rate > 0,
+            # Model methods must be the same for every MoE configuration of a model (codegen): the balancing hooks
+            # are there when any layer updates its bias.
+            "model_balances": any(isinstance(b.ffn, MoESpec) and b.ffn.bias_update_rate > 0 for b in m.blocks()),
         }
 
     # ── metrics (archspec.kinds.base: the loop records them at each evaluation, ablation reports show them) ─────────
@@ -193,24 +277,35 @@ class MoESpec(FFNKind):
     def eval_stats(cls, model) -> dict[str, Any]:
         """Each MoE layer's `router_stats` from the last forward, as its module packs them (this template): one
         row [each expert's fraction of the routed assignments..., dropped fraction, router entropy (nats), padding
-        factor], keyed `layer<i>`. The rows travel as they are to `eval_metrics` (the generated Model's
-        `router_stats()` splits the same rows into named parts for a caller that wants them)."""
+        factor], keyed `layer<i>`, and the selection bias of a layer that has one, keyed `layer<i>.bias`. The rows
+        travel as they are to `eval_metrics` (the generated Model's `router_stats()` splits the same rows into named
+        parts for a caller that wants them)."""
         rows = {}
         for i, block in enumerate(getattr(model, "blocks", ())):
             row = getattr(block.ffn, "router_stats", None)
             if row is not None:
                 rows[f"layer{i}"] = row
+                bias = getattr(block.ffn, "selection_bias", None)
+                if bias is not None:
+                    rows[f"layer{i}.bias"] = bias.detach()
         return rows
 
     @classmethod
     def eval_metrics(cls, stats) -> dict[str, float]:
         """Averaged router rows (`eval_stats`) → per layer `moe.layer<i>.max_load` / `min_load` / `dropped` /
         `entropy` / `padding`, and over the layers `moe.max_load` (the busiest expert of any layer: 1/n_experts is
-        perfect balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
+        perfect balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means);
+        where layers have a selection bias, `moe.layer<i>.bias_spread` (its max − min) and `moe.bias_spread` (the
+        largest of any layer)."""
         prefix = cls.metric_prefix
         out: dict[str, float] = {}
         rows = []
+        spreads = []
         for layer, row in stats.items():
+            if layer.endswith(".bias"):
+                spreads.append(float(row.max() - row.min()))
+                out[f"{prefix}{layer}_spread"] = spreads[-1]
+                continue
             load = row[:-3]
             r = {"max_load": float(load.max()), "min_load": float(load.min()), "dropped": float(row[-3]),
                  "entropy": float(row[-2]), "padding": float(row[-1])}
@@ -221,6 +316,8 @@ class MoESpec(FFNKind):
             out[prefix + "min_load"] = min(r["min_load"] for r in rows)
             for key in ("dropped", "entropy"):
                 out[prefix + key] = sum(r[key] for r in rows) / len(rows)
+        if spreads:
+            out[prefix + "bias_spread"] = max(spreads)
         return out
 
     @classmethod
@@ -245,6 +342,7 @@ class MoESpec(FFNKind):
 
         from archspec.kinds.ffn.activations import ActivationName
 
+        keys = cfg.hf.keys
         top_k = cfg.take("top_k", int)
         out: dict[str, Any] = {
             "kind": "moe", "n_experts": cfg.take("n_experts", int), "top_k": top_k,
@@ -252,11 +350,60 @@ class MoESpec(FFNKind):
                        "activation": activations.from_hf(cfg, get_args(ActivationName)),
                        "bias": cfg.fact("expert_bias")},
             "renormalize": cfg.fact("renormalize"),
-            "aux_loss_coef": cfg.take("aux_loss_coef", float) * top_k,
+            # a type without the key (DeepSeek-V3's transformers model) has no load-balancing loss
+            "aux_loss_coef": cfg.take("aux_loss_coef", float) * top_k if "aux_loss_coef" in keys else 0.0,
         }
-        if cfg.fact("shared_expert"):
+        if "n_shared_experts" in keys:  # DeepSeek: n shared experts of the routed experts' width, as one MLP
+            n_shared = cfg.take("n_shared_experts", int)
+            if n_shared < 0:
+                raise cfg.refuse("n_shared_experts", f"{n_shared}: must be at least 0")
+            if n_shared:
+                out["n_shared_experts"] = n_shared
+        elif cfg.fact("shared_expert"):
             out.update(n_shared_experts=1, shared_hidden_dim=cfg.take("shared_hidden", int),
                        shared_gate=cfg.fact("shared_gate"))
+        out.update(cls._routing_from_hf(cfg, out["n_experts"]))
+        return out
+
+    @classmethod
+    def _routing_from_hf(cls, cfg, n_experts: int) -> dict[str, Any]:
+        """The routing variants, where the type has them (DeepSeek-V3's DeepseekV3TopkRouter): sigmoid scores, the
+        selection bias (e_score_correction_bias), group-limited top-k, the routed scaling factor."""
+        keys, out = cfg.hf.keys, {}
+        score = "sigmoid" if cfg.fact("sigmoid_scores") else "softmax"
+        if "scoring_func" in keys:  # what the original code switches on; transformers' class may compute one only
+            written = cfg.take("scoring_func", str, default=score)
+            if written != score:
+                raise cfg.refuse("scoring_func", f"{written!r}: transformers' {cfg.hf.model_type} computes {score} "
+                                 "scores whatever this says")
+        if "topk_method" in keys:
+            written = cfg.take("topk_method", str, default="noaux_tc")
+            if written != "noaux_tc":
+                raise cfg.refuse("topk_method", f"{written!r}: transformers' {cfg.hf.model_type} routes as "
+                                 "'noaux_tc' (group-limited top-k over the bias-corrected scores)")
+        if score != "softmax":
+            out["score"] = score
+        if cfg.fact("selection_bias"):
+            out["selection_bias"] = True
+        if "n_group" in keys:
+            n_group, topk_group = cfg.take("n_group", int, default=1), cfg.take("topk_group", int, default=None)
+            if n_group < 1 or n_experts % n_group:
+                raise cfg.refuse("n_group", f"{n_group}: must be at least 1 and divide {n_experts} experts")
+            if topk_group is not None and not 1 <= topk_group <= n_group:
+                raise cfg.refuse("topk_group", f"{topk_group}: must be in 1..n_group ({n_group})")
+            if topk_group is not None and topk_group < n_group:  # else every group is kept: no limit
+                if n_experts // n_group < 2:
+                    raise cfg.refuse("n_group", f"{n_group}: groups of one expert, whose score (the sum of a "
+                                     "group's top two) transformers cannot take")
+                out.update(n_group=n_group, topk_group=topk_group)
+        if "routed_scaling_factor" in keys:
+            factor = cfg.take("routed_scaling_factor", float, default=1.0)
+            if factor != 1.0:
+                out["routed_scaling_factor"] = factor
+        if "bias_update_rate" in keys:
+            rate = cfg.take("bias_update_rate", float, default=0.0)
+            if rate:
+                out["bias_update_rate"] = rate
         return out
 
     def to_hf(self, m, out, hf, path):
@@ -269,22 +416,59 @@ class MoESpec(FFNKind):
                                 "token routed to them (dropless: capacity_factor null)")
         if self.z_loss_coef:
             raise HFUnsupported(f"{where}.z_loss_coef: {self.z_loss_coef}: {hf.model_type} has no router z-loss")
-        if self.n_shared_experts > 1:
-            raise HFUnsupported(f"{where}.n_shared_experts: {self.n_shared_experts}: {hf.model_type} has one shared "
-                                f"expert (n_shared_experts: 1 with shared_hidden_dim: {self.shared_hidden_dim} "
-                                "computes the same)")
-        put_fact(out, hf, "shared_expert", self.n_shared_experts > 0, (*path, "n_shared_experts"))
+        keys = hf.keys
+        if "n_shared_experts" in keys:
+            if self.n_shared_experts and self.shared_hidden_dim != self.n_shared_experts * self.expert.hidden_dim:
+                raise HFUnsupported(f"{where}.shared_hidden_dim: {self.shared_hidden_dim}: {hf.model_type}'s shared "
+                                    f"experts are n_shared_experts · expert.hidden_dim wide "
+                                    f"({self.n_shared_experts * self.expert.hidden_dim})")
+            out[keys["n_shared_experts"]] = self.n_shared_experts
+        else:
+            if self.n_shared_experts > 1:
+                raise HFUnsupported(f"{where}.n_shared_experts: {self.n_shared_experts}: {hf.model_type} has one "
+                                    f"shared expert (n_shared_experts: 1 with shared_hidden_dim: "
+                                    f"{self.shared_hidden_dim} computes the same)")
+            put_fact(out, hf, "shared_expert", self.n_shared_experts > 0, (*path, "n_shared_experts"))
         put_fact(out, hf, "shared_gate", self.shared_gate, (*path, "shared_gate"))
         put_fact(out, hf, "expert_bias", self.expert.bias, (*path, "expert", "bias"))
         put_fact(out, hf, "renormalize", self.renormalize, (*path, "renormalize"))
-        keys = hf.keys
         out[keys["n_experts"]] = self.n_experts
         out[keys["top_k"]] = self.top_k
         out[keys["expert_hidden"]] = self.expert.hidden_dim
         out[keys["activation"]] = activations.TO_HF[self.expert.activation]
-        if self.n_shared_experts:
+        if self.n_shared_experts and "shared_hidden" in keys:
             out[keys["shared_hidden"]] = self.shared_hidden_dim
-        out[keys["aux_loss_coef"]] = _per_token_coef(self.aux_loss_coef, self.top_k)
+        if "aux_loss_coef" in keys:
+            out[keys["aux_loss_coef"]] = _per_token_coef(self.aux_loss_coef, self.top_k)
+        elif self.aux_loss_coef:
+            raise HFUnsupported(f"{where}.aux_loss_coef: {self.aux_loss_coef}: {hf.model_type} has no load-balancing "
+                                "loss (0 exports)")
+        self._routing_to_hf(out, hf, path)
+
+    def _routing_to_hf(self, out, hf, path) -> None:
+        where, keys = ".".join(path), hf.keys
+        put_fact(out, hf, "sigmoid_scores", self.score == "sigmoid", (*path, "score"))
+        put_fact(out, hf, "selection_bias", self.selection_bias, (*path, "selection_bias"))
+        if "scoring_func" in keys:
+            out[keys["scoring_func"]] = self.score
+        if "topk_method" in keys:
+            out[keys["topk_method"]] = "noaux_tc"
+        if "n_group" in keys:
+            out[keys["n_group"]] = self.n_group
+            out[keys["topk_group"]] = self.n_group if self.topk_group is None else self.topk_group
+        elif self.group_limited:
+            raise HFUnsupported(f"{where}.topk_group: {self.topk_group}: {hf.model_type} has no group-limited routing "
+                                "(null exports)")
+        if "routed_scaling_factor" in keys:
+            out[keys["routed_scaling_factor"]] = self.routed_scaling_factor
+        elif self.routed_scaling_factor != 1.0:
+            raise HFUnsupported(f"{where}.routed_scaling_factor: {self.routed_scaling_factor}: {hf.model_type} does "
+                                "not scale the routed gates (1.0 exports)")
+        if "bias_update_rate" in keys:
+            out[keys["bias_update_rate"]] = self.bias_update_rate
+        elif self.bias_update_rate:
+            raise HFUnsupported(f"{where}.bias_update_rate: {self.bias_update_rate}: {hf.model_type} has no key for "
+                                "the bias balancing rate (0 exports; the bias itself is exported)")
 
     def hf_weights(self, m, hf):
         names = hf.names
@@ -294,10 +478,14 @@ class MoESpec(FFNKind):
                                for e in range(self.n_experts)), stack=True)
                 for proj in ("gate", "up", "down")]
         if self.n_shared_experts:
-            out += [HFWeight(f"shared_expert.{p}_proj.weight", (f"shared_expert.{p}_proj.weight",))
+            shared = names.get("shared_expert", "shared_expert")  # DeepSeek's: shared_experts
+            out += [HFWeight(f"shared_expert.{p}_proj.weight", (f"{shared}.{p}_proj.weight",))
                     for p in ("gate", "up", "down")]
         if self.shared_gate:
             out.append(HFWeight("shared_expert_gate.weight", ("shared_expert_gate.weight",)))
+        if self.selection_bias:
+            out.append(HFWeight("selection_bias", (names.get("selection_bias",
+                                                             f"{names['router']}.e_score_correction_bias"),)))
         return out
 
     # ── testing ──────────────────────────────────────────────────────────────────────────────────────────────────
@@ -311,7 +499,23 @@ class MoESpec(FFNKind):
         @st.composite
         def build(draw):
             n = draw(st.integers(2, 6))
-            out: dict[str, Any] = {"n_experts": n, "top_k": draw(st.integers(1, n))}
+            out: dict[str, Any] = {"n_experts": n}
+            reach = n  # the experts a token may choose from
+            if draw(st.booleans()):  # group-limited routing: a divisor of n, some of its groups kept
+                groups = draw(st.sampled_from([g for g in range(1, n + 1) if n % g == 0]))
+                out["n_group"] = groups
+                if draw(st.booleans()):
+                    out["topk_group"] = draw(st.integers(1, groups))
+                    reach = out["topk_group"] * (n // groups)
+            out["top_k"] = draw(st.integers(1, reach))
+            if draw(st.booleans()):
+                out["score"] = draw(st.sampled_from(["softmax", "sigmoid"]))
+            if draw(st.booleans()):
+                out["selection_bias"] = True
+                if draw(st.booleans()):
+                    out["bias_update_rate"] = draw(st.sampled_from([0.0, 0.001, 0.01]))
+            if draw(st.booleans()):
+                out["routed_scaling_factor"] = draw(st.sampled_from([1.0, 0.5, 2.5]))
             expert_kind = draw(st.sampled_from(["glu", "mlp", None]))
             if expert_kind is not None:
                 cls_ = GLUSpec if expert_kind == "glu" else MLPSpec
@@ -337,6 +541,51 @@ class MoESpec(FFNKind):
             return out
 
         return build()
+
+    @classmethod
+    def invalid_cases(cls):
+        return {"n_group_divides": _bad_n_group, "topk_group_within": _bad_topk_group,
+                "top_k_within_groups": _bad_top_k_in_groups, "bias_rate_needs_bias": _rate_without_bias}
+
+
+# ── invalid specs (archspec.testing): each breaks one routing rule of a model-wide MoE FFN ─────────────────────────
+
+
+def _moe_case(data, ffn: dict[str, Any], field: str):
+    if data["model"].get("layers"):  # a group may replace the model-wide FFN in every layer
+        return None
+    data["model"]["ffn"] = {"kind": "moe", "expert": {"hidden_dim": 8}, **ffn}
+    return ("model", "ffn", field)
+
+
+def _bad_n_group(draw, data, spec):
+    from hypothesis import strategies as st
+
+    n = draw(st.integers(3, 12))
+    return _moe_case(data, {"n_experts": n, "top_k": 1,
+                            "n_group": draw(st.sampled_from([g for g in range(2, 2 * n) if n % g]))}, "n_group")
+
+
+def _bad_topk_group(draw, data, spec):
+    from hypothesis import strategies as st
+
+    return _moe_case(data, {"n_experts": 8, "top_k": 1, "n_group": 4, "topk_group": draw(st.integers(5, 16))},
+                     "topk_group")
+
+
+def _bad_top_k_in_groups(draw, data, spec):
+    from hypothesis import strategies as st
+
+    kept = draw(st.integers(1, 3))  # of 4 groups of 2 experts: at most 2 · kept experts reachable
+    return _moe_case(data, {"n_experts": 8, "n_group": 4, "topk_group": kept,
+                            "top_k": draw(st.integers(2 * kept + 1, 8))}, "top_k")
+
+
+def _rate_without_bias(draw, data, spec):
+    from hypothesis import strategies as st
+
+    return _moe_case(data, {"n_experts": 4, "top_k": 2, "bias_update_rate": draw(st.sampled_from([0.001, 0.5]))},
+                     "bias_update_rate")
 
 
 def _per_token_coef(coef: float, top_k: int) -> float:
