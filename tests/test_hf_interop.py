@@ -1,4 +1,4 @@
-"""HF transformers interop (issue 16): `archspec import-hf` and `archspec export-hf`, both ways, through the CLI.
+"""HF transformers interop (issues 16, 25): `archspec import-hf` and `archspec export-hf`, both ways, through the CLI.
 
 Every model is built here from a tiny config, every parameter re-drawn (norm weights around 1, biases non-zero, so
 a mapping that only works at the default init fails), saved with `save_pretrained` (safetensors), imported, and
@@ -610,3 +610,27 @@ def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, 
     got = ours.eval().generate(prompt, C - 5, temperature=0)
     assert got.tolist() == want.tolist()
     assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral", "ministral", "mixtral", "qwen2_moe",
+                                  "qwen3_moe", "glm", "phi3"])
+def test_partial_rotary_factor_is_mapped_where_transformers_honours_it_and_refused_where_it_is_ignored(case, tmp_path,
+                                                                                                   capsys):
+    """transformers' own model of each type, given partial_rotary_factor 0.5 with its default rope: the types whose
+    rotary embedding rotates every dimension anyway (all but glm and phi3) are refused by name; the others import it."""
+    data = {**CASES[case]().to_dict(), "partial_rotary_factor": 0.5}
+    data["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = type(CASES[case]())(**{k: v for k, v in data.items() if k not in ("model_type", "transformers_version")})
+    hf = transformers.AutoModelForCausalLM.from_config(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotated = 2 * hf.model.rotary_emb.inv_freq.numel()
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    code = main(["import-hf", str(tmp_path / "config.json"), "-o", str(tmp_path / "s.yaml")])
+    err = capsys.readouterr().err
+    if rotated == head_dim:  # transformers ignores the fraction: a file with it is not the model it would build
+        assert code == 2 and "partial_rotary_factor: 0.5" in err and "ignores it" in err, err
+    else:
+        assert code == 0, err
+        spec = load_spec(tmp_path / "s.yaml")
+        assert spec.model.attention.positional.rotated_dims(spec.model) == rotated == head_dim // 2
+    assert (rotated == head_dim) == (case not in ("glm", "phi3"))

@@ -268,3 +268,59 @@ def test_rope_rules_name_the_field(positional, path):
         _spec(head_dim, positional)
     text = str(err.value) + " ".join(err.value.problems)
     assert path in text, text
+
+
+def test_the_new_fields_through_set_and_schema_and_bad_values_exit_2(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from archspec.cli import main
+
+    tiny = str(Path(__file__).resolve().parent.parent / "specs" / "llama-like-tiny.yaml")
+    sets = ["--set", "model.attention.positional.partial=0.25", "--set", "model.attention.positional.layout=interleaved",
+            "--set", "model.attention.positional.scaling={kind: yarn, factor: 4.0, original_context_length: 32}"]
+    assert main(["build", tiny, *sets, "--json", "--out", str(tmp_path)]) == 0
+    built = json.loads(capsys.readouterr().out)
+    source = Path(built["generated"]).read_text()
+    assert "ROTARY_DIM = 8" in source and "rotate_pairs" in source and "yarn_scaled" in source
+    assert main(["schema"]) == 0
+    schema = capsys.readouterr().out
+    assert '"partial"' in schema and '"interleaved"' in schema and '"yarn"' in schema
+    for value, field in (("0.1", "model.attention.positional.partial"), ("1.5", "model.attention.positional.partial"),
+                         ("diagonal", "model.attention.positional.layout")):
+        key = field.rsplit(".", 1)[1]
+        assert main(["build", tiny, "--set", f"model.attention.positional.{key}={value}", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert field in err and "Traceback" not in err, err
+
+
+def test_the_new_fields_are_filter_keys():
+    from archspec.registry.query.fields import resolve_field
+
+    for key in ("partial", "layout", "scaling.beta_fast", "scaling.mscale_all_dim", "scaling.truncate"):
+        ref = resolve_field(f"params.model.attention.positional.{key}", "runs")
+        assert (ref.kind, ref.key) == ("param", f"model.attention.positional.{key}")
+
+
+@pytest.mark.parametrize("layers", [
+    {"local": {"select": {"step": 2}, "attention": {"sparsity": {"kind": "sliding_window", "window": 5}}}},
+    {"mqa": {"select": [0], "attention": {"n_kv_heads": 1}}},
+    {"wide": {"select": [1, 2], "ffn": {"kind": "glu", "hidden_dim": 40}}},
+], ids=["window-moves-model-wide", "kv-group", "ffn-group"])
+def test_the_new_fields_at_their_defaults_leave_a_layered_specs_hash_as_it_was(layers):
+    """Per-layer groups rewrite the model-wide attention in the canonical form: the rope fields added later (partial,
+    layout) must still be left out there at their defaults (the model hash of every spec written before them), and
+    be part of it when set."""
+    from archspec.spec import canonical_json, model_hash, model_json
+
+    base = {"vocab_size": 32, "context_length": 16, "d_model": 32, "n_layers": 3, "attention": {"n_heads": 4},
+            "layers": layers}
+    plain = load_spec_dict({"name": "x", "model": base})
+    for text in (canonical_json(plain), model_json(plain)):
+        assert '"partial"' not in text and '"layout"' not in text, text
+    explicit = load_spec_dict({"name": "x", "model": {**base, "attention": {
+        "n_heads": 4, "positional": {"kind": "rope", "partial": 1.0, "layout": "half"}}}})
+    assert model_hash(explicit) == model_hash(plain)
+    changed = load_spec_dict({"name": "x", "model": {**base, "attention": {
+        "n_heads": 4, "positional": {"kind": "rope", "partial": 0.5, "layout": "interleaved"}}}})
+    assert model_hash(changed) != model_hash(plain) and '"partial":0.5' in canonical_json(changed)

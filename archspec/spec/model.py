@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, model_validator
 
 from archspec.kinds import AttentionSpec, family
-from archspec.kinds.base import Strict, bind, rebuild_order
+from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
@@ -85,7 +85,9 @@ class ModelSpec(Strict):
         if self.layers and not self._layer_problems:
             wide, groups = canonical_layers(self, self._blocks)
             if groups:
-                positional = data["attention"]["positional"]
+                # positions are model-wide; identity_dump as for `wide`: a field added later (Since) at its default
+                # leaves the hash as it was (identity_dump does not look inside a section this serializer rewrote)
+                positional = identity_dump(self.attention.positional)
                 data.update(wide)
                 data["attention"]["positional"] = positional
                 data["layers"] = groups
