@@ -70,6 +70,7 @@ def plot(data, path: Path, names: dict[str, str]) -> None:
 
     keys = [k for k in STATS if any(data[v][k] for v in data)]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4))
+    colour = {label: f"C{i}" for i, label in enumerate(sorted(data))}  # one colour per variant in every panel
     for ax, key in zip(axes, keys):
         for label in sorted(data):
             points = sorted(data[label][key].items())
@@ -79,8 +80,8 @@ def plot(data, path: Path, names: dict[str, str]) -> None:
             means = [statistics.mean(v) for _, v in points]
             lo = [min(v) for _, v in points]
             hi = [max(v) for _, v in points]
-            ax.plot(steps, means, marker="o", label=names.get(label, label))
-            ax.fill_between(steps, lo, hi, alpha=0.2)
+            ax.plot(steps, means, marker="o", color=colour[label], label=names.get(label, label))
+            ax.fill_between(steps, lo, hi, color=colour[label], alpha=0.2)
         ax.set_title(key)
         ax.set_xlabel("step")
     axes[0].legend(fontsize=8)

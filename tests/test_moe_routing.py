@@ -334,17 +334,42 @@ def test_mixtral_refuses_the_routing_variants_on_export(ffn, field):
 
 
 @pytest.mark.parametrize("wide_score, group_score", [("softmax", "sigmoid"), ("sigmoid", "softmax")])
-def test_a_layer_groups_routing_fields_survive_the_canonical_form(wide_score, group_score):
+@pytest.mark.parametrize("select", [[0], [0, 1]])
+def test_a_layer_groups_routing_fields_survive_the_canonical_form(wide_score, group_score, select):
     """The canonical form leaves a field added later (Since) out at its default, but a group is laid over the
-    model-wide component: where that one holds another value, the group keeps its own written out."""
+    model-wide component: where that one holds another value, the group keeps its own written out. With the group
+    on most layers, the canonical model-wide FFN is the group's (not the spec's `ffn`), and keeps its fields too."""
     from archspec.spec import canonical_dict, load_spec_dict
 
     raw = {"name": "g", "model": {"vocab_size": 50, "d_model": 16, "n_layers": 3, "attention": {"n_heads": 2},
                                   "ffn": {"kind": "moe", "n_experts": 4, "expert": {"hidden_dim": 8},
                                           "score": wide_score},
-                                  "layers": {"a": {"select": [0], "ffn": {"kind": "moe", "n_experts": 2, "top_k": 1,
-                                                                          "score": group_score}}}}}
+                                  "layers": {"a": {"select": select, "ffn": {"kind": "moe", "n_experts": 2,
+                                                                             "top_k": 1, "score": group_score}}}}}
     spec = load_spec_dict(raw)
     again = load_spec_dict(canonical_dict(spec))
-    assert [b.ffn.score for b in again.model.blocks()] == [group_score, wide_score, wide_score]
+    want = [group_score if i in select else wide_score for i in range(3)]
+    assert [b.ffn.score for b in spec.model.blocks()] == [b.ffn.score for b in again.model.blocks()] == want
     assert model_hash(again) == model_hash(spec)
+
+
+@pytest.mark.slow
+def test_the_deepseek_v3_router_compiles_fullgraph(gen_dir):
+    """Sigmoid scores, the selection bias, group-limited top-k, scaling, and the bias balancing's count: one graph,
+    the eager result and gradients."""
+    spec = _spec({"kind": "moe", "n_experts": 8, "top_k": 2, "expert": {"hidden_dim": 16}, "n_shared_experts": 1,
+                  "score": "sigmoid", "selection_bias": True, "bias_update_rate": 0.01, "n_group": 4,
+                  "topk_group": 2, "routed_scaling_factor": 2.5})
+    ffn = _ffn(spec, gen_dir)
+    x = torch.randn(2, 8, D, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    inputs = [x, *ffn.parameters()]
+    want = ffn(x)
+    want_counts = ffn.last_counts.clone()
+    want_grads = torch.autograd.grad(want.square().sum(), inputs)
+    torch._dynamo.reset()
+    got = torch.compile(ffn, fullgraph=True)(x)
+    got_grads = torch.autograd.grad(got.square().sum(), inputs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ffn.last_counts, want_counts)
+    for g, h in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)
