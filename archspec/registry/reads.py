@@ -147,6 +147,7 @@ class RunRow:
     # `name` is what the run is shown as: the name a user gave it (`archspec runs rename`), else its spec's name.
     spec_name: str = ""  # the spec's name, as the run was trained under it
     note: str | None = None  # the latest note (`archspec runs note`); `notes` on the Registry has them all
+    scheduler_job: str | None = None  # the launcher's job id (SLURM job/array task, Ray task); None: in-process
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -332,7 +333,7 @@ class RegistryReader(RegistryEngine):
                 host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,
                 recipe_json=r.recipe_json, accounting_json=r.accounting_json, heartbeat_timeout_s=r.heartbeat_timeout_s, read_at=now,
-                _cache=cache,
+                _cache=cache, scheduler_job=r.scheduler_job,
             )
             for r in conn.execute(q).all()  # fetchall: row-by-row fetching costs a third of a 10,000-run listing
         ]

@@ -414,6 +414,23 @@ class RegistryWriter(RegistryEngine):
 
         return self._write(tx, "end_run")
 
+    def set_scheduler_job(self, run_id: str, job_id: str) -> None:
+        """Record the scheduler's id of the job that runs `run_id` (archspec.launch): a SLURM job or array task, a Ray
+        task. Set at submission and again by the worker once it starts (an array task knows its index only then)."""
+        self._write(lambda conn: conn.execute(update(RunRecord).where(RunRecord.id == run_id).values(
+            scheduler_job=str(job_id)[:128])), "set_scheduler_job")
+
+    def mark_killed(self, run_id: str, error: str) -> bool:
+        """A run whose process the launcher saw die (submitit reported the job failed, Ray raised): KILLED now if
+        it is still RUNNING, instead of after its heartbeat timeout. False when it is not RUNNING (it ended)."""
+
+        def tx(conn: Connection) -> bool:
+            res = conn.execute(update(RunRecord).where(RunRecord.id == run_id, RunRecord.status == RUNNING).values(
+                status=KILLED, ended=self._now(), error=error))
+            return res.rowcount == 1
+
+        return self._write(tx, "mark_killed")
+
     # liveness
 
     def _is_stale(self, row, now: datetime, timeout_s: float | None = None) -> bool:

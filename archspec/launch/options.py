@@ -1,0 +1,51 @@
+"""The launcher options of `archspec ablate` and `archspec train` (one decorator, one reader)."""
+
+from __future__ import annotations
+
+import click
+
+from archspec.launch.settings import LAUNCHERS, LauncherSettings, merged
+
+
+def launcher_options(f):
+    options = [
+        click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
+                     help="Where runs train: this process (local, the default), SLURM (slurm: sbatch job arrays "
+                          "through submitit; slurm-local: the same jobs as subprocesses here), or Ray (ray). "
+                          "Also the sweep file's launcher: section."),
+        click.option("--retries", type=click.IntRange(0, 100), default=None,
+                     help="Resubmit a job whose process died up to N times (its run marked KILLED first) [default: 1]."),
+        click.option("--detach", is_flag=True, help="Submit the jobs and return (prints the job ids and how to follow "
+                                                    "them); without it the command waits for the last run."),
+        click.option("--partition", default=None, help="SLURM partition."),
+        click.option("--account", default=None, help="SLURM account."),
+        click.option("--qos", default=None, help="SLURM quality of service."),
+        click.option("--sbatch", "sbatch", multiple=True, metavar="--OPT=VALUE",
+                     help="More sbatch options, e.g. --sbatch=--constraint=a100 (repeatable)."),
+        click.option("--cpus-per-task", type=click.IntRange(1, 1024), default=None,
+                     help="CPUs per job [default: 4 under SLURM, 1 under Ray]."),
+        click.option("--gpus-per-task", type=click.IntRange(0, 64), default=None,
+                     help="GPUs per job [default: 1 unless --device cpu]."),
+        click.option("--time-min", type=click.IntRange(1, 525_600), default=None,
+                     help="Time limit per job in minutes [default: 2 × the dry-run estimate + 10]."),
+        click.option("--max-parallel", type=click.IntRange(1, 100_000), default=None,
+                     help="Jobs running at once (SLURM array %N; slurm-local default 1; Ray: local cluster size)."),
+        click.option("--ray-address", default=None, metavar="ADDRESS",
+                     help="An existing Ray cluster (ray://head:10001, or auto); without it a local one is started."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+LAUNCHER_PARAMS = ("launcher", "retries", "detach", "partition", "account", "qos", "sbatch", "cpus_per_task",
+                   "gpus_per_task", "time_min", "max_parallel", "ray_address")
+
+
+def settings_from(params: dict, section: LauncherSettings | None = None, **more) -> LauncherSettings:
+    """The settings a command's launcher options (and the sweep file's section under them) give."""
+    return merged(section, kind=params.get("launcher"), retries=params.get("retries"),
+                  partition=params.get("partition"), account=params.get("account"), qos=params.get("qos"),
+                  sbatch=tuple(params.get("sbatch") or ()), cpus_per_task=params.get("cpus_per_task"),
+                  gpus_per_task=params.get("gpus_per_task"), time_min=params.get("time_min"),
+                  max_parallel=params.get("max_parallel"), ray_address=params.get("ray_address"), **more)
