@@ -104,9 +104,10 @@ def check_launcher(settings: LauncherSettings, registry_url: str) -> None:
         raise UserError(f"--launcher {kind} needs submitit: pip install 'archspec[slurm]'")
     if kind == "ray" and importlib.util.find_spec("ray") is None:
         raise UserError("--launcher ray needs ray: pip install 'archspec[ray]'")
-    if kind == "slurm" and shutil.which("sbatch") is None:
-        raise UserError("--launcher slurm: no `sbatch` on PATH, so no SLURM cluster to submit to from this machine; "
-                        "run on a login node, or rehearse on this machine with --launcher slurm-local")
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None] if kind == "slurm" else []
+    if missing:
+        raise UserError(f"--launcher slurm: no `{missing[0]}` on PATH, so no SLURM cluster to submit to from this "
+                        "machine; run on a login node, or rehearse on this machine with --launcher slurm-local")
     if settings.multi_host and registry_url.startswith("sqlite"):
         where = "--launcher slurm" if kind == "slurm" else f"--launcher ray --ray-address {settings.ray_address}"
         raise UserError(f"{where}: workers may run on other hosts, and a SQLite file is not safe for many writers "

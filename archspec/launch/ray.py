@@ -46,9 +46,7 @@ class RayLauncher(Launcher):
         task = self.ray.remote(run_payload)
         handles = []
         for p in payloads:
-            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0,
-                               runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}}
-                               if os.environ.get("PYTHONPATH") else None).remote(p)
+            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0).remote(p)
             handles.append(Handle(p, ref.task_id().hex(), ref))
         return handles
 

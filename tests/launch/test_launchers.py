@@ -100,3 +100,128 @@ def test_a_job_that_dies_every_time_ends_killed_never_running(workdir, base_spec
     capsys.readouterr()
     (run,) = Registry(url).runs(where="sweep = 'mini'")
     assert run.status == "KILLED" and "died" in run.error
+
+
+STUB_SBATCH = """#!/bin/sh
+# records the script it is given, as sbatch would read it, and answers as sbatch does
+n=$(ls "{record}" | wc -l)
+cp "$1" "{record}/script-$n.sh"
+echo "Submitted batch job 1234"
+"""
+
+
+@pytest.fixture
+def stub_sbatch(tmp_path, monkeypatch):
+    bin_dir, record = tmp_path / "bin", tmp_path / "sbatch-record"
+    bin_dir.mkdir()
+    record.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(STUB_SBATCH.format(record=record))
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    srun = bin_dir / "srun"  # submitit looks for it; only the job script (never run here) calls it
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record
+
+
+def test_the_sbatch_script_asks_for_the_planned_resources(workdir, stub_sbatch):
+    """The launcher as the sweep uses it, over a stub sbatch: one job array with GPUs, time, memory, partition,
+    account, qos and the extra options, the time from the estimate with its margin."""
+    from archspec.launch.base import Payload, Resources
+    from archspec.launch.settings import LauncherSettings
+    from archspec.launch.slurm import SubmititLauncher
+
+    settings = LauncherSettings(kind="slurm", partition="gpu", account="lab", qos="high", max_parallel=2,
+                                sbatch=["--constraint=a100", "--exclusive"], folder=str(workdir / "jobs"))
+    launcher = SubmititLauncher(settings)
+    payloads = [Payload(spec={}, run_id=f"r{i}", registry_url="postgresql://x/y",
+                        resources=Resources(gpus=1, cpus=8, mem_mb=6000, time_min=42)) for i in range(3)]
+    handles = launcher.submit(payloads)
+    assert [h.job_id for h in handles] == ["1234_0", "1234_1", "1234_2"]  # one array, one task per job
+    (script,) = [p.read_text() for p in stub_sbatch.iterdir()]
+    for line in ("#SBATCH --gpus-per-node=1", "#SBATCH --time=42", "#SBATCH --mem=6000MB", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --qos=high", "#SBATCH --array=0-2%2",
+                 "#SBATCH --constraint=a100", "#SBATCH --exclusive", "#SBATCH --ntasks-per-node=1"):
+        assert line in script.splitlines(), (line, script)
+
+
+@pytest.mark.skipif(not PG_URL, reason="--launcher slurm refuses SQLite: needs ARCHSPEC_TEST_PG_URL")
+@pytest.mark.parametrize("url", ["postgres"], indirect=True)
+def test_ablate_detach_submits_an_array_and_records_scheduled_runs(workdir, base_spec, url, stub_sbatch, capsys):
+    path = write_sweep(workdir, base_spec)
+    assert main(["ablate", str(path), "--registry", url, "--no-compile", "--launcher", "slurm", "--detach",
+                 "--partition", "gpu", "--account", "lab", "--time-min", "30"]) == 0
+    out, err = capsys.readouterr()
+    assert "--status" in out and "1234_0" in err
+    (script,) = [p.read_text() for p in stub_sbatch.iterdir()]
+    lines = script.splitlines()
+    assert {"#SBATCH --gpus-per-node=1", "#SBATCH --time=30", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+            "#SBATCH --array=0-3%4"} <= set(lines)
+    assert any(line.startswith("#SBATCH --mem=") and line.endswith("MB") for line in lines)
+    rows = Registry(url).runs(where="sweep = 'mini'")
+    assert len(rows) == 4 and {r.status for r in rows} == {"SCHEDULED"}
+    assert sorted(r.scheduler_job for r in rows) == ["1234_0", "1234_1", "1234_2", "1234_3"]
+    assert main(["ablate", str(path), "--registry", url, "--status"]) == 0
+    assert "queued" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--launcher", "slurm"], "no `sbatch` on PATH"),
+    (["--launcher", "ray", "--ray-address", "ray://head:10001"], "PostgreSQL"),
+    (["--launcher", "slurm-local", "--partition", "gpu"], "SLURM options"),
+    (["--launcher", "slurm-local", "--ray-address", "auto"], "--ray-address is an option of --launcher ray"),
+    (["--detach"], "--detach submits jobs to a launcher"),
+    (["--launcher", "pbs"], "Invalid value for '--launcher'"),
+])
+def test_bad_launcher_requests_exit_2_with_one_line(workdir, base_spec, capsys, monkeypatch, args, words):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sbatch here, whatever the machine has
+    path = write_sweep(workdir, base_spec)
+    assert main(["ablate", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}", *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert not (workdir / "reg.db").exists()  # refused before anything was recorded
+
+
+def test_slurm_refuses_sqlite_naming_postgresql(workdir, base_spec, stub_sbatch, capsys):
+    path = write_sweep(workdir, base_spec)
+    assert main(["ablate", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}", "--launcher", "slurm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--registry postgresql://" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind, extra", [("slurm-local", "slurm"), ("ray", "ray")])
+def test_a_missing_extra_names_it(workdir, base_spec, capsys, monkeypatch, kind, extra):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    module = "submitit" if extra == "slurm" else "ray"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    path = write_sweep(workdir, base_spec)
+    assert main(["ablate", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}", "--launcher", kind]) == 2
+    assert f"pip install 'archspec[{extra}]'" in capsys.readouterr().err
+
+
+def test_the_sweep_file_launcher_section_is_read_and_checked(workdir, base_spec, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    path = write_sweep(workdir, base_spec, launcher={"kind": "slurm", "partition": "gpu"})
+    assert main(["ablate", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}"]) == 2
+    assert "no `sbatch` on PATH" in capsys.readouterr().err  # the file's kind, checked like the option
+    bad = write_sweep(workdir, base_spec, name="bad", launcher={"kind": "slurm", "partitoin": "gpu"})
+    assert main(["ablate", str(bad), "--registry", f"sqlite:///{workdir / 'reg.db'}"]) == 2
+    assert "launcher.partitoin" in capsys.readouterr().err
+
+
+def test_a_local_ray_cluster_runs_the_sweep_with_the_local_run_keys_and_losses(workdir, base_spec, capsys):
+    pytest.importorskip("ray")
+    path = write_sweep(workdir, base_spec)
+    local_url, ray_url = f"sqlite:///{workdir / 'local.db'}", f"sqlite:///{workdir / 'ray.db'}"
+    assert main(["ablate", str(path), "--registry", local_url, "--no-compile", "--device", "cpu", "--json"]) == 0
+    assert main(["ablate", str(path), "--registry", ray_url, "--no-compile", "--device", "cpu", "--json",
+                 "--launcher", "ray", "--max-parallel", "2"]) == 0  # ray.init(num_cpus=2): one CPU per task
+    capsys.readouterr()
+    here, there = losses(local_url, "mini"), losses(ray_url, "mini")
+    assert len(here) == 4 and set(here) == set(there)
+    for run_id in here:  # Ray gives a task one thread (its one CPU): equal within float rounding, not bitwise
+        assert there[run_id] == pytest.approx(here[run_id], abs=1e-5)
+    assert all(r.scheduler_job and r.status == "FINISHED" for r in Registry(ray_url).runs(where="sweep = 'mini'"))
