@@ -48,6 +48,7 @@ class Payload:
     artifact_root: str | None = None
     log_to: list[str] | None = None
     attempt: int = 1  # the launcher's attempt (1: first submission)
+    rerun_finished: bool = False  # `archspec train`: a FINISHED run is trained again as a repeat (sweeps skip it)
     resources: Resources = field(default_factory=Resources)
 
 

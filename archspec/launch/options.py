@@ -44,6 +44,18 @@ LAUNCHER_PARAMS = ("launcher", "retries", "detach", "partition", "account", "qos
 
 def settings_from(params: dict, section: LauncherSettings | None = None, **more) -> LauncherSettings:
     """The settings a command's launcher options (and the sweep file's section under them) give."""
+    from pydantic import ValidationError
+
+    from archspec.errors import UserError
+
+    try:
+        return _merged(params, section, **more)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise UserError(f"launcher option {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def _merged(params: dict, section: LauncherSettings | None, **more) -> LauncherSettings:
     return merged(section, kind=params.get("launcher"), retries=params.get("retries"),
                   partition=params.get("partition"), account=params.get("account"), qos=params.get("qos"),
                   sbatch=tuple(params.get("sbatch") or ()), cpus_per_task=params.get("cpus_per_task"),

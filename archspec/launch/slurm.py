@@ -139,7 +139,7 @@ def torchrun_setup(nodes: int, gpus_per_node: int, train_args: Sequence[str], po
     line = " ".join(a if a.startswith("$") or ":$" in a else shlex.quote(a) for a in cmd)
     return ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             f"export MASTER_PORT={port}",
-            f"export ARCHSPEC_TORCHRUN='{line}'"]
+            f"export ARCHSPEC_TORCHRUN={shlex.quote(line)}"]  # expanded by each node's task (bash -c), not here
 
 
 def run_torchrun() -> int:

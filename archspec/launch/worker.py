@@ -102,7 +102,8 @@ def run_payload(payload: Payload) -> WorkerResult:
                 scheduler_job=job, host=host)
         die = env_int(DIE_ON_ATTEMPT_VAR, 0, 0, 1000) == payload.attempt
         membership = SweepMembership(**payload.membership) if payload.membership else None
-        logger = MemberLogger(with_sinks(RegistryLogger(payload.registry_url), payload.log_to), membership, job,
+        logger = MemberLogger(with_sinks(RegistryLogger(payload.registry_url, rerun_finished=payload.rerun_finished),
+                                         payload.log_to), membership, job,
                               die_on_first_metrics=die)
         result = train(spec, device=payload.device, logger=logger, compile=payload.compile, progress=False,
                        cache=payload.cache, build=build)

@@ -225,3 +225,44 @@ def test_a_local_ray_cluster_runs_the_sweep_with_the_local_run_keys_and_losses(w
     for run_id in here:  # Ray gives a task one thread (its one CPU): equal within float rounding, not bitwise
         assert there[run_id] == pytest.approx(here[run_id], abs=1e-5)
     assert all(r.scheduler_job and r.status == "FINISHED" for r in Registry(ray_url).runs(where="sweep = 'mini'"))
+
+
+def test_train_with_slurm_local_trains_one_run_in_a_worker(workdir, base_spec, capsys):
+    spec = workdir / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(base_spec))
+    url = f"sqlite:///{workdir / 'reg.db'}"
+    assert main(["train", str(spec), "--steps", "2", "--registry", url, "--no-compile", "--device", "cpu",
+                 "--launcher", "slurm-local"]) == 0
+    assert "FINISHED" in capsys.readouterr().err
+    (run,) = Registry(url).runs()
+    assert run.status == "FINISHED" and run.scheduler_job and run.recipe["steps"] == 2
+
+
+@pytest.mark.skipif(not PG_URL, reason="a multi-node job refuses SQLite: needs ARCHSPEC_TEST_PG_URL")
+@pytest.mark.parametrize("url", ["postgres"], indirect=True)
+def test_a_multi_node_train_job_runs_torchrun_in_the_allocation(workdir, base_spec, url, stub_sbatch, capsys):
+    spec = workdir / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(base_spec))
+    assert main(["train", str(spec), "--registry", url, "--launcher", "slurm", "--nodes", "2", "--gpus-per-task",
+                 "8", "--partition", "gpu", "--time-min", "90", "--detach"]) == 0
+    capsys.readouterr()
+    (script,) = [p.read_text() for p in stub_sbatch.iterdir()]
+    lines = script.splitlines()
+    assert {"#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=90",
+            "#SBATCH --partition=gpu"} <= set(lines)
+    (torchrun,) = [line for line in lines if "torchrun" in line]
+    assert ("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT "
+            "--rdzv-id $SLURM_JOB_ID -m archspec train " + str(spec)) in torchrun
+    assert any(line.startswith("export MASTER_ADDR=") and "scontrol show hostnames" in line for line in lines)
+
+
+def test_train_launcher_refusals(workdir, base_spec, capsys):
+    spec = workdir / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(base_spec))
+    url = f"sqlite:///{workdir / 'reg.db'}"
+    assert main(["train", str(spec), "--registry", url, "--nodes", "2"]) == 2
+    assert "--nodes needs --launcher slurm" in capsys.readouterr().err
+    assert main(["train", str(spec), "--registry", url, "--launcher", "slurm-local", "--nodes", "2"]) == 2
+    assert "several nodes need --launcher slurm" in capsys.readouterr().err
+    assert main(["train", str(spec), "--registry", url, "--launcher", "ray", "--resume", "x.pt"]) == 2
+    assert "--resume is not available with --launcher" in capsys.readouterr().err
