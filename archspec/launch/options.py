@@ -7,8 +7,24 @@ import click
 from archspec.launch.settings import LAUNCHERS, LauncherSettings, merged
 
 
+def _set_artifact_root(ctx, param, value):
+    """--artifact-root sets $ARCHSPEC_ARTIFACT_ROOT for this process and the workers it starts (checked on use)."""
+    if value is not None:
+        import os
+
+        from archspec.registry.artifact_paths import ROOT_VAR, artifact_root
+
+        os.environ[ROOT_VAR] = value
+        artifact_root()  # an unusable value: exit 2 now
+    return value
+
+
 def launcher_options(f):
     options = [
+        click.option("--artifact-root", default=None, metavar="DIR", callback=_set_artifact_root, expose_value=False,
+                     help="A shared filesystem path (each host may mount it elsewhere): artifacts under it are "
+                          "recorded relative to it and resolved on read against the reader's own root "
+                          "[default: $ARCHSPEC_ARTIFACT_ROOT]."),
         click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
                      help="Where runs train: this process (local, the default), SLURM (slurm: sbatch job arrays "
                           "through submitit; slurm-local: the same jobs as subprocesses here), or Ray (ray). "
