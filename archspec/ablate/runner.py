@@ -95,19 +95,21 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
     with install_signal_handlers():  # one scope for the whole sweep: a SIGTERM while checking is not lost either
         registry = Registry(registry_url)
         cache_path = cache_dir(cache)
-        builds = check_fits(jobs, check_data(jobs, cache_path), device)
+        builds = check_fits(jobs, check_data(jobs, cache_path), device,  # a launcher's workers: their device type
+                            device_type=launcher.device_type(device) if launcher is not None else None)
         return _run_checked(sweep, jobs, registry, registry_url, builds, device=device, compile=compile,
                             progress=progress, cache=cache, on_event=on_event, logger_factory=logger_factory,
                             launcher=launcher)
 
 
-def check_fits(jobs: list[Job], builds: dict[str, Build], device: str) -> dict[str, Build]:
+def check_fits(jobs: list[Job], builds: dict[str, Build], device: str,
+               device_type: str | None = None) -> dict[str, Build]:
     """The memory check the loop makes before building a model (the loop keeps the plan checked here), made for
     every variant before anything trains: a later variant that cannot fit refuses the sweep up front instead of
     after the earlier ones have trained."""
     from archspec.train.distributed import resolve_device
 
-    device_type = resolve_device(device).type
+    device_type = device_type or resolve_device(device).type
     problems, plans = [], {}
     for job in jobs:
         if job.variant.index not in plans:

@@ -115,6 +115,10 @@ def check_launcher(settings: LauncherSettings, registry_url: str) -> None:
                         f"over a shared filesystem; use PostgreSQL: --registry postgresql://USER@HOST/DB")
     if kind != "slurm" and (settings.partition or settings.account or settings.qos or settings.sbatch):
         raise UserError(f"--partition/--account/--qos/--sbatch are SLURM options; --launcher {kind} takes none")
+    if settings.sbatch:
+        from archspec.launch.slurm import sbatch_options
+
+        sbatch_options(settings.sbatch)  # a malformed option: refused now, before anything is recorded
     if kind != "ray" and settings.ray_address:
         raise UserError(f"--ray-address is an option of --launcher ray, not --launcher {kind}")
 

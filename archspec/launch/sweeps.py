@@ -131,6 +131,11 @@ class LaunchRequest:
     def __init__(self, settings: LauncherSettings, log_to: Sequence[str] | None = None, detach: bool = False):
         self.settings, self.log_to, self.detach = settings, log_to, detach
 
+    def device_type(self, device: str) -> str:
+        """The device type the workers train on, which the runner plans memory for: a SLURM node's GPU though the
+        login node has none (a plan for absent hardware checks nothing but what is known)."""
+        return "cuda" if wants_gpu(self.settings, device) else "cpu"
+
     def run(self, sweep, launched, builds, registry, *, device: str, compile: bool | None, cache,
             on_event: Callable[[str], None]) -> list:
         return launch_jobs(self.settings, sweep, launched, builds, registry, device=device, compile=compile,

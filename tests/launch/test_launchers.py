@@ -173,6 +173,7 @@ def test_ablate_detach_submits_an_array_and_records_scheduled_runs(workdir, base
     (["--launcher", "slurm-local", "--ray-address", "auto"], "--ray-address is an option of --launcher ray"),
     (["--detach"], "--detach submits jobs to a launcher"),
     (["--launcher", "pbs"], "Invalid value for '--launcher'"),
+    (["--launcher", "slurm-local", "--max-parallel", "0"], "Invalid value for '--max-parallel'"),
 ])
 def test_bad_launcher_requests_exit_2_with_one_line(workdir, base_spec, capsys, monkeypatch, args, words):
     monkeypatch.setenv("PATH", "/nonexistent")  # no sbatch here, whatever the machine has
@@ -188,6 +189,10 @@ def test_slurm_refuses_sqlite_naming_postgresql(workdir, base_spec, stub_sbatch,
     assert main(["ablate", str(path), "--registry", f"sqlite:///{workdir / 'reg.db'}", "--launcher", "slurm"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--registry postgresql://" in err and len(err.splitlines()) == 1
+    assert main(["ablate", str(path), "--registry", "postgresql://u@nowhere.invalid/db", "--launcher", "slurm",
+                 "--sbatch", "constraint=a100"]) == 2  # checked before the registry is opened
+    err = capsys.readouterr().err.strip()
+    assert "expected an sbatch long option" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("kind, extra", [("slurm-local", "slurm"), ("ray", "ray")])
