@@ -205,14 +205,14 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
 def _launcher_settings(sweep: Sweep, launch: dict, registry_url):
     """The launcher's settings (the sweep file's launcher: section under the options), checked before anything
     trains: a missing extra, no sbatch, SQLite for a multi-host launcher, options of another launcher: exit 2."""
-    from archspec.launch.base import check_launcher, sqlite_absolute
+    from archspec.launch.base import check_detach, check_launcher, sqlite_absolute
     from archspec.launch.options import settings_from
     from archspec.registry import default_url
 
     settings = settings_from(launch, sweep.file.launcher)
-    if launch.get("detach") and settings.kind == "local":
-        raise UserError("--detach submits jobs to a launcher; give --launcher slurm|slurm-local|ray")
     check_launcher(settings, sqlite_absolute(registry_url or default_url()))
+    if launch.get("detach"):
+        check_detach(settings)
     return settings
 
 

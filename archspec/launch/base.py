@@ -123,6 +123,14 @@ def check_launcher(settings: LauncherSettings, registry_url: str) -> None:
         raise UserError(f"--ray-address is an option of --launcher ray, not --launcher {kind}")
 
 
+def check_detach(settings: LauncherSettings) -> None:
+    """--detach leaves the jobs to a scheduler that outlives this command: SLURM's. slurm-local's jobs are this
+    command's subprocesses, and a Ray task shares its driver's fate (it ends when the command does)."""
+    if settings.kind != "slurm":
+        raise UserError(f"--detach needs --launcher slurm (the jobs must outlive this command); under --launcher "
+                        f"{settings.kind} they end with it: leave --detach out and the command waits")
+
+
 def make_launcher(settings: LauncherSettings) -> Launcher:
     if settings.kind in ("slurm", "slurm-local"):
         from archspec.launch.slurm import SubmititLauncher

@@ -30,9 +30,11 @@ def launcher_options(f):
                           "through submitit; slurm-local: the same jobs as subprocesses here), or Ray (ray). "
                           "Also the sweep file's launcher: section."),
         click.option("--retries", type=click.IntRange(0, 100), default=None,
-                     help="Resubmit a job whose process died up to N times (its run marked KILLED first) [default: 1]."),
-        click.option("--detach", is_flag=True, help="Submit the jobs and return (prints the job ids and how to follow "
-                                                    "them); without it the command waits for the last run."),
+                     help="Resubmit a job whose process died up to N times (its run marked KILLED first) "
+                          "[default: 1]."),
+        click.option("--detach", is_flag=True,
+                     help="With --launcher slurm: submit the jobs and return (prints the job ids and how to follow "
+                          "them); without it the command waits for the last run."),
         click.option("--partition", default=None, help="SLURM partition."),
         click.option("--account", default=None, help="SLURM account."),
         click.option("--qos", default=None, help="SLURM quality of service."),
@@ -53,9 +55,6 @@ def launcher_options(f):
         f = option(f)
     return f
 
-
-LAUNCHER_PARAMS = ("launcher", "retries", "detach", "partition", "account", "qos", "sbatch", "cpus_per_task",
-                   "gpus_per_task", "time_min", "max_parallel", "ray_address")
 
 
 def settings_from(params: dict, section: LauncherSettings | None = None, **more) -> LauncherSettings:

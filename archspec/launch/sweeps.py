@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from archspec.launch.base import Payload, Resources, WorkerResult, check_launcher, launch, make_launcher, submit
+from archspec.launch.base import Payload, Resources, check_launcher, launch, make_launcher, submit
 from archspec.launch.settings import LauncherSettings
 
 NO_ESTIMATE_MIN = 240  # the time limit asked for when nothing is measured and no peak is known (say --time-min)
@@ -47,8 +47,8 @@ def resources_for(build, settings: LauncherSettings, device: str, measured: Sequ
     if settings.time_min is not None:
         minutes = settings.time_min
     else:
-        est = estimate(build.model_hash, (t.batch_size * t.grad_accum, t.seq_len), work_of(build.spec, build.accounting),
-                       list(measured), peak)
+        work = work_of(build.spec, build.accounting)
+        est = estimate(build.model_hash, (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
         minutes = (NO_ESTIMATE_MIN if est.seconds is None
                    else math.ceil(settings.time_margin * est.seconds / 60) + settings.min_time_min)
     plan_bytes = build.memory.total if build.memory is not None else 0

@@ -33,7 +33,8 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
                  device: str, registry_url: str, no_compile: bool, detach: bool,
                  on_event: Callable[[str], None]) -> str | None:
     """Train one run through the launcher; the run's final status (None when detached). Exit-2 problems raise."""
-    from archspec.launch.base import Payload, check_launcher, launch, make_launcher, sqlite_absolute, submit
+    from archspec.launch.base import (Payload, check_detach, check_launcher, launch, make_launcher, sqlite_absolute,
+                                      submit)
     from archspec.launch.sweeps import resources_for, scheduled_info
     from archspec.registry import Registry
     from archspec.spec import canonical_dict, load_spec
@@ -44,12 +45,15 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
 
     url = sqlite_absolute(registry_url)
     check_launcher(settings, url)
+    if detach:
+        check_detach(settings)
     spec = load_spec(spec_path, overrides)
     if steps:
         spec = with_steps(spec, steps)
     if settings.nodes > 1:
         if settings.kind != "slurm":
-            raise UserError(f"--nodes {settings.nodes}: several nodes need --launcher slurm (torchrun in the allocation)")
+            raise UserError(f"--nodes {settings.nodes}: several nodes need --launcher slurm "
+                            "(torchrun in the allocation)")
         return _multi_node(settings, spec_path, overrides, steps, device, url, no_compile, detach, on_event)
     build = prepare(spec, build_data(spec, cache_dir(None), rank=0, world=1))
     if device == "auto":
@@ -68,7 +72,7 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
     launcher = make_launcher(settings)
     try:
         if detach:
-            (handle,) = submit(launcher, [payload], registry, on_event)
+            submit(launcher, [payload], registry, on_event)
             return None
         (result,) = launch(launcher, [payload], registry, retries=settings.retries, on_event=on_event)
     finally:
@@ -77,7 +81,8 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
     on_event(f"run {result.run_id} {result.status}" + (f": {result.error.splitlines()[0]}" if result.error else "")
              + (f" (job {result.scheduler_job} on {result.host})" if result.scheduler_job else ""))
     if result.status != "FINISHED":
-        raise UserError(f"run {result.run_id} {result.status}: {(result.error or '').splitlines()[0] if result.error else ''}")
+        first = (result.error or "").strip().splitlines()
+        raise UserError(f"run {result.run_id} {result.status}" + (f": {first[0]}" if first else ""))
     return result.status
 
 

@@ -38,7 +38,8 @@ class MemberLogger:
 
     def start(self, info):
         run_id = self.inner.start(replace(info, sweep=self.membership) if self.membership else info)
-        registry = getattr(self.inner, "registry", None) or getattr(getattr(self.inner, "inner", None), "registry", None)
+        inner = getattr(self.inner, "inner", None)  # under the sinks' fan-out (archspec.train.sinks.SinkLogger)
+        registry = getattr(self.inner, "registry", None) or getattr(inner, "registry", None)
         if registry is not None and self.scheduler_job:
             registry.set_scheduler_job(run_id, self.scheduler_job)
         return run_id

@@ -4,10 +4,8 @@ refusals. Tiny spec, no compile, 4 steps: each run takes about a second, most of
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import sys
 
 import pytest
 import yaml
@@ -171,7 +169,8 @@ def test_ablate_detach_submits_an_array_and_records_scheduled_runs(workdir, base
     (["--launcher", "ray", "--ray-address", "ray://head:10001"], "PostgreSQL"),
     (["--launcher", "slurm-local", "--partition", "gpu"], "SLURM options"),
     (["--launcher", "slurm-local", "--ray-address", "auto"], "--ray-address is an option of --launcher ray"),
-    (["--detach"], "--detach submits jobs to a launcher"),
+    (["--detach"], "--detach needs --launcher slurm"),
+    (["--launcher", "slurm-local", "--detach"], "--detach needs --launcher slurm"),
     (["--launcher", "pbs"], "Invalid value for '--launcher'"),
     (["--launcher", "slurm-local", "--max-parallel", "0"], "Invalid value for '--max-parallel'"),
 ])
