@@ -104,3 +104,39 @@ def test_llama_matches_hf(n_kv_heads, tied):
     hf = transformers.LlamaForCausalLM(config)
     _load_exactly(hf, state_to_hf(spec.model, TYPES["llama"], ours.state_dict()))
     _compare(ours, hf, seed=5)
+
+
+# ── GLM: partial rotation in (2i, 2i + 1) pairs ─────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("partial,scaling", [
+    (0.5, None),  # GLM-4-9B's half of each head
+    (0.25, {"kind": "linear", "factor": 2.0}),
+    (1.0, {"kind": "yarn", "factor": 6.0, "original_context_length": 8, "mscale": 0.9, "mscale_all_dim": 0.4}),
+    (0.75, {"kind": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 3.0,
+            "original_context_length": 16}),
+], ids=["half-default", "quarter-linear", "whole-yarn", "three-quarters-llama3"])
+def test_glm_matches_hf(partial, scaling):
+    d, n_layers, n_heads, n_kv_heads, head_dim, hidden, theta, eps = 64, 2, 4, 2, 16, 88, 800.0, 1e-6
+    spec, ours = _generated({
+        "d_model": d, "n_layers": n_layers, "norm": {"kind": "rmsnorm", "eps": eps},
+        "attention": {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim, "qkv_bias": True,
+                      "out_bias": False, "positional": {"kind": "rope", "theta": theta, "partial": partial,
+                                                        "layout": "interleaved", "scaling": scaling}},
+        "ffn": {"kind": "glu", "activation": "silu", "hidden_dim": hidden, "bias": False}, "tie_embeddings": False,
+    }, f"glm-equiv-{int(100 * partial)}")
+    _randomise(ours, seed=8)
+    rope = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": partial}
+    if scaling is not None:
+        hf_keys = {"original_context_length": "original_max_position_embeddings"}
+        rope.update({hf_keys.get(k, k): v for k, v in scaling.items() if k != "kind"}, rope_type=scaling["kind"])
+    config = transformers.GlmConfig(
+        vocab_size=VOCAB, hidden_size=d, intermediate_size=hidden, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, head_dim=head_dim,
+        max_position_embeddings=CONTEXT, rms_norm_eps=eps, rope_parameters=rope, attention_bias=True,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        attn_implementation="eager",
+    )
+    hf = transformers.GlmForCausalLM(config)
+    _load_exactly(hf, state_to_hf(spec.model, TYPES["glm"], ours.state_dict()))
+    _compare(ours, hf, seed=9)

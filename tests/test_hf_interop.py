@@ -11,6 +11,7 @@ the spec and every weight come back exactly. No downloads.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,6 +116,26 @@ CASES = {
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=True, mlp_only_layers=[1], use_sliding_window=True, sliding_window=10, **_NO_IDS),
+    # GLM-4: half of each head rotated (GlmConfig's default partial_rotary_factor 0.5, absent from the call), in
+    # (2i, 2i + 1) pairs; q/k/v bias without an o bias; gate and up fused in gate_up_proj
+    "glm": lambda: transformers.GlmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_NO_IDS),
+    # GLM with yarn (DeepSeek-V3's mscale / mscale_all_dim ratio as the attention factor), 3/4 of each head rotated,
+    # no biases, MQA (tied GLM: test_archspec_to_hf_to_archspec_is_lossless)
+    "glm_yarn": lambda: transformers.GlmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, partial_rotary_factor=0.75, attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                                   "original_max_position_embeddings": 8, "beta_fast": 8.0,
+                                                   "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5},
+        **_NO_IDS),
+    # LLaMA with yarn: half layout, every dimension, the ramp's ends not truncated, an attention factor given
+    "llama_yarn": lambda: transformers.LlamaConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 8.0, "original_max_position_embeddings": 4,
+            "truncate": False, "attention_factor": 1.3}, **_NO_IDS),
 }
 
 
@@ -211,7 +232,18 @@ _MOE = {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hi
     # every layer MoE and sliding: Mixtral
     ({"attention": {"n_heads": 4, "n_kv_heads": 1, "sparsity": {"kind": "sliding_window", "window": 6}},
       "ffn": _MOE}, "mixtral"),
-], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like"])
+    # interleaved pairs, a quarter of each head rotated, yarn: GLM
+    ({"attention": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "qkv_bias": True, "out_bias": False,
+                    "positional": {"kind": "rope", "theta": 700.0, "partial": 0.25, "layout": "interleaved",
+                                   "scaling": {"kind": "yarn", "factor": 3.0, "original_context_length": 12,
+                                               "beta_fast": 12.0, "beta_slow": 1.5}}},
+      "norm": {"kind": "rmsnorm", "eps": 1e-6}, "ffn": {"kind": "glu", "activation": "silu", "hidden_dim": 24}},
+     "glm"),
+    # every dimension rotated, interleaved: GLM too (partial_rotary_factor 1.0 written, GLM assumes 0.5 without it)
+    ({"attention": {"n_heads": 4, "positional": {"kind": "rope", "layout": "interleaved"}},
+      "tie_embeddings": True}, "glm"),
+], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like", "glm-like",
+        "interleaved-whole-heads"])
 def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -263,9 +295,22 @@ def _set(data: dict, **changes) -> dict:
 
 
 REFUSED = {
-    "partial_rotary": (lambda: _set(_llama_config(), partial_rotary_factor=0.5), "partial_rotary_factor"),
-    "yarn": (lambda: _set(_llama_config(), rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
-             "rope_type 'yarn'"),
+    # LLaMA's rotary embedding ignores partial_rotary_factor (it rotates every dimension): not read as GLM's would be
+    "partial_rotary": (lambda: _set(_llama_config(), partial_rotary_factor=0.5),
+                       "partial_rotary_factor: 0.5: llama's rotary embedding ignores it"),
+    "dynamic_rope": (lambda: _set(_llama_config(), rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
+                                                                    "factor": 4.0}), "rope_type 'dynamic'"),
+    "yarn_unknown_key": (lambda: _set(_llama_config(), rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+        "long_factor": [1.0]}), "long_factor: not used by rope_type 'yarn'"),
+    # GLM: what a spec cannot say, by name: an odd number of rotated dimensions (int(0.2 · 16) = 3), an MLP bias or
+    # a sliding window (keys GlmConfig does not have), rope per layer type
+    "glm_odd_rotary": (lambda: _set(CASES["glm"]().to_dict(), rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.2}), "model.attention.positional.partial"),
+    "glm_mlp_bias": (lambda: _set(CASES["glm"]().to_dict(), mlp_bias=True), "mlp_bias"),
+    "glm_sliding_window": (lambda: _set(CASES["glm"]().to_dict(), sliding_window=8), "sliding_window"),
+    "glm_rope_per_layer": (lambda: _set(CASES["glm"]().to_dict(), rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4}}), "RoPE parameters per layer type"),
     "softcapping": (lambda: _set(_llama_config(), final_logit_softcapping=30.0), "final_logit_softcapping"),
     "unknown_type": (lambda: _set(_llama_config(), model_type="bert"), "model_type: 'bert'"),
     "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v3"), "model_type: 'deepseek_v3'"),
@@ -342,9 +387,15 @@ def test_a_config_alone_gives_a_spec_and_refuses_to_overwrite(tmp_path, capsys):
     ({"attention": {"n_heads": 4}, "layers": {"g": {"select": [1], "attention": {"sparsity": {"kind": "global_local",
                                                                                          "window": 4}}}}},
      "model.layers.attention_1.attention.sparsity.kind (layer 1)"),
+    # interleaved pairs with a q/k norm: llama-like types pair (i, i + d/2), GLM has no q/k norm
+    ({"attention": {"n_heads": 4, "qk_norm": {}, "positional": {"kind": "rope", "layout": "interleaved"}}},
+     "model.attention.positional.layout: interleaved cannot be expressed as llama"),
+    # a partial rotation with experts: only GLM rotates part of a head, and it has no experts
+    ({"attention": {"n_heads": 4, "head_dim": 8, "positional": {"kind": "rope", "partial": 0.5}}, "ffn": _MOE},
+     "model.attention.positional.partial: 0.5 cannot be expressed as mixtral"),
 ], ids=["sinusoidal", "nope", "gpt2-without-norm-bias", "out-bias-only", "moe-capacity", "moe-z-loss", "moe-mlp-experts",
         "moe-ungated-shared-expert", "layer-norm-eps", "layer-heads", "layer-ffn-width", "layer-windows-differ",
-        "layer-global-local"])
+        "layer-global-local", "interleaved-with-qk-norm", "partial-with-experts"])
 def test_export_refuses_what_hf_cannot_express(model, field, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -385,7 +436,7 @@ def test_imported_weights_that_do_not_fit_the_config_are_refused(tmp_path, capsy
     assert not (tmp_path / "s.yaml").exists() and not (tmp_path / "w.pt").exists()
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "qwen3", "mistral", "glm"])
 def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
     """A hand-written config with few keys: what archspec assumes for the rest is what transformers assumes."""
     from archspec.hf import spec_from_config
@@ -404,6 +455,10 @@ def test_absent_keys_take_the_defaults_transformers_takes(model_type, tmp_path):
         assert (m.norm.eps, m.attention.n_kv_heads, m.attention.head_dim, m.ffn.activation) == (
             ref.rms_norm_eps, ref.num_key_value_heads, getattr(ref, "head_dim", None) or 64 // 4, ref.hidden_act)
         assert m.attention.positional.theta == ref.rope_parameters["rope_theta"]
+        assert m.attention.positional.partial == ref.rope_parameters.get("partial_rotary_factor", 1.0)
+        if model_type == "glm":  # q/k/v bias by attention_bias (GLM-4-9B: true), never an o bias; interleaved
+            assert (m.attention.qkv_bias, m.attention.out_bias) == (ref.attention_bias, False)
+            assert m.attention.positional.layout == "interleaved"
     assert m.tie_embeddings == ref.tie_word_embeddings
 
 
@@ -496,3 +551,42 @@ def test_released_configs_import_with_their_published_parameter_counts(name):
     # model cards round to 0.1B (Qwen3-30B-A3B's 3.35B active is written "3.3B")
     assert sum(parts.values()) == pytest.approx(total * 1e9, abs=0.06e9)
     assert active_params == pytest.approx(active * 1e9, abs=0.06e9)
+
+
+def test_released_glm_4_9b_config_imports_with_its_published_parameter_count():
+    """THUDM/glm-4-9b-hf's config.json (tests/fixtures/released/glm-4-9b-hf, written from its published keys): 9.4B
+    parameters on its model card; archspec's accounting and HF's own model of the config (on the meta device: no
+    memory) count the same 9,399,951,360."""
+    from archspec.accounting import param_breakdown
+    from archspec.hf import spec_from_config
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "released" / "glm-4-9b-hf" / "config.json").read_text())
+    spec = load_spec_dict(spec_from_config(data, "glm-4-9b-hf/config.json", "glm-4-9b"))
+    rope = spec.model.attention.positional
+    assert (rope.partial, rope.layout, rope.rotated_dims(spec.model)) == (0.5, "interleaved", 64)
+    parts, active = param_breakdown(spec.model)
+    config = transformers.GlmConfig(**{k: v for k, v in data.items()
+                                       if k not in ("model_type", "transformers_version", "architectures")})
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(parts.values()) == active == _numel(hf) == 9_399_951_360
+    assert sum(parts.values()) == pytest.approx(9.4e9, abs=0.06e9)
+
+
+@pytest.mark.parametrize("case", ["glm", "glm_yarn", "llama_yarn"])
+def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, capsys):
+    """The imported model's KV-cached greedy decoding gives HF generate's tokens (partial, interleaved, yarn)."""
+    hf, src = _hf_dir(tmp_path, case, seed=len(case) + 3)
+    with torch.no_grad():  # lively text (not one token repeated): larger embeddings, sharper attention
+        hf.get_input_embeddings().weight.mul_(3.0)
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                proj.weight.mul_(4.0)
+    hf.save_pretrained(src)
+    _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
+    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
+                              pad_token_id=0)
+    got = ours.eval().generate(prompt, C - 5, temperature=0)
+    assert got.tolist() == want.tolist()
+    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show

@@ -1,48 +1,96 @@
-"""RoPE in a generated module against a formula written here, independently of the template.
+"""RoPE in a generated module against formulas written here, independently of the template.
 
-Reference (Su et al., 2021, eq. 34 in complex form, LLaMA's "rotate half" pairing): split a head vector x of size d
-into halves a, b and read z_i = a_i + i·b_i; position m multiplies z_i by exp(i·m·θ^(-2i/d)). Computed in float64
-with Python complex numbers, from the spec's head_dim and theta alone.
+Reference (Su et al., 2021, eq. 34 in complex form): the rotated part of a head vector (its first d = int(partial ·
+head_dim) dimensions) is read as d/2 complex numbers z_i, pair i being (i, i + d/2) in the "half" layout (LLaMA) or
+(2i, 2i + 1) in the "interleaved" one (GPT-J, GLM); position m multiplies z_i by exp(i·m·f_i) with f_i = θ^(-2i/d)
+(then rescaled by the spec's scaling), and the rest of the head passes through. yarn's frequencies and attention factor
+are transformers' `_compute_yarn_parameters`, rewritten here in float64 from its formulas. Computed in float64 with
+Python complex numbers, from the spec alone.
 """
 
 from __future__ import annotations
 
 import cmath
+import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from archspec import testing as T
 from archspec.codegen import generate
+from archspec.errors import UserError
+from archspec.kinds.positional.rope import yarn_mscale
 from archspec.spec import load_spec_dict
 
 CONTEXT = 64
 
 
-def _rope_module(head_dim: int, theta: float):
+def _spec(head_dim: int, positional: dict):
     n_heads = 2
-    spec = load_spec_dict({"name": "rope-check", "model": {
+    return load_spec_dict({"name": "rope-check", "model": {
         "vocab_size": 32, "context_length": CONTEXT, "d_model": n_heads * head_dim, "n_layers": 1,
-        "attention": {"n_heads": n_heads, "head_dim": head_dim, "positional": {"kind": "rope", "theta": theta}},
+        "attention": {"n_heads": n_heads, "head_dim": head_dim, "positional": positional},
         "ffn": {"kind": "mlp", "activation": "relu", "hidden_dim": 8},
     }})
-    gen = generate(spec, write=False)
-    model = gen.Model()
-    cos, sin = model.rope(CONTEXT)
 
-    def rotate(x: torch.Tensor, m: int) -> torch.Tensor:  # x: (head_dim,) at position m
-        return gen.module.apply_rope(x.view(1, 1, 1, -1), cos[m : m + 1], sin[m : m + 1]).view(-1)
+
+def _rope_module(head_dim: int, theta: float = 10000.0, **positional):
+    gen = generate(_spec(head_dim, {"kind": "rope", "theta": theta, **positional}), write=False)
+    model = gen.Model()
+
+    def rotate(x: torch.Tensor, m: int) -> torch.Tensor:  # x: (head_dim,) at position m, computed past the table too
+        cos, sin = model.rope(1, m)
+        return gen.module.apply_rope(x.view(1, 1, 1, -1), cos, sin).view(-1)
 
     return rotate
 
 
-def _reference(x: list[float], m: int, theta: float) -> list[float]:
-    d = len(x)
+def _yarn_frequencies(d: int, theta: float, s: dict) -> tuple[list[float], float]:
+    """transformers' `_compute_yarn_parameters` in float64: the blended frequencies and the attention factor."""
+    factor, original = s["factor"], s["original_context_length"]
+    fast, slow = s.get("beta_fast", 32.0), s.get("beta_slow", 1.0)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if s.get("attention_factor") is not None:
+        attention = s["attention_factor"]
+    elif s.get("mscale") and s.get("mscale_all_dim"):
+        attention = mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+    else:
+        attention = mscale(factor)
+
+    def at(turns):
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = at(fast), at(slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for i in range(d // 2):
+        f = theta ** (-2 * i / d)
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append(f / factor * ramp + f * (1 - ramp))
+    return out, attention
+
+
+def _reference(x: list[float], m: int, theta: float, partial: float = 1.0, layout: str = "half",
+               scaling: dict | None = None) -> list[float]:
+    d = int(partial * len(x))
     half = d // 2
-    out = [0.0] * d
-    for i in range(half):
-        z = complex(x[i], x[i + half]) * cmath.exp(1j * m * theta ** (-2 * i / d))
-        out[i], out[i + half] = z.real, z.imag
+    freqs, attention = [theta ** (-2 * i / d) for i in range(half)], 1.0
+    if scaling is not None:  # yarn only here (linear and llama3 are checked against HF in tests/test_hf_*.py)
+        freqs, attention = _yarn_frequencies(d, theta, scaling)
+    pairs = [(i, i + half) if layout == "half" else (2 * i, 2 * i + 1) for i in range(half)]
+    out = list(x)
+    for i, (a, b) in enumerate(pairs):
+        z = complex(x[a], x[b]) * cmath.exp(1j * m * freqs[i]) * attention
+        out[a], out[b] = z.real, z.imag
     return out
 
 
@@ -60,6 +108,94 @@ def test_rope_matches_the_complex_rotation(head_dim, theta, m, seed):
     torch.testing.assert_close(rotate(x, m), expected, atol=5e-5, rtol=1e-5)
 
 
+@settings(max_examples=30, deadline=None)
+@given(step=st.integers(1, 8), partial=st.sampled_from([1.0, 0.75, 0.5, 0.25]),
+       layout=st.sampled_from(["half", "interleaved"]), theta=thetas, m=st.integers(0, 2 * CONTEXT),
+       seed=st.integers(0, 2**16))
+def test_partial_and_interleaved_rotation_match_the_complex_rotation(step, partial, layout, theta, m, seed):
+    """Which dimensions pair with which frequency in each layout; the unrotated rest untouched (bit for bit);
+    positions past the table computed alike."""
+    head_dim = 8 * step  # int(partial · head_dim) even for these fractions
+    rotate = _rope_module(head_dim, theta, partial=partial, layout=layout)
+    x = torch.randn(head_dim, generator=torch.Generator().manual_seed(seed))
+    got = rotate(x, m)
+    expected = torch.tensor(_reference(x.tolist(), m, theta, partial, layout), dtype=torch.float32)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    rotated = int(partial * head_dim)
+    assert torch.equal(got[rotated:], x[rotated:])
+
+
+yarns = st.fixed_dictionaries(
+    {"kind": st.just("yarn"), "factor": st.floats(1.0, 64.0), "original_context_length": st.integers(4, 4096)},
+    optional={"beta_fast": st.floats(8.0, 64.0), "beta_slow": st.floats(0.25, 4.0),
+              "mscale": st.floats(0.0, 2.0), "mscale_all_dim": st.floats(0.0, 2.0),
+              "attention_factor": st.floats(0.5, 2.0), "truncate": st.booleans()})
+
+
+@settings(max_examples=30, deadline=None)
+@given(step=st.integers(1, 8), scaling=yarns, theta=thetas, layout=st.sampled_from(["half", "interleaved"]),
+       partial=st.sampled_from([1.0, 0.5]), m=st.integers(0, CONTEXT - 1), seed=st.integers(0, 2**16))
+def test_yarn_matches_transformers_formulas(step, scaling, theta, layout, partial, m, seed):
+    head_dim = 4 * step
+    rotate = _rope_module(head_dim, theta, partial=partial, layout=layout, scaling=scaling)
+    x = torch.randn(head_dim, generator=torch.Generator().manual_seed(seed))
+    expected = torch.tensor(_reference(x.tolist(), m, theta, partial, layout, scaling), dtype=torch.float32)
+    torch.testing.assert_close(rotate(x, m), expected, atol=2e-4, rtol=1e-4)
+
+
+def test_yarn_mscale_is_deepseeks():
+    """The helper an attention kind (MLA) calls for DeepSeek's softmax scale: yarn_get_mscale of transformers'
+    deepseek_v3 model."""
+    ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    for factor in (0.5, 1.0, 4.0, 40.0):
+        for mscale in (0.0, 0.707, 1.0):
+            assert yarn_mscale(factor, mscale) == ds.yarn_get_mscale(factor, mscale)
+    assert yarn_mscale(40.0) == pytest.approx(1.0 + 0.1 * math.log(40.0))
+
+
+# ── the class: every rope a spec can draw ──────────────────────────────────────────────────────────────────────
+
+
+@st.composite
+def _drawn_ropes(draw):
+    rope = draw(T.positionals(kinds=["rope"]))
+    step = type(load_spec_dict({"name": "x", "model": {"vocab_size": 8, "context_length": 8, "d_model": 16,
+                                                       "n_layers": 1, "attention": {"n_heads": 2}}})
+                .model.attention.positional).head_dim_step(rope)
+    head_dim = step * draw(st.integers(1, max(1, 32 // step)))
+    return rope, head_dim
+
+
+@settings(max_examples=40, deadline=None)
+@given(drawn=_drawn_ropes(), m=st.integers(0, CONTEXT // 2 - 1), n=st.integers(0, CONTEXT // 2 - 1),
+       shift=st.integers(0, CONTEXT), seed=st.integers(0, 2**16))
+def test_every_drawn_rope_scales_each_pair_alike_and_scores_depend_only_on_the_offset(drawn, m, n, shift, seed):
+    """For every partial, layout and scaling the strategies draw: each rotated pair keeps its length (times yarn's
+    attention factor, the same for every pair and position), the passed dimensions are untouched, and q·k at (m, n)
+    equals q·k at (m + shift, n + shift), past the table included."""
+    rope, head_dim = drawn
+    spec = _spec(head_dim, {"kind": "rope", **rope})
+    unit = spec.model.attention.positional
+    gen = generate(spec, write=False)
+    model = gen.Model()
+
+    def rotate(x, pos):
+        cos, sin = model.rope(1, pos)
+        return gen.module.apply_rope(x.view(1, 1, 1, -1), cos, sin).view(-1).double()
+
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(head_dim, generator=g), torch.randn(head_dim, generator=g)
+    d = unit.rotated_dims(spec.model)
+    scale = unit.scaling.attention_scale() if unit.scaling is not None and unit.scaling.kind == "yarn" else 1.0
+    pair = (lambda v: v[:d].view(2, d // 2).norm(dim=0)) if unit.layout == "half" else (
+        lambda v: v[:d].view(d // 2, 2).norm(dim=1))
+    out = rotate(q, m)
+    torch.testing.assert_close(pair(out), pair(q.double()) * scale, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[d:].float(), q[d:])
+    score, shifted = rotate(q, m) @ rotate(k, n), rotate(q, m + shift) @ rotate(k, n + shift)
+    torch.testing.assert_close(shifted, score, atol=2e-4 * scale**2 * head_dim, rtol=1e-4)
+
+
 @settings(max_examples=15, deadline=None)
 @given(head_dim=head_dims, theta=thetas, m=st.integers(0, CONTEXT // 2 - 1), n=st.integers(0, CONTEXT // 2 - 1),
        shift=st.integers(0, CONTEXT // 2), seed=st.integers(0, 2**16))
@@ -71,3 +207,64 @@ def test_rope_scores_depend_only_on_the_offset(head_dim, theta, m, n, shift, see
     shifted = rotate(q, m + shift) @ rotate(k, n + shift)
     torch.testing.assert_close(shifted, score, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(rotate(q, m).norm(), q.norm(), atol=1e-5, rtol=1e-5)  # a rotation keeps length
+
+
+# ── the rotated width: transformers' rounding, refused when odd ──────────────────────────────────────────────
+
+
+@settings(max_examples=60, deadline=None)
+@given(head_dim=st.integers(2, 160), partial=st.floats(0.01, 1.0))
+def test_the_rotated_width_is_transformers_int_of_the_product_and_odd_ones_are_refused(head_dim, partial):
+    want = int(head_dim * partial)  # transformers: dim = int(head_dim * partial_rotary_factor)
+    if want % 2 == 0 and want >= 2 and (partial < 1.0 or head_dim % 2 == 0):
+        spec = _spec(head_dim, {"kind": "rope", "partial": partial})
+        assert spec.model.attention.positional.rotated_dims(spec.model) == want
+        return
+    with pytest.raises(UserError) as err:
+        _spec(head_dim, {"kind": "rope", "partial": partial})
+    where = "model.attention.head_dim" if partial == 1.0 else "model.attention.positional.partial"
+    assert where in str(err.value) + " ".join(err.value.problems)
+
+
+def test_the_rotated_width_equals_what_transformers_glm_rotates():
+    """GLM's rotary embedding (transformers) on the same head widths and fractions: as many frequencies as ours."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.glm.modeling_glm import GlmRotaryEmbedding
+
+    for head_dim, partial in ((64, 0.5), (40, 0.3), (96, 0.25), (20, 0.7), (128, 0.375), (10, 0.6)):
+        config = transformers.GlmConfig(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=head_dim, partial_rotary_factor=partial, pad_token_id=None)
+        theirs = 2 * GlmRotaryEmbedding(config).inv_freq.numel()
+        spec = _spec(head_dim, {"kind": "rope", "partial": partial})
+        assert spec.model.attention.positional.rotated_dims(spec.model) == theirs, (head_dim, partial)
+
+
+def test_tables_are_rotary_dim_wide_in_the_accounting_and_the_module():
+    from archspec.accounting import account
+
+    spec = _spec(32, {"kind": "rope", "partial": 0.25, "layout": "interleaved"})
+    model = generate(spec, write=False).Model()
+    assert model.rope.cos.shape == (CONTEXT, 8)
+    buffers = sum(b.numel() for _, b in model.named_buffers())
+    assert spec.model.attention.positional.buffer_elements(spec.model) == buffers == 2 * CONTEXT * 8
+    assert account(spec.model, CONTEXT) is not None
+
+
+def test_a_fully_rotating_file_keeps_head_dim_and_a_partial_one_names_rotary_dim():
+    full = generate(_spec(16, {"kind": "rope"}), write=False).source
+    part = generate(_spec(16, {"kind": "rope", "partial": 0.5}), write=False).source
+    assert "ROTARY_DIM" not in full and "HEAD_DIM, 2, dtype" in full
+    assert "ROTARY_DIM = 8  # int(0.5 · HEAD_DIM)" in part
+
+
+@pytest.mark.parametrize("positional,path", [
+    ({"kind": "rope", "partial": 0.3}, "model.attention.positional.partial"),  # int(0.3 · 16) = 4: fine; see below
+    ({"kind": "rope", "scaling": {"kind": "yarn", "beta_fast": 1.0, "beta_slow": 2.0}},
+     "model.attention.positional.scaling.beta_fast"),
+])
+def test_rope_rules_name_the_field(positional, path):
+    head_dim = 10 if positional.get("partial") else 16  # int(0.3 · 10) = 3: odd
+    with pytest.raises(UserError) as err:
+        _spec(head_dim, positional)
+    text = str(err.value) + " ".join(err.value.problems)
+    assert path in text, text

@@ -323,13 +323,28 @@ QWEN3_MOE = HFType(
     check=(_common_checks,),
 )
 
+GLM = HFType(  # GLM-4 (THUDM/glm-4-9b-hf): LLaMA's block with half of each head rotated in (2i, 2i + 1) pairs
+    model_type="glm", architecture="GlmForCausalLM", blocks=_LLAMA_BLOCKS, keys=_LLAMA_KEYS,
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+              "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07, "attention_bias": True,
+              "partial_rotary_factor": 0.5},  # GlmConfig's defaults (GLM-4-9B's); 0.5 set when the key is absent
+    names={**_LLAMA_NAMES, "gate_up": "gate_up_proj"},  # gate and up fused, gate rows first
+    # attention_bias on q, k, v only (o_proj never has one); the rotary embedding honours partial_rotary_factor and
+    # pairs (2i, 2i + 1); no MLP bias
+    facts={"qkv_bias": "attention_bias", "out_bias": False, "partial_rotary": True, "rope_interleaved": True},
+    dropout_keys=("attention_dropout",),
+    check=(_common_checks,),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE)}
+                                                              QWEN2_MOE, QWEN3_MOE, GLM)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
-# ministral (a pattern per layer); mixtral before qwen2_moe).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE)
+# ministral (a pattern per layer); mixtral before qwen2_moe; glm, the one type with partial or interleaved rotation,
+# last).
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, GLM)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {}

@@ -4,7 +4,7 @@ attention.py.j2, is the one Attention module; the families' hook macros fill it 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -55,6 +55,15 @@ class AttentionSpec(Strict):
     @property
     def kv_width(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    # The width a positional kind rotates within (rope: the first int(partial · rotary_width) dimensions of each
+    # head), and the constant the generated file calls it by. An attention kind with a separate rope part (MLA's
+    # qk_rope_head_dim) gives that part's width and name instead.
+    @property
+    def rotary_width(self) -> int | None:
+        return self.head_dim
+
+    rotary_width_name: ClassVar[str] = "HEAD_DIM"
 
     def params(self, d_model: int) -> int:
         weights = d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model

@@ -326,6 +326,12 @@ class PositionalKind(KindUnit):
     # its template must then compute positions past the table (see SparsityKind.max_lookback).
     relative: ClassVar[bool] = False
 
+    @classmethod
+    def head_dim_step(cls, fields: dict[str, Any]) -> int:
+        """The step head widths must come in for this kind with these fields (as a user writes them), for the
+        strategies: `head_dim_multiple` unless a field changes it (rope's `partial`)."""
+        return cls.head_dim_multiple
+
     def params(self, m: "ModelSpec") -> int:
         return 0
 

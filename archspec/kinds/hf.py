@@ -38,8 +38,9 @@ class HFType:
     defaults: the value transformers uses when a key is absent from config.json (None: required).
     names: role → module name inside HF's model ("q": "q_proj", "attn_norm": "input_layernorm", ...).
     conv1d: weights stored (in, out), GPT-2's Conv1D, rather than nn.Linear's (out, in).
-    facts: yes/no properties units ask about ("qkv_bias", "out_bias", "qk_norm", "norm_bias", "mlp_bias"): a config
-        key (str) that holds it, or the value this type always has (bool). Absent: always False.
+    facts: yes/no properties units ask about ("qkv_bias", "out_bias", "qk_norm", "norm_bias", "mlp_bias",
+        "partial_rotary": the rotary embedding honours partial_rotary_factor, "rope_interleaved": it rotates (2i, 2i + 1)
+        pairs): a config key (str) that holds it, or the value this type always has (bool). Absent: always False.
     inert: keys that do not change the function the model computes (ids, generation defaults, init scale, ...).
     check: extra config rules of this type: callables (HFConfig) → None that take their keys and may refuse.
     dropout_keys: the config's dropout rates (archspec has one, model.dropout).

@@ -34,7 +34,7 @@ from typing import Annotated, Union
 from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
 from archspec.kinds import AttentionSpec, family, registry_version
-from archspec.kinds.base import Problem, Strict
+from archspec.kinds.base import Problem, Strict, identity_dump
 
 COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
 GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -302,10 +302,11 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         top = max(counts.values())
         # The model-wide norm is also the final norm, so it stays model-wide whatever the layers use.
         base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
-        wide[c] = (m.norm if c == "norm" else values[keys.index(base_key)]).model_dump(mode="json")
+        # identity_dump: a field added later (Since) at its default leaves a layer group's hash as it was too
+        wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
         order = [k for k in dict.fromkeys(keys) if k != base_key]
         for n, k in enumerate(order, 1):
-            dump = values[keys.index(k)].model_dump(mode="json")
+            dump = identity_dump(values[keys.index(k)])
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}

@@ -144,7 +144,7 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     out: dict[str, Any] = {}
     positional = draw(positionals(d_model, positional_kinds))
     pos_kind = positional.get("kind", kind_omittable(AttentionSpec, "positional"))
-    mult = family("positional").members[pos_kind].head_dim_multiple  # e.g. rope rotates pairs of dimensions
+    mult = family("positional").members[pos_kind].head_dim_step(positional)  # e.g. rope rotates pairs of dimensions
     max_heads = max(1, min(max_heads, MAX_HEADS, 4 * d_model))
 
     # The K/V layout first, then head counts that allow it: n_kv_heads = n_heads (MHA, or omitted), 1 (MQA), or a

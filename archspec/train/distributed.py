@@ -51,6 +51,12 @@ class World:
         dist.all_reduce(t)
         return t.tolist()
 
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum of `tensor` over ranks, in its own dtype (integers stay exact); in place."""
+        if self.distributed:
+            dist.all_reduce(tensor)
+        return tensor
+
     def mean(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average of `tensor` over ranks (a single process returns it unchanged)."""
         if not self.distributed:

@@ -430,6 +430,8 @@ class Trainer:
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
+            if hasattr(self.model, "after_micro_batch"):  # state a model keeps over a step's training forwards
+                self.model.after_micro_batch()
             total = loss + sum(aux.values()) if aux else loss
             (total / accum).backward()
         return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}
@@ -458,6 +460,8 @@ class Trainer:
         self._check_finite(loss_value + sum(aux_values), grad_norm)
         with deferred_interrupts():  # never half an update: a signal now is raised once the step is whole
             self.optimizer.step()
+            if hasattr(self.model, "after_optimizer_step"):  # updates outside the gradient (every rank alike)
+                self.model.after_optimizer_step(self.world.all_sum)
             self.optimizer.zero_grad(set_to_none=True)
             self._sync()
             self.step += 1

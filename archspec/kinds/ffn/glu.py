@@ -9,7 +9,7 @@ from pydantic import Field
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, ActivationName, call
-from archspec.kinds.hf import linear, put_fact
+from archspec.kinds.hf import HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -63,7 +63,15 @@ class GLUSpec(FFNKind):
         put_fact(out, hf, "mlp_bias", self.bias, (*path, "bias"))
 
     def hf_weights(self, m, hf):
-        # LLaMA and its copies: gate_proj / up_proj / down_proj
+        # LLaMA and its copies: gate_proj / up_proj / down_proj; GLM and Phi-3 fuse gate and up into one
+        # gate_up_proj, gate rows first (their forward chunks it in two: gate, up)
+        if "gate_up" in hf.names:
+            fused = [HFWeight(("gate_proj.weight", "up_proj.weight"), (f"{hf.names['gate_up']}.weight",),
+                              (self.hidden_dim, self.hidden_dim))]
+            if self.bias:
+                fused.append(HFWeight(("gate_proj.bias", "up_proj.bias"), (f"{hf.names['gate_up']}.bias",),
+                                      (self.hidden_dim, self.hidden_dim)))
+            return fused + linear("down_proj", hf.names.get("down", "down_proj"), self.bias, hf.conv1d)
         return [w for proj in ("gate", "up", "down")
                 for w in linear(f"{proj}_proj", hf.names.get(proj, f"{proj}_proj"), self.bias, hf.conv1d)]
 

@@ -34,11 +34,11 @@ equal to capacity_factor when a limit is set and the buffer is full; 1 on the gr
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, FFNKind, Problem, kind_union, lit_bool, lit_float, lit_int, register
+from archspec.kinds.base import Const, FFNKind, Problem, Since, kind_union, lit_bool, lit_float, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
 from archspec.kinds.ffn.glu import GLUSpec
@@ -72,6 +72,24 @@ class MoESpec(FFNKind):
         "the lowest router probabilities (not causal)")
     aux_loss_coef: float = Field(0.01, ge=0.0, le=100.0, description="load-balancing loss α")
     z_loss_coef: float = Field(0.0, ge=0.0, le=100.0, description="router z-loss coefficient")
+    # Routing variants (DeepSeek-V3): added after hashes were in use, so at their defaults they leave every existing
+    # model hash and run id as it was (Since).
+    score: Annotated[Literal["softmax", "sigmoid"], Since("0.4")] = Field(
+        "softmax", description="router scores: softmax over the experts, or each expert's sigmoid (DeepSeek-V3)")
+    selection_bias: Annotated[bool, Since("0.4")] = Field(
+        False, description="a per-expert bias (a persistent buffer) added to the scores for the top-k choice only; "
+        "gates use the unbiased scores (DeepSeek-V3's e_score_correction_bias)")
+    bias_update_rate: Annotated[float, Since("0.4")] = Field(
+        0.0, ge=0.0, le=1.0, description="auxiliary-loss-free balancing: after each optimizer step, bias += rate · "
+        "sign(mean load − each expert's load), loads summed over the step's micro-batches and data-parallel ranks; "
+        "0: the bias stays as it is (needs selection_bias)")
+    n_group: Annotated[int, Since("0.4")] = Field(
+        1, ge=1, le=MAX_EXPERTS, description="group-limited routing: the experts split into n_group equal groups")
+    topk_group: Annotated[int | None, Since("0.4")] = Field(
+        None, ge=1, le=MAX_EXPERTS, description="groups kept per token (a group's score: the sum of its top two "
+        "biased scores); top_k is chosen within them; null: every group")
+    routed_scaling_factor: Annotated[float, Since("0.4")] = Field(
+        1.0, gt=0.0, le=1000.0, description="multiplies the routed experts' gates (DeepSeek-V3: 2.5)")
 
     # ── spec ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -93,7 +111,31 @@ class MoESpec(FFNKind):
             if self.shared_gate:
                 out.append((path + ("shared_gate",), "needs n_shared_experts >= 1 (there is no shared expert to "
                             "gate)", self.shared_gate))
+        if self.bias_update_rate > 0 and not self.selection_bias:
+            out.append((path + ("bias_update_rate",), "needs selection_bias: true (the bias it updates), got "
+                        f"{self.bias_update_rate}", self.bias_update_rate))
+        if self.n_experts % self.n_group:
+            out.append((path + ("n_group",), f"must divide n_experts ({self.n_experts}), got {self.n_group}",
+                        self.n_group))
+        elif self.topk_group is not None:
+            if self.topk_group > self.n_group:
+                out.append((path + ("topk_group",), f"must be at most n_group ({self.n_group}), got "
+                            f"{self.topk_group}", self.topk_group))
+            elif self.top_k > self.topk_group * (self.n_experts // self.n_group):
+                reach = self.topk_group * (self.n_experts // self.n_group)
+                out.append((path + ("top_k",), f"must be at most topk_group · n_experts / n_group ({reach}: the "
+                            f"experts of the {self.topk_group} kept group(s)), got {self.top_k}", self.top_k))
         return out
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether the choice is limited to the best topk_group of n_group groups (not all of them)."""
+        return self.topk_group is not None and self.topk_group < self.n_group
+
+    @property
+    def plain_router(self) -> bool:
+        """The router of the first MoE kinds: softmax, no selection bias, no groups (its template code unchanged)."""
+        return self.score == "softmax" and not self.selection_bias and not self.group_limited
 
     @property
     def causal(self) -> bool:
@@ -150,6 +192,14 @@ class MoESpec(FFNKind):
         if self.capacity_factor is not None:
             out.append(Const("MOE_CAPACITY_FACTOR", lit_float(self.capacity_factor),
                              "capacity = ceil(factor · tokens · top_k / n_experts) per forward call"))
+        if self.group_limited:
+            out += [Const("MOE_N_GROUP", lit_int(self.n_group), "expert groups (MOE_N_EXPERTS // MOE_N_GROUP each)"),
+                    Const("MOE_TOPK_GROUP", lit_int(self.topk_group), "groups a token's experts are chosen within")]
+        if self.routed_scaling_factor != 1.0:
+            out.append(Const("MOE_ROUTED_SCALING", lit_float(self.routed_scaling_factor), "multiplies the routed gates"))
+        if self.bias_update_rate > 0:
+            out.append(Const("MOE_BIAS_UPDATE_RATE", lit_float(self.bias_update_rate),
+                             "selection bias step after each optimizer step: rate · sign(mean load − load)"))
         out += [Const("MOE_AUX_LOSS_COEF", lit_float(self.aux_loss_coef), "load-balancing loss α"),
                 Const("MOE_Z_LOSS_COEF", lit_float(self.z_loss_coef), "router z-loss")]
         return out
@@ -164,7 +214,15 @@ class MoESpec(FFNKind):
         name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
         shared = f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
         cap = "dropless" if self.capacity_factor is None else f"capacity {self.capacity_factor:g}"
-        return f"MoE FFN (top-{self.top_k} of {self.n_experts} {name} experts of hidden {e.hidden_dim}{shared}, {cap})"
+        routing = "" if self.score == "softmax" else f", {self.score} scores"
+        if self.group_limited:
+            routing += f", within {self.topk_group} of {self.n_group} groups"
+        if self.bias_update_rate > 0:
+            routing += f", bias balancing at {self.bias_update_rate:g}"
+        elif self.selection_bias:
+            routing += ", selection bias"
+        return (f"MoE FFN (top-{self.top_k} of {self.n_experts} {name} experts of hidden {e.hidden_dim}{shared}, "
+                f"{cap}{routing})")
 
     def template_context(self, m) -> dict[str, Any]:
         e = self.expert
@@ -182,6 +240,17 @@ class MoESpec(FFNKind):
             "capacity": self.capacity_factor is not None,
             "drop_policy": self.drop_policy,
             "grouped": self.grouped(m),
+            "plain_router": self.plain_router,
+            "sigmoid": self.score == "sigmoid",
+            "selection_bias": self.selection_bias,
+            "group_limited": self.group_limited,
+            # a group's score sums its top two scores (DeepSeek-V3); a group of one expert has only one
+            "group_top": min(2, self.n_experts // self.n_group),
+            "scaled": self.routed_scaling_factor != 1.0,
+            "bias_update": self.bias_update_rate > 0,
+            # Model methods must be the same for every MoE configuration of a model (codegen): the balancing hooks
+            # are there when any layer updates its bias.
+            "model_balances": any(isinstance(b.ffn, MoESpec) and b.ffn.bias_update_rate > 0 for b in m.blocks()),
         }
 
     # ── metrics (archspec.kinds.base: the loop records them at each evaluation, ablation reports show them) ─────────
@@ -193,24 +262,35 @@ class MoESpec(FFNKind):
     def eval_stats(cls, model) -> dict[str, Any]:
         """Each MoE layer's `router_stats` from the last forward, as its module packs them (this template): one
         row [each expert's fraction of the routed assignments..., dropped fraction, router entropy (nats), padding
-        factor], keyed `layer<i>`. The rows travel as they are to `eval_metrics` (the generated Model's
-        `router_stats()` splits the same rows into named parts for a caller that wants them)."""
+        factor], keyed `layer<i>`, and the selection bias of a layer that has one, keyed `layer<i>.bias`. The rows
+        travel as they are to `eval_metrics` (the generated Model's `router_stats()` splits the same rows into named
+        parts for a caller that wants them)."""
         rows = {}
         for i, block in enumerate(getattr(model, "blocks", ())):
             row = getattr(block.ffn, "router_stats", None)
             if row is not None:
                 rows[f"layer{i}"] = row
+                bias = getattr(block.ffn, "selection_bias", None)
+                if bias is not None:
+                    rows[f"layer{i}.bias"] = bias.detach()
         return rows
 
     @classmethod
     def eval_metrics(cls, stats) -> dict[str, float]:
         """Averaged router rows (`eval_stats`) → per layer `moe.layer<i>.max_load` / `min_load` / `dropped` /
         `entropy` / `padding`, and over the layers `moe.max_load` (the busiest expert of any layer: 1/n_experts is
-        perfect balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means)."""
+        perfect balance, 1 is collapse onto one expert), `moe.min_load`, `moe.dropped` and `moe.entropy` (means);
+        where layers have a selection bias, `moe.layer<i>.bias_spread` (its max − min) and `moe.bias_spread` (the
+        largest of any layer)."""
         prefix = cls.metric_prefix
         out: dict[str, float] = {}
         rows = []
+        spreads = []
         for layer, row in stats.items():
+            if layer.endswith(".bias"):
+                spreads.append(float(row.max() - row.min()))
+                out[f"{prefix}{layer}_spread"] = spreads[-1]
+                continue
             load = row[:-3]
             r = {"max_load": float(load.max()), "min_load": float(load.min()), "dropped": float(row[-3]),
                  "entropy": float(row[-2]), "padding": float(row[-1])}
@@ -221,6 +301,8 @@ class MoESpec(FFNKind):
             out[prefix + "min_load"] = min(r["min_load"] for r in rows)
             for key in ("dropped", "entropy"):
                 out[prefix + key] = sum(r[key] for r in rows) / len(rows)
+        if spreads:
+            out[prefix + "bias_spread"] = max(spreads)
         return out
 
     @classmethod

@@ -1,15 +1,23 @@
-"""Rotary position embedding (Su et al., 2021), as in LLaMA ("rotate half" layout), with optional frequency
-scaling for longer contexts: `linear` (position interpolation, Chen et al., 2023) or `llama3` (Llama 3.1's
-per-band rescaling of the frequencies)."""
+"""Rotary position embedding (Su et al., 2021), with optional frequency scaling for longer contexts: `linear`
+(position interpolation, Chen et al., 2023), `llama3` (Llama 3.1's per-band rescaling of the frequencies) or `yarn`
+(Peng et al., 2023; DeepSeek-V3). Two pair layouts: `half` rotates each (i, i + d/2) pair (LLaMA, NeoX), `interleaved`
+each (2i, 2i + 1) pair (GPT-J, GLM); `partial` rotates the first int(partial · width) dimensions of each head only
+(NeoX's rotary_pct, GLM's 0.5, Phi's partial_rotary_factor) and passes the rest through.
+
+The width it rotates within is the attention's `rotary_width` (standard attention: head_dim; an attention kind with a
+separate rope part gives that part's width), and the rendered tables and `apply_rope` are ROTARY_DIM wide (the name
+HEAD_DIM is kept when every dimension of a head rotates)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from archspec.errors import printable
-from archspec.kinds.base import Const, PositionalKind, Strict, kind_union, lit_float, lit_int, register
+from archspec.kinds.hf import HFUnsupported
+from archspec.kinds.base import Const, PositionalKind, Since, Strict, kind_union, lit_float, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 
 
@@ -29,7 +37,47 @@ class Llama3RopeScaling(Strict):
     original_context_length: int = Field(8192, ge=1, le=MAX_CONTEXT)
 
 
-RopeScaling = kind_union(Llama3RopeScaling, LinearRopeScaling, default="llama3")
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched by `factor`: 0.1 · mscale · ln(factor) + 1 (1 when
+    factor ≤ 1), transformers' `get_mscale` / DeepSeek's `yarn_get_mscale`. The rope unit multiplies cos and sin by
+    `YarnRopeScaling.attention_scale()`; DeepSeek-V3's attention also multiplies its softmax scale by
+    yarn_mscale(factor, mscale_all_dim)², which belongs to that attention kind."""
+    if factor <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(factor) + 1.0
+
+
+class YarnRopeScaling(Strict):
+    """YaRN (Peng et al., 2023), as transformers' `_compute_yarn_parameters`: frequencies that turn more than
+    beta_fast times over original_context_length are kept, those that turn fewer than beta_slow times are divided by
+    `factor`, a linear ramp over the pairs between; cos and sin are multiplied by an attention factor (given, or
+    from mscale / mscale_all_dim: see `attention_scale`)."""
+
+    kind: Literal["yarn"] = "yarn"
+    factor: float = Field(4.0, ge=1.0, le=1024.0)
+    original_context_length: int = Field(4096, ge=1, le=MAX_CONTEXT)
+    beta_fast: float = Field(32.0, gt=0.0, le=1024.0, description="rotations above which a frequency is kept")
+    beta_slow: float = Field(1.0, gt=0.0, le=1024.0, description="rotations below which it is fully interpolated")
+    mscale: float | None = Field(None, ge=0.0, le=100.0, description="with mscale_all_dim: the attention factor's "
+                                 "numerator yarn_mscale(factor, mscale) (transformers ignores one without the other)")
+    mscale_all_dim: float | None = Field(None, ge=0.0, le=100.0, description="the attention factor's denominator "
+                                         "yarn_mscale(factor, mscale_all_dim)")
+    attention_factor: float | None = Field(None, gt=0.0, le=100.0, description="cos and sin multiplied by this "
+                                           "(default: from factor, mscale and mscale_all_dim)")
+    truncate: bool = Field(True, description="the ramp's ends rounded outward to whole pairs (gpt-oss: false)")
+
+    def attention_scale(self) -> float:
+        """What cos and sin are multiplied by, transformers' rule: attention_factor when given; else, when mscale and
+        mscale_all_dim are both set and non-zero, yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+        else yarn_mscale(factor)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.mscale and self.mscale_all_dim:
+            return float(yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim))
+        return yarn_mscale(self.factor)
+
+
+RopeScaling = kind_union(Llama3RopeScaling, LinearRopeScaling, YarnRopeScaling, default="llama3")
 
 _MAY_BE_ELSEWHERE = ("rope_theta", "partial_rotary_factor")  # an older rope_scaling leaves them to the top level
 
@@ -65,26 +113,65 @@ _HF_FIELDS = {
     "linear": {"factor": "factor"},
     "llama3": {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                "original_max_position_embeddings": "original_context_length"},
+    "yarn": {"factor": "factor", "original_max_position_embeddings": "original_context_length",
+             "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",
+             "attention_factor": "attention_factor", "truncate": "truncate"},
 }
+# Keys a rope type may leave out, and what transformers then uses (None: the spec's None, the same rule). yarn's
+# beta_fast and beta_slow are read as `value or default` there: 0 means the default too.
+_HF_OPTIONAL = {"yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": None, "mscale_all_dim": None,
+                         "attention_factor": None, "truncate": True}}
+
+
+def rotary_width(m) -> int | None:
+    """The width the rope unit rotates within (the attention's `rotary_width`: one for every layer, see problems)."""
+    att = m.blocks()[0].attention if not m.layer_problems() else m.attention
+    return getattr(att, "rotary_width", None)
 
 
 @register
 class RopePositional(PositionalKind):
     kind: Literal["rope"] = "rope"  # rotary embeddings applied to q and k in every layer (RoFormer, LLaMA)
     theta: float = Field(10000.0, gt=1.0, le=1e9)
-    scaling: RopeScaling | None = Field(None, description="frequency scaling: linear | llama3 (default: none)")
+    scaling: RopeScaling | None = Field(None, description="frequency scaling: linear | llama3 | yarn (default: none)")
+    partial: Annotated[float, Since("0.4")] = Field(
+        1.0, gt=0.0, le=1.0, description="fraction of each head rotated: the first int(partial · head_dim) "
+        "dimensions (even, at least 2); the rest pass through (NeoX's rotary_pct, GLM's 0.5)")
+    layout: Annotated[Literal["half", "interleaved"], Since("0.4")] = Field(
+        "half", description="which dimensions pair up: half = (i, i + d/2) (LLaMA, NeoX); interleaved = (2i, 2i + 1) "
+        "(GPT-J, GLM); d = the rotated dimensions")
 
     head_dim_multiple = 2  # rotates pairs of dimensions
     relative = True  # q·k depends on the offset alone; angles past the table are computed when asked for
 
+    @classmethod
+    def head_dim_step(cls, fields: dict[str, Any]) -> int:
+        """The smallest step of head widths whose every multiple rotates an even number (≥ 2) of dimensions at this
+        `partial` (int(partial · width), transformers' rounding), for the strategies."""
+        partial = fields.get("partial", 1.0)
+        for step in (2, 4, 8, 16, 32, 64, 128):
+            if all(int(partial * step * k) % 2 == 0 and int(partial * step * k) >= 2 for k in range(1, 17)):
+                return step
+        raise ValueError(f"no head width step rotates an even number of dimensions at partial {partial}")
+
+    def rotated_dims(self, m) -> int | None:
+        """ROTARY_DIM: the dimensions rotated in each head, int(partial · rotary_width) as transformers rounds it
+        (`int(head_dim * partial_rotary_factor)`), or None when the width is not known (a spec with other errors)."""
+        width = rotary_width(m)
+        return None if width is None else int(self.partial * width)
+
     def problems(self, m, path):
         out = []
-        hd = m.attention.head_dim
-        if hd is not None and hd % 2:
+        hd = m.attention.rotary_width
+        rotated = None if hd is None else int(self.partial * hd)
+        if hd is not None and self.partial == 1.0 and hd % 2:
             out.append((("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd))
+        elif rotated is not None and (rotated % 2 or rotated < 2):
+            out.append(((*path, "partial"), f"rotates int({self.partial} · {hd}) = {rotated} dimensions of each head "
+                        f"(head_dim {hd}); rope rotates pairs: that must be even and at least 2", self.partial))
         elif m.layers and not m.layer_problems():
             # One rotary table serves every layer: a layer group may not change the head width under rope.
-            widths = sorted({b.attention.head_dim for b in m.blocks()})
+            widths = sorted({b.attention.rotary_width for b in m.blocks()})
             if len(widths) > 1:
                 out.append((("model", "layers"), f"every layer must have one head_dim under rope (one rotary table "
                             f"serves all layers), got {widths}; keep n_heads·head_dim per layer, or set head_dim",
@@ -94,10 +181,23 @@ class RopePositional(PositionalKind):
             out.append(((*path, "scaling", "high_freq_factor"),
                         f"must exceed low_freq_factor ({s.low_freq_factor}), got {s.high_freq_factor}",
                         s.high_freq_factor))
+        if s is not None and s.kind == "yarn" and s.beta_fast <= s.beta_slow:
+            out.append(((*path, "scaling", "beta_fast"),
+                        f"must exceed beta_slow ({s.beta_slow}), got {s.beta_fast}", s.beta_fast))
         return out
+
+    def _dim_name(self, m) -> str:
+        """The name the template writes for the rotated width: the attention's own constant for it (HEAD_DIM) when
+        every dimension rotates, so a fully rotating model's file reads as before; else ROTARY_DIM."""
+        name = getattr(m.attention, "rotary_width_name", None)
+        return name if name and self.partial == 1.0 else "ROTARY_DIM"
 
     def constants(self, m) -> list[Const]:
         out = [Const("ROPE_THETA", lit_float(self.theta), "base of the rotary frequencies")]
+        if self._dim_name(m) == "ROTARY_DIM":
+            width = getattr(m.attention, "rotary_width_name", None) or "the rotary width"
+            out.append(Const("ROTARY_DIM", lit_int(self.rotated_dims(m)),
+                             f"int({lit_float(self.partial)} · {width}): dimensions rotated, the rest pass through"))
         s = self.scaling
         if s is not None:
             out.append(Const("ROPE_FACTOR", lit_float(s.factor), f"{s.kind} frequency scaling"))
@@ -106,21 +206,38 @@ class RopePositional(PositionalKind):
                     Const("ROPE_HIGH_FREQ_FACTOR", lit_float(s.high_freq_factor)),
                     Const("ROPE_ORIGINAL_CONTEXT", lit_int(s.original_context_length),
                           "context length the frequencies were trained at")]
+        if s is not None and s.kind == "yarn":
+            out += [Const("ROPE_ORIGINAL_CONTEXT", lit_int(s.original_context_length),
+                          "context length the frequencies were trained at"),
+                    Const("ROPE_BETA_FAST", lit_float(s.beta_fast), "rotations above which a frequency is kept"),
+                    Const("ROPE_BETA_SLOW", lit_float(s.beta_slow), "rotations below which it is interpolated"),
+                    Const("ROPE_ATTENTION_FACTOR", lit_float(s.attention_scale()),
+                          "cos and sin scaled by it (" + ("given" if s.attention_factor is not None else
+                                                          "0.1·ln(factor) + 1, with mscale's ratio") + ")")]
         return out
 
     def template_context(self, m) -> dict[str, Any]:
-        return {"scaling": self.scaling.kind if self.scaling else ""}
+        s = self.scaling
+        return {"scaling": s.kind if s else "", "rot": self._dim_name(m), "partial": self.partial < 1.0,
+                "interleaved": self.layout == "interleaved", "truncate": bool(s is not None and s.kind == "yarn"
+                                                                              and s.truncate)}
 
     def describe(self, m) -> str:
-        return f"rotary positions ({self.scaling.kind} scaling)" if self.scaling else "rotary positions"
+        words = [f"{self.scaling.kind} scaling"] if self.scaling else []
+        if self.layout == "interleaved":
+            words.append("interleaved pairs")
+        if self.partial < 1.0:
+            words.append(f"{self.partial:g} of each head")
+        return f"rotary positions ({', '.join(words)})" if words else "rotary positions"
 
     def saved_elements(self, m) -> int:
         a = m.attention
-        return (a.n_heads + a.n_kv_heads) * a.head_dim  # the rotated q and k (new tensors; v stays a view)
+        # The rotated q and k, whole heads wide (new tensors: with partial rotation the concatenation of the rotated
+        # and the passed dimensions; v stays a view).
+        return (a.n_heads + a.n_kv_heads) * a.head_dim
 
     def buffer_elements(self, m) -> int:
-        head_dim = m.blocks()[0].attention.head_dim if not m.layer_problems() else m.attention.head_dim
-        return 2 * m.context_length * head_dim  # cos and sin tables (one head width: see problems)
+        return 2 * m.context_length * self.rotated_dims(m)  # cos and sin tables, ROTARY_DIM wide (one: see problems)
 
     @classmethod
     def strategy_overrides(cls, ctx):
@@ -130,11 +247,22 @@ class RopePositional(PositionalKind):
             lambda t: {"kind": "llama3", "factor": t[0], "low_freq_factor": t[1],
                        "high_freq_factor": t[1] + t[2], "original_context_length": t[3]})
         linear = st.floats(1.0, 16.0).map(lambda f: {"kind": "linear", "factor": f})
-        return {"scaling": st.one_of(st.none(), llama3, linear)}
+        optional = st.one_of(st.none(), st.floats(0.0, 2.0))
+        yarn = st.tuples(st.floats(1.0, 64.0), st.integers(1, 4096), st.floats(0.5, 4.0), st.floats(0.5, 64.0),
+                         optional, optional, st.one_of(st.none(), st.floats(0.5, 2.0)), st.booleans()).map(
+            lambda t: {k: v for k, v in {
+                "kind": "yarn", "factor": t[0], "original_context_length": t[1], "beta_slow": t[2],
+                "beta_fast": t[2] + t[3], "mscale": t[4], "mscale_all_dim": t[5], "attention_factor": t[6],
+                "truncate": t[7]}.items() if v is not None})
+        # Fractions whose rotated width is even at every multiple of a small step (head_dim_step): the strategies
+        # then draw head widths that fit; NeoX's 0.25, GLM's 0.5, and 1 (every dimension).
+        return {"scaling": st.one_of(st.none(), llama3, linear, yarn),
+                "partial": st.sampled_from([1.0, 0.75, 0.5, 0.375, 0.25]),
+                "layout": st.sampled_from(["half", "interleaved"])}
 
     @classmethod
     def invalid_cases(cls):
-        return {"even_head_dim": _odd_head_dim}
+        return {"even_head_dim": _odd_head_dim, "even_rotated_dims": _odd_rotated_dims}
 
     # ── HF transformers interop ──
     hf_block = "rotary"
@@ -168,24 +296,46 @@ class RopePositional(PositionalKind):
         if theta is None:
             theta = cfg.data.get("rope_theta", cfg.hf.defaults.get("rope_theta", 10000.0))
         partial = params.pop("partial_rotary_factor", cfg.data.get("partial_rotary_factor"))
-        if partial is not None and partial != 1.0:
-            raise cfg.refuse("partial_rotary_factor", f"{partial}: archspec rotates every dimension of a head")
+        if partial is None:  # GLM's config assumes 0.5 when the key is absent
+            partial = cfg.hf.defaults.get("partial_rotary_factor", 1.0)
+        if partial != 1.0 and not cfg.fact("partial_rotary"):
+            raise cfg.refuse("partial_rotary_factor", f"{partial}: {cfg.hf.model_type}'s rotary embedding ignores it "
+                             "in transformers (it rotates every dimension), so a model with it is not the one meant")
+        if not 0.0 < partial <= 1.0:
+            raise cfg.refuse("partial_rotary_factor", f"{partial}: expected a fraction in (0, 1]")
         rope_type = _rope_type(cfg, where, params)
         params.pop("rope_type", None)
         params.pop("type", None)
         out: dict[str, Any] = {"kind": "rope", "theta": float(theta)}
+        if partial != 1.0:
+            out["partial"] = float(partial)
+        if cfg.fact("rope_interleaved"):  # GLM: (2i, 2i + 1) pairs, fixed by the model type
+            out["layout"] = "interleaved"
         if rope_type != "default":
             if rope_type not in _HF_FIELDS:
                 raise cfg.refuse(where, f"rope_type {rope_type!r}: archspec has default, "
                                  f"{', '.join(_HF_FIELDS)} (rope.scaling)")
             scaling: dict[str, Any] = {"kind": rope_type}
+            optional = _HF_OPTIONAL.get(rope_type, {})
             for hf_key, ours in _HF_FIELDS[rope_type].items():
+                present = hf_key in params
                 value = params.pop(hf_key, None)
                 if value is None and hf_key == "original_max_position_embeddings":
                     value = cfg.data.get(hf_key) or cfg.data.get(cfg.key("context_length"))
+                if hf_key in optional:
+                    if hf_key in ("beta_fast", "beta_slow"):
+                        value = value or optional[hf_key]  # transformers reads `value or default`: 0 is the default
+                    elif value is None:
+                        value = optional[hf_key]
+                    if value is None:
+                        continue
+                if value is None and rope_type == "yarn" and hf_key == "factor" and present:
+                    continue  # null: transformers takes the ratio of the context lengths (below)
                 if value is None:
                     raise cfg.refuse(where, f"{hf_key}: required by rope_type {rope_type!r}")
                 scaling[ours] = value
+            if rope_type == "yarn" and "factor" not in scaling:
+                scaling["factor"] = cfg.take("context_length", int) / scaling["original_context_length"]
             out["scaling"] = scaling
         if params:
             raise cfg.refuse(where, f"{', '.join(sorted(params))}: not used by rope_type {rope_type!r}; "
@@ -193,11 +343,23 @@ class RopePositional(PositionalKind):
         return out
 
     def to_hf(self, m, out, hf, path):
+        if self.partial != 1.0 and not hf.facts.get("partial_rotary"):
+            raise HFUnsupported(f"{'.'.join((*path, 'partial'))}: {self.partial} cannot be expressed as "
+                                f"{hf.model_type} (its rotary embedding rotates every dimension)")
+        if (self.layout == "interleaved") != bool(hf.facts.get("rope_interleaved")):
+            has = "interleaved" if hf.facts.get("rope_interleaved") else "half"
+            raise HFUnsupported(f"{'.'.join((*path, 'layout'))}: {self.layout} cannot be expressed as "
+                                f"{hf.model_type} (its rotary pairs are always {has})")
         params: dict[str, Any] = {"rope_type": self.scaling.kind if self.scaling else "default",
                                   "rope_theta": self.theta}
         if self.scaling is not None:
             for hf_key, ours in _HF_FIELDS[self.scaling.kind].items():
-                params[hf_key] = getattr(self.scaling, ours)
+                value = getattr(self.scaling, ours)
+                if value is not None:
+                    params[hf_key] = value
+        if hf.facts.get("partial_rotary"):  # always written: GLM assumes 0.5 without it
+            params["partial_rotary_factor"] = self.partial
+            out["partial_rotary_factor"] = self.partial  # and where older versions read it
         out["rope_parameters"] = params  # transformers 5.x
         out["rope_theta"] = self.theta  # and what older versions read
         out["rope_scaling"] = params if self.scaling else None
@@ -213,3 +375,13 @@ def _odd_head_dim(draw, data, spec):
     if att.get("n_heads", spec.model.attention.n_heads) * att["head_dim"] > 8 * spec.model.d_model:
         return None
     return ("model", "attention", "head_dim")
+
+
+def _odd_rotated_dims(draw, data, spec):
+    """A rotary fraction that rotates an odd number of a head's dimensions (int(0.375 · 8) = 3): blamed on partial."""
+    att = data["model"].setdefault("attention", {})
+    att["positional"] = {"kind": "rope", "partial": 0.375}
+    att["head_dim"] = 8
+    if att.get("n_heads", spec.model.attention.n_heads) * 8 > 8 * spec.model.d_model:
+        return None
+    return ("model", "attention", "positional", "partial")
