@@ -159,7 +159,6 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
 
         make_console().print(sweep_status(Registry(registry_url), sweep.name, sweep)[0])
         return
-    settings = _launcher_settings(sweep, launch, registry_url)
     if add_seeds is not None:
         if seeds is not None:
             raise UserError("--add-seeds N and --seeds: give one (--add-seeds picks the next unused seeds itself)")
@@ -180,6 +179,8 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         return
     from archspec.ablate.runner import run_jobs
     from archspec.train.sinks import parse_log_to, registry_with_sinks, resolve_sinks
+
+    settings = _launcher_settings(sweep, launch, registry_url)  # before anything is recorded or submitted
 
     sinks = parse_log_to(log_to)  # None: each run's train.log_to; every package checked before anything trains
     resolve_sinks(sinks, [j.spec.train for j in jobs])

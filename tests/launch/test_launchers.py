@@ -55,16 +55,28 @@ def losses(url: str, sweep: str) -> dict[str, float]:
     return {r.id: r.summary["val_loss"] for r in Registry(url).runs(where=f"sweep = '{sweep}'")}
 
 
+_LOCAL: dict[str, dict[str, float]] = {}
+
+
+def local_losses(workdir, path, capsys) -> dict[str, float]:
+    """The sweep under --launcher local, trained once per session (run ids are content keys: the same in every
+    test's registry, the corpus and cache being the session's)."""
+    if "mini" not in _LOCAL:
+        url = f"sqlite:///{workdir / 'local.db'}"
+        assert main(["ablate", str(path), "--registry", url, "--no-compile", "--device", "cpu", "--json"]) == 0
+        capsys.readouterr()
+        _LOCAL["mini"] = losses(url, "mini")
+    return _LOCAL["mini"]
+
+
 @pytest.mark.parametrize("url", BACKENDS, indirect=True)
 def test_slurm_local_runs_the_sweep_with_the_local_run_keys_and_losses(workdir, base_spec, url, capsys):
     path = write_sweep(workdir, base_spec)
-    local_url = f"sqlite:///{workdir / 'local.db'}"
-    assert main(["ablate", str(path), "--registry", local_url, "--no-compile", "--device", "cpu", "--json"]) == 0
-    capsys.readouterr()
+    here = local_losses(workdir, path, capsys)
     assert main(["ablate", str(path), "--registry", url, "--no-compile", "--device", "cpu", "--json",
                  "--launcher", "slurm-local", "--max-parallel", "2"]) == 0
     capsys.readouterr()
-    here, there = losses(local_url, "mini"), losses(url, "mini")
+    there = losses(url, "mini")
     assert len(here) == 4 and set(here) == set(there)  # the same run keys
     for run_id in here:
         assert there[run_id] == pytest.approx(here[run_id], abs=1e-6)
@@ -76,28 +88,21 @@ def test_slurm_local_runs_the_sweep_with_the_local_run_keys_and_losses(workdir, 
     assert "finished" in out and out.count(" 2 ") >= 2
 
 
-def test_a_job_killed_mid_run_is_marked_killed_retried_and_the_sweep_completes(workdir, base_spec, capsys,
-                                                                               monkeypatch):
+def test_a_job_killed_mid_run_is_marked_killed_then_retried_and_the_sweep_completes(workdir, base_spec, capsys,
+                                                                                  monkeypatch):
     path = write_sweep(workdir, base_spec, grid={"model.norm.kind": ["rmsnorm"]}, seeds=(0,))
     url = f"sqlite:///{workdir / 'reg.db'}"
     monkeypatch.setenv("ARCHSPEC_TEST_DIE_ON_ATTEMPT", "1")  # each worker SIGKILLs itself in its first attempt
-    assert main(["ablate", str(path), "--registry", url, "--no-compile", "--device", "cpu",
-                 "--launcher", "slurm-local", "--retries", "1"]) == 0
+    args = ["ablate", str(path), "--registry", url, "--no-compile", "--device", "cpu", "--launcher", "slurm-local"]
+    main([*args, "--retries", "0"])  # no retry: the run its dead job left RUNNING is KILLED at once
+    assert "marked KILLED" in capsys.readouterr().err
+    (run,) = Registry(url).runs(where="sweep = 'mini'")
+    assert run.status == "KILLED" and "died" in run.error
+    assert main([*args, "--retries", "1"]) == 0  # the first attempt dies again, the retry finishes
     err = capsys.readouterr().err
     assert "marked KILLED" in err and "resubmitting 1 job(s)" in err
     (run,) = Registry(url).runs(where="sweep = 'mini'")
-    assert run.status == "FINISHED" and run.attempt == 2  # the killed attempt, then the retry
-
-
-def test_a_job_that_dies_every_time_ends_killed_never_running(workdir, base_spec, capsys, monkeypatch):
-    path = write_sweep(workdir, base_spec, grid={"model.norm.kind": ["rmsnorm"]}, seeds=(0,))
-    url = f"sqlite:///{workdir / 'reg.db'}"
-    monkeypatch.setenv("ARCHSPEC_TEST_DIE_ON_ATTEMPT", "1")
-    main(["ablate", str(path), "--registry", url, "--no-compile", "--device", "cpu", "--launcher", "slurm-local",
-          "--retries", "0"])
-    capsys.readouterr()
-    (run,) = Registry(url).runs(where="sweep = 'mini'")
-    assert run.status == "KILLED" and "died" in run.error
+    assert run.status == "FINISHED" and run.attempt == 3  # killed, killed, finished: never left RUNNING
 
 
 STUB_SBATCH = """#!/bin/sh
@@ -219,12 +224,11 @@ def test_the_sweep_file_launcher_section_is_read_and_checked(workdir, base_spec,
 def test_a_local_ray_cluster_runs_the_sweep_with_the_local_run_keys_and_losses(workdir, base_spec, capsys):
     pytest.importorskip("ray")
     path = write_sweep(workdir, base_spec)
-    local_url, ray_url = f"sqlite:///{workdir / 'local.db'}", f"sqlite:///{workdir / 'ray.db'}"
-    assert main(["ablate", str(path), "--registry", local_url, "--no-compile", "--device", "cpu", "--json"]) == 0
+    here, ray_url = local_losses(workdir, path, capsys), f"sqlite:///{workdir / 'ray.db'}"
     assert main(["ablate", str(path), "--registry", ray_url, "--no-compile", "--device", "cpu", "--json",
                  "--launcher", "ray", "--max-parallel", "2"]) == 0  # ray.init(num_cpus=2): one CPU per task
     capsys.readouterr()
-    here, there = losses(local_url, "mini"), losses(ray_url, "mini")
+    there = losses(ray_url, "mini")
     assert len(here) == 4 and set(here) == set(there)
     for run_id in here:  # Ray gives a task one thread (its one CPU): equal within float rounding, not bitwise
         assert there[run_id] == pytest.approx(here[run_id], abs=1e-5)
