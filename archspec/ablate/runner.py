@@ -87,24 +87,29 @@ def check_data(jobs: list[Job], cache: Path) -> dict[str, Build]:
 def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device: str = "auto",
              compile: bool | None = None, progress: bool = False, cache: str | Path | None = None,
              on_event: Callable[[str], None] = lambda line: None,
-             logger_factory: Callable[[], RunLogger] | None = None) -> SweepOutcome:
+             logger_factory: Callable[[], RunLogger] | None = None, launcher=None) -> SweepOutcome:
     """Train every job not already FINISHED in the registry, in order. A FAILED run does not stop the sweep
-    (it is recorded and redone next time); Ctrl-C/SIGTERM ends the current run KILLED and stops the sweep."""
+    (it is recorded and redone next time); Ctrl-C/SIGTERM ends the current run KILLED and stops the sweep.
+    launcher: None (this process trains), or an `archspec.launch.sweeps.LaunchRequest`: the jobs to train are
+    submitted to it instead (recorded SCHEDULED), after the same checks and skips."""
     with install_signal_handlers():  # one scope for the whole sweep: a SIGTERM while checking is not lost either
         registry = Registry(registry_url)
         cache_path = cache_dir(cache)
-        builds = check_fits(jobs, check_data(jobs, cache_path), device)
+        builds = check_fits(jobs, check_data(jobs, cache_path), device,  # a launcher's workers: their device type
+                            device_type=launcher.device_type(device) if launcher is not None else None)
         return _run_checked(sweep, jobs, registry, registry_url, builds, device=device, compile=compile,
-                            progress=progress, cache=cache, on_event=on_event, logger_factory=logger_factory)
+                            progress=progress, cache=cache, on_event=on_event, logger_factory=logger_factory,
+                            launcher=launcher)
 
 
-def check_fits(jobs: list[Job], builds: dict[str, Build], device: str) -> dict[str, Build]:
+def check_fits(jobs: list[Job], builds: dict[str, Build], device: str,
+               device_type: str | None = None) -> dict[str, Build]:
     """The memory check the loop makes before building a model (the loop keeps the plan checked here), made for
     every variant before anything trains: a later variant that cannot fit refuses the sweep up front instead of
     after the earlier ones have trained."""
     from archspec.train.distributed import resolve_device
 
-    device_type = resolve_device(device).type
+    device_type = device_type or resolve_device(device).type
     problems, plans = [], {}
     for job in jobs:
         if job.variant.index not in plans:
@@ -120,10 +125,12 @@ def check_fits(jobs: list[Job], builds: dict[str, Build], device: str) -> dict[s
 
 def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url: str | None, builds: dict[str, Build],
                  *, device: str, compile: bool | None, progress: bool, cache: str | Path | None,
-                 on_event: Callable[[str], None], logger_factory: Callable[[], RunLogger] | None) -> SweepOutcome:
+                 on_event: Callable[[str], None], logger_factory: Callable[[], RunLogger] | None,
+                 launcher=None) -> SweepOutcome:
     from archspec.train.loop import train
 
     outcome = SweepOutcome()
+    launched = []  # (job, run id, where): trained by the launcher, after the loop
     for n, job in enumerate(jobs, 1):
         run_id = builds[job.key].experiment_id
         registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
@@ -139,6 +146,9 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
             outcome.outcomes.append(JobOutcome(job, run_id, "skipped (running elsewhere)", status))
             on_event(f"{where}: running elsewhere (live heartbeat), skipped")
             continue
+        if launcher is not None:
+            launched.append((job, run_id, where))
+            continue
         on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else with_sinks(RegistryLogger(registry_url))  # train.log_to
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
@@ -146,6 +156,9 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
         on_event(f"{where}: {result.status}" + (f": {escape(printable(result.error))}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
+    if launched:
+        outcome.outcomes += launcher.run(sweep, launched, builds, registry, device=device, compile=compile,
+                                         cache=cache, on_event=on_event)
     return outcome
 
 

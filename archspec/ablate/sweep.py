@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, m
 from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
+from archspec.launch.settings import LauncherSettings
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import EVAL_POINTS, TrainSpec
@@ -80,6 +81,9 @@ class SweepFile(BaseModel):
     baseline: int = Field(0, ge=0)
     eval_points: int = Field(EVAL_POINTS, ge=1, le=10_000, description="evaluations per variant's curve, whatever its "
                              "steps: train.eval_interval = ceil(steps / eval_points) unless the grid sets it")
+    # Where the jobs train (archspec.launch.settings): `archspec ablate --launcher ...` options win over it. Not part
+    # of the sweep's identity (sweep_hash covers the variants and seeds only).
+    launcher: LauncherSettings | None = None
 
 
 def _shape_problems(data: dict) -> list[str]:

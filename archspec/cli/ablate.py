@@ -12,6 +12,7 @@ from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
 from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
@@ -138,9 +139,13 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @log_to_option
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
+@launcher_options
+@click.option("--status", "show_status", is_flag=True,
+              help="Print where each variant stands (queued / running / finished / failed) from the registry; "
+                   "train nothing.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
                steps: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
-               log_to: str | None, out_dir: Path | None, as_json: bool):
+               log_to: str | None, out_dir: Path | None, as_json: bool, show_status: bool = False, **launch):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
@@ -148,6 +153,12 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     index, count = parse_shard(shard)
     # every variant validated before anything trains
     sweep = load_sweep(sweep_path, overrides=overrides, seeds=seeds, steps=steps)
+    if show_status:
+        from archspec.launch.status import sweep_status
+        from archspec.registry import Registry
+
+        make_console().print(sweep_status(Registry(registry_url), sweep.name, sweep)[0])
+        return
     if add_seeds is not None:
         if seeds is not None:
             raise UserError("--add-seeds N and --seeds: give one (--add-seeds picks the next unused seeds itself)")
@@ -169,15 +180,41 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     from archspec.ablate.runner import run_jobs
     from archspec.train.sinks import parse_log_to, registry_with_sinks, resolve_sinks
 
+    settings = _launcher_settings(sweep, launch, registry_url)  # before anything is recorded or submitted
+
     sinks = parse_log_to(log_to)  # None: each run's train.log_to; every package checked before anything trains
     resolve_sinks(sinks, [j.spec.train for j in jobs])
+    request = None
+    if settings.kind != "local":
+        from archspec.launch.sweeps import LaunchRequest
+
+        request = LaunchRequest(settings, sinks, detach=launch.get("detach", False))
     outcome = run_jobs(sweep, jobs, registry_url, device=device, compile=False if no_compile else None,
                        progress=not as_json, on_event=console.print,
-                       logger_factory=lambda: registry_with_sinks(registry_url, sinks))
+                       logger_factory=lambda: registry_with_sinks(registry_url, sinks), launcher=request)
     console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
                   f"{outcome.count('skipped (finished)')} already finished, "
-                  f"{outcome.count('skipped (running elsewhere)')} running elsewhere")
+                  f"{outcome.count('skipped (running elsewhere)')} running elsewhere"
+                  + (f", {outcome.count('submitted')} submitted" if outcome.count("submitted") else ""))
+    if outcome.count("submitted"):
+        echo(f"submitted {outcome.count('submitted')} job(s); follow them with: archspec ablate "
+             f"{printable(str(sweep_path))} --status" + (f" --registry {registry_url}" if registry_url else ""))
+        return
     _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+
+
+def _launcher_settings(sweep: Sweep, launch: dict, registry_url):
+    """The launcher's settings (the sweep file's launcher: section under the options), checked before anything
+    trains: a missing extra, no sbatch, SQLite for a multi-host launcher, options of another launcher: exit 2."""
+    from archspec.launch.base import check_detach, check_launcher, sqlite_absolute
+    from archspec.launch.options import settings_from
+    from archspec.registry import default_url
+
+    settings = settings_from(launch, sweep.file.launcher)
+    check_launcher(settings, sqlite_absolute(registry_url or default_url()))
+    if launch.get("detach"):
+        check_detach(settings)
+    return settings
 
 
 def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, overrides, steps, console) -> Sweep:

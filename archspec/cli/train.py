@@ -12,6 +12,7 @@ import shlex
 import click
 
 from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.launch.options import launcher_options
 from archspec.console import echo
 from archspec.signals import install_signal_handlers
 from archspec.spec import load_spec
@@ -36,7 +37,8 @@ def make_logger(registry_url: str | None, rank: int = 0, take_over: bool = False
 
 # Options a resume command leaves out: the checkpoint brings the run directory and the starting weights, and the rest
 # are about starting (take over a dead writer) or not training at all (dry run).
-_NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dry_run", "world_size"}
+_NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dry_run", "world_size",
+                 "launcher", "detach", "nodes"}
 
 
 def resume_command(ctx: click.Context, checkpoint) -> str:
@@ -80,12 +82,19 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @click.option("--take-over", is_flag=True,
               help="The run is recorded RUNNING but its process is dead (kill -9 on another machine): start anyway. "
                    "On this host a dead writer is recognised by its pid without this flag.")
+@launcher_options
+@click.option("--nodes", type=click.IntRange(1, 4096), default=None,
+              help="With --launcher slurm: one job of N nodes running torchrun (--gpus-per-task processes a node).")
 def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
               init_from: str | None,
               registry_url: str | None, log_to: str | None, run_dir: str | None, no_compile: bool, json_out: bool,
               quiet: bool,
-              dry_run: bool, world_size: int | None, take_over: bool) -> None:
+              dry_run: bool, world_size: int | None, take_over: bool, nodes: int | None = None, **launch) -> None:
     """Train SPEC once with the shared loop and record the run."""
+    if launch.get("launcher") not in (None, "local") or nodes:
+        _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch,
+                  resume=resume, init_from=init_from, run_dir=run_dir, dry_run=dry_run)
+        return
     if world_size and not dry_run:
         raise click.UsageError("--world-size plans a run (--dry-run); a real run takes its world from torchrun")
     if dry_run:
@@ -111,6 +120,27 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")
+
+
+def _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch, **not_with) -> None:
+    """`archspec train --launcher slurm|slurm-local|ray`: the run trained by the launcher's worker (archspec.launch)."""
+    from archspec.console import make_console
+    from archspec.errors import UserError
+    from archspec.launch.options import settings_from
+    from archspec.launch.train import launch_train
+    from archspec.registry import default_url
+
+    given = [f"--{k.replace('_', '-')}" for k, v in not_with.items() if v]
+    if given:
+        raise UserError(f"{given[0]} is not available with --launcher (the launcher's worker starts the run afresh)")
+    if launch.get("launcher") in (None, "local"):
+        raise UserError("--nodes needs --launcher slurm")
+    settings = settings_from(launch, nodes=nodes)
+    console = make_console(stderr=True)
+    status = launch_train(settings, spec_path, overrides, steps, device, registry_url or default_url(), no_compile,
+                          launch.get("detach", False), console.print)
+    if status is None:
+        echo("submitted; follow the run with: archspec runs list" + (f" --registry {registry_url}" if registry_url else ""))
 
 
 def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:

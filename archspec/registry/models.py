@@ -151,6 +151,8 @@ class RunRecord(Base):
     accounting_json: Mapped[str] = mapped_column(Text, server_default="{}")
     # The name a user gave the run (`archspec runs rename`); NULL: the spec's name above. The id never changes.
     display_name: Mapped[str | None] = mapped_column(String(128))
+    # The scheduler's id of the job that ran it (SLURM job or array task, Ray task; archspec.launch); NULL: in-process.
+    scheduler_job: Mapped[str | None] = mapped_column(String(128))
 
 
 class RunParam(Base):

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from archspec.errors import UserError, printable
+from archspec.registry.artifact_paths import resolved
 from archspec.registry.engine import RegistryEngine, T, chunks, utcnow
 from archspec.registry.models import (Artifact, Evaluation, EvaluationMetric, Metric, MetricStats, RunNote,
                                       RunRecord, RunTag, SpecName, SpecRecord, SummaryMetric, SweepRun)
@@ -147,6 +148,7 @@ class RunRow:
     # `name` is what the run is shown as: the name a user gave it (`archspec runs rename`), else its spec's name.
     spec_name: str = ""  # the spec's name, as the run was trained under it
     note: str | None = None  # the latest note (`archspec runs note`); `notes` on the Registry has them all
+    scheduler_job: str | None = None  # the launcher's job id (SLURM job/array task, Ray task); None: in-process
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -332,7 +334,7 @@ class RegistryReader(RegistryEngine):
                 host=r.host, code_version=r.code_version, error=r.error, created=r.created,
                 started=r.started, ended=r.ended, heartbeat=r.heartbeat, attempt=r.attempt,
                 recipe_json=r.recipe_json, accounting_json=r.accounting_json, heartbeat_timeout_s=r.heartbeat_timeout_s, read_at=now,
-                _cache=cache,
+                _cache=cache, scheduler_job=r.scheduler_job,
             )
             for r in conn.execute(q).all()  # fetchall: row-by-row fetching costs a third of a 10,000-run listing
         ]
@@ -445,13 +447,13 @@ class RegistryReader(RegistryEngine):
     def artifacts(self, run_id: str) -> list[tuple[str, str]]:
         """(kind, path) of every artifact of a run, oldest first."""
         return self._read(lambda conn: [
-            (r.kind, r.path) for r in conn.execute(
+            (r.kind, resolved(r.path)) for r in conn.execute(
                 select(Artifact.kind, Artifact.path).where(Artifact.run_id == run_id).order_by(Artifact.id))
         ], "artifacts", empty=list)
 
     def all_artifacts(self) -> list[tuple[str, str, str]]:
         """(run id, kind, path) of every recorded artifact, oldest first (housekeeping: whose files are where)."""
-        return self._read(lambda conn: [tuple(r) for r in conn.execute(
+        return self._read(lambda conn: [(r.run_id, r.kind, resolved(r.path)) for r in conn.execute(
             select(Artifact.run_id, Artifact.kind, Artifact.path).order_by(Artifact.id))], "artifacts", empty=list)
 
     def run_checkpoint(self, run_ref: str, purpose: str = "use") -> tuple[RunRow, Path]:
@@ -492,7 +494,7 @@ class RegistryReader(RegistryEngine):
                     .where(EvaluationMetric.evaluation_id == e.id).order_by(EvaluationMetric.key)).all()}
                 out.append({"id": e.id, "task": e.task,
                             "params": load_json(e.params_json, f"evaluations {e.id} params_json", {}),
-                            "checkpoint": e.checkpoint, "code_version": e.code_version,
+                            "checkpoint": resolved(e.checkpoint), "code_version": e.code_version,
                             "created": e.created.isoformat() if e.created else None, "metrics": metrics})
             return out
 

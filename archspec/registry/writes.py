@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from archspec.errors import UserError
+from archspec.registry.artifact_paths import stored
 from archspec.registry.engine import RegistryEngine, T, fmt_time
 from archspec.registry.models import (
     Artifact,
@@ -368,8 +369,9 @@ class RegistryWriter(RegistryEngine):
 
     def add_artifact(self, run_id: str, kind: str, path: str) -> None:
         """Record a file once per (run, kind, path): a resumed run re-announces its module and checkpoint. The path
-        is stored absolute, so that it resolves from any directory (the run's host says which machine holds it)."""
-        path = os.path.abspath(os.fspath(path))
+        is stored absolute, so that it resolves from any directory (the run's host says which machine holds it), or
+        relative to the declared artifact root when under it (archspec.registry.artifact_paths)."""
+        path = stored(path)
 
         def tx(conn: Connection) -> None:
             known = conn.execute(select(Artifact.id).where(
@@ -388,7 +390,7 @@ class RegistryWriter(RegistryEngine):
                 raise UserError(f"no run {run_id!r} in registry {self.url}")
             res = conn.execute(insert(Evaluation).values(
                 run_id=run_id, task=task, params_json=json.dumps(dict(params), sort_keys=True),
-                checkpoint=str(checkpoint), code_version=code_version, created=self._now()))
+                checkpoint=stored(checkpoint), code_version=code_version, created=self._now()))
             evaluation_id = int(res.inserted_primary_key[0])
             rows = [{"evaluation_id": evaluation_id, "key": k, "value": None if math.isnan(v) else v}
                     for k, v in ((k, float(v)) for k, v in metrics.items())]
@@ -413,6 +415,23 @@ class RegistryWriter(RegistryEngine):
             return res.rowcount == 1
 
         return self._write(tx, "end_run")
+
+    def set_scheduler_job(self, run_id: str, job_id: str) -> None:
+        """Record the scheduler's id of the job that runs `run_id` (archspec.launch): a SLURM job or array task, a Ray
+        task. Set at submission and again by the worker once it starts (an array task knows its index only then)."""
+        self._write(lambda conn: conn.execute(update(RunRecord).where(RunRecord.id == run_id).values(
+            scheduler_job=str(job_id)[:128])), "set_scheduler_job")
+
+    def mark_killed(self, run_id: str, error: str) -> bool:
+        """A run whose process the launcher saw die (submitit reported the job failed, Ray raised): KILLED now if
+        it is still RUNNING, instead of after its heartbeat timeout. False when it is not RUNNING (it ended)."""
+
+        def tx(conn: Connection) -> bool:
+            res = conn.execute(update(RunRecord).where(RunRecord.id == run_id, RunRecord.status == RUNNING).values(
+                status=KILLED, ended=self._now(), error=error))
+            return res.rowcount == 1
+
+        return self._write(tx, "mark_killed")
 
     # liveness
 
@@ -524,6 +543,7 @@ class RegistryWriter(RegistryEngine):
         """Forget recorded artifacts (run id → paths) in one transaction: their files are gone (`archspec gc`)."""
         def tx(conn: Connection) -> None:
             for run_id, paths in paths_by_run.items():
-                conn.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.path.in_(list(paths))))
+                forms = sorted({form for p in paths for form in (str(p), stored(p))})  # as read, and as stored
+                conn.execute(delete(Artifact).where(Artifact.run_id == run_id, Artifact.path.in_(forms)))
 
         self._write(tx, "forget artifacts")

@@ -1,0 +1,199 @@
+"""The launcher contract: a sweep's jobs handed to processes the command does not run itself, their outcomes back.
+
+A job travels as a `Payload`, plain data (a pickle of it holds no torch object, no open registry): the job's
+canonical spec, its sweep membership, where to record (registry URL), how to train (device, compile, cache) and the
+run id the submitting command computed. The worker (archspec.launch.worker) rebuilds the spec, prepares the same
+build, refuses when its run id differs (another archspec version on the node would record another experiment), and
+trains through the one loop. A `Launcher` submits payloads, returns one `Handle` per payload (its scheduler job id),
+and waits for each: a `WorkerResult` when the worker returned, a `Died` when its process did not (killed, out of
+memory, node lost). `launch` is the loop over attempts: a job that died is marked KILLED at once (the launcher
+knows its process is gone; the heartbeat reaper would need heartbeat_timeout_s) and submitted again, up to
+`retries` more times.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from archspec.errors import UserError
+from archspec.launch.settings import LauncherSettings
+
+
+@dataclass
+class Resources:
+    """What one job asks the scheduler for (from the memory plan and the dry-run estimate)."""
+
+    gpus: int = 0
+    cpus: int = 1
+    mem_mb: int = 4096
+    time_min: int = 60
+    nodes: int = 1
+
+
+@dataclass
+class Payload:
+    spec: dict[str, Any]  # archspec.spec.canonical_dict of the job's spec (seed applied)
+    run_id: str  # the run id the submitting command computed (the build's experiment_id)
+    registry_url: str
+    device: str = "auto"
+    compile: bool | None = None
+    cache: str | None = None
+    membership: dict[str, Any] | None = None  # archspec.train.logger.SweepMembership as a dict (None: not a sweep)
+    label: str = ""
+    workdir: str | None = None  # the submitting command's directory: runs/ lands there when the worker can reach it
+    artifact_root: str | None = None
+    log_to: list[str] | None = None
+    attempt: int = 1  # the launcher's attempt (1: first submission)
+    rerun_finished: bool = False  # `archspec train`: a FINISHED run is trained again as a repeat (sweeps skip it)
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass
+class WorkerResult:
+    run_id: str
+    status: str  # FINISHED | FAILED | KILLED | REFUSED (the worker would have trained another run id)
+    error: str | None = None
+    val_loss: float | None = None
+    scheduler_job: str | None = None
+    host: str = ""
+
+
+@dataclass
+class Died:
+    """The worker's process ended without returning (SIGKILL, OOM, node failure, preemption)."""
+
+    reason: str
+
+
+@dataclass
+class Handle:
+    payload: Payload
+    job_id: str  # the scheduler's id: SLURM job (or job_index), Ray task id, local pid
+    native: Any = None  # submitit Job, Ray ObjectRef
+    recorded: bool = False  # its job id is in the registry
+
+
+class Launcher(ABC):
+    name = "launcher"
+
+    def __init__(self, settings: LauncherSettings):
+        self.settings = settings
+        self.on_started: Callable[[Handle], None] = lambda handle: None  # a queued job started later (slurm-local)
+
+    @abstractmethod
+    def submit(self, payloads: Sequence[Payload]) -> list[Handle]:
+        """Hand every payload to the scheduler; one handle each, in order."""
+
+    @abstractmethod
+    def wait(self, handles: Sequence[Handle]) -> list[WorkerResult | Died]:
+        """Block until every handle's job has ended; its result, in order."""
+
+    def close(self) -> None:
+        """Release what the launcher started (a local Ray cluster)."""
+
+
+def check_launcher(settings: LauncherSettings, registry_url: str) -> None:
+    """The refusals made before anything is submitted, each a UserError (exit 2, one line)."""
+    import importlib.util
+
+    kind = settings.kind
+    if kind in ("slurm", "slurm-local") and importlib.util.find_spec("submitit") is None:
+        raise UserError(f"--launcher {kind} needs submitit: pip install 'archspec[slurm]'")
+    if kind == "ray" and importlib.util.find_spec("ray") is None:
+        raise UserError("--launcher ray needs ray: pip install 'archspec[ray]'")
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None] if kind == "slurm" else []
+    if missing:
+        raise UserError(f"--launcher slurm: no `{missing[0]}` on PATH, so no SLURM cluster to submit to from this "
+                        "machine; run on a login node, or rehearse on this machine with --launcher slurm-local")
+    if settings.multi_host and registry_url.startswith("sqlite"):
+        where = "--launcher slurm" if kind == "slurm" else f"--launcher ray --ray-address {settings.ray_address}"
+        raise UserError(f"{where}: workers may run on other hosts, and a SQLite file is not safe for many writers "
+                        f"over a shared filesystem; use PostgreSQL: --registry postgresql://USER@HOST/DB")
+    if kind != "slurm" and (settings.partition or settings.account or settings.qos or settings.sbatch):
+        raise UserError(f"--partition/--account/--qos/--sbatch are SLURM options; --launcher {kind} takes none")
+    if settings.sbatch:
+        from archspec.launch.slurm import sbatch_options
+
+        sbatch_options(settings.sbatch)  # a malformed option: refused now, before anything is recorded
+    if kind != "ray" and settings.ray_address:
+        raise UserError(f"--ray-address is an option of --launcher ray, not --launcher {kind}")
+
+
+def check_detach(settings: LauncherSettings) -> None:
+    """--detach leaves the jobs to a scheduler that outlives this command: SLURM's. slurm-local's jobs are this
+    command's subprocesses, and a Ray task shares its driver's fate (it ends when the command does)."""
+    if settings.kind != "slurm":
+        raise UserError(f"--detach needs --launcher slurm (the jobs must outlive this command); under --launcher "
+                        f"{settings.kind} they end with it: leave --detach out and the command waits")
+
+
+def make_launcher(settings: LauncherSettings) -> Launcher:
+    if settings.kind in ("slurm", "slurm-local"):
+        from archspec.launch.slurm import SubmititLauncher
+
+        return SubmititLauncher(settings)
+    if settings.kind == "ray":
+        from archspec.launch.ray import RayLauncher
+
+        return RayLauncher(settings)
+    from archspec.launch.local import LocalLauncher
+
+    return LocalLauncher(settings)
+
+
+def launch(launcher: Launcher, payloads: Sequence[Payload], registry, *, retries: int,
+           on_event: Callable[[str], None] = lambda line: None) -> list[WorkerResult]:
+    """Submit every payload and wait; a job whose process died is marked KILLED at once and submitted again, at most
+    `retries` more times. Returns one result per payload, in order (a job that died every time: status KILLED)."""
+    results: dict[int, WorkerResult] = {}
+    pending = list(enumerate(payloads))
+    for attempt in range(1, retries + 2):
+        for _, p in pending:
+            p.attempt = attempt
+        handles = submit(launcher, [p for _, p in pending], registry, on_event)
+        died = []
+        for (i, p), h, outcome in zip(pending, handles, launcher.wait(handles)):
+            if isinstance(outcome, Died):
+                if registry.mark_killed(p.run_id, f"its job {h.job_id} ({launcher.name}) died: {outcome.reason}"):
+                    on_event(f"{p.label} ({p.run_id}): job {h.job_id} died ({outcome.reason}); marked KILLED")
+                else:
+                    on_event(f"{p.label} ({p.run_id}): job {h.job_id} died ({outcome.reason})")
+                died.append((i, p))
+                results[i] = WorkerResult(p.run_id, "KILLED", f"job {h.job_id} died: {outcome.reason}",
+                                          scheduler_job=h.job_id)
+            else:
+                results[i] = outcome
+        pending = died
+        if not pending:
+            break
+        if attempt <= retries:
+            on_event(f"resubmitting {len(pending)} job(s) that died (retry {attempt} of {retries})")
+    return [results[i] for i in range(len(payloads))]
+
+
+def submit(launcher: Launcher, payloads: Sequence[Payload], registry, on_event=lambda line: None) -> list[Handle]:
+    """Submit, recording each run's scheduler job id (the runs are SCHEDULED already: `schedule`)."""
+    def record(h: Handle) -> None:
+        if not h.recorded:
+            registry.set_scheduler_job(h.payload.run_id, h.job_id)
+            h.recorded = True
+            on_event(f"{h.payload.label} ({h.payload.run_id}): submitted as {launcher.name} job {h.job_id}")
+
+    launcher.on_started = record
+    handles = launcher.submit(payloads)
+    for h in handles:
+        if h.native is not None:
+            record(h)
+    return handles
+
+
+def sqlite_absolute(url: str) -> str:
+    """A SQLite URL with a relative path made absolute: a worker may start in another directory (Ray's do)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
+        return prefix + os.path.abspath(url[len(prefix):])
+    return url
