@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -82,6 +83,7 @@ class Launcher(ABC):
 
     def __init__(self, settings: LauncherSettings):
         self.settings = settings
+        self.env: dict[str, str] = {}  # what the jobs need in their environment beside the payload (worker_url)
         self.on_started: Callable[[Handle], None] = lambda handle: None  # a queued job started later (slurm-local)
 
     @abstractmethod
@@ -189,6 +191,41 @@ def submit(launcher: Launcher, payloads: Sequence[Payload], registry, on_event=l
         if h.native is not None:
             record(h)
     return handles
+
+
+def worker_url(url: str) -> tuple[str, dict[str, str]]:
+    """The registry URL a worker is handed, and the environment it needs beside it. A password never travels in a
+    payload (pickled into the launcher's folder, often on a shared filesystem) or in an sbatch script: it is taken
+    out of the URL and exported as PGPASSWORD (libpq's own variable, which psycopg reads when the URL has none) to
+    the jobs' environment only (`exported`): sbatch passes the submitting environment on (its default
+    --export=ALL), submitit's local executor and a local Ray cluster inherit it, a Ray task gets it as its
+    runtime_env."""
+    from sqlalchemy.engine import URL, make_url
+
+    url = sqlite_absolute(url)
+    if url.startswith("sqlite"):
+        return url, {}
+    parsed = make_url(url)
+    if parsed.password is None:
+        return url, {}
+    bare = URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database,
+                      parsed.query)
+    return bare.render_as_string(hide_password=False), {"PGPASSWORD": str(parsed.password)}
+
+
+@contextmanager
+def exported(env: dict[str, str]):
+    """`env` in this process's environment while the block runs (jobs started in it inherit it), then as before."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sqlite_absolute(url: str) -> str:

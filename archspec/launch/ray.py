@@ -46,7 +46,9 @@ class RayLauncher(Launcher):
         task = self.ray.remote(run_payload)
         handles = []
         for p in payloads:
-            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0).remote(p)
+            options = {"runtime_env": {"env_vars": dict(self.env)}} if self.env else {}  # a remote cluster's workers
+            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0,
+                               **options).remote(p)
             handles.append(Handle(p, ref.task_id().hex(), ref))
         return handles
 

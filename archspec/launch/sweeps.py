@@ -77,11 +77,11 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
     """Train `launched` ((job, run id, where) from the runner) through the launcher of `settings`; JobOutcomes."""
     from archspec.ablate.estimate import measured_runs
     from archspec.ablate.runner import JobOutcome, membership
-    from archspec.launch.base import sqlite_absolute
+    from archspec.launch.base import exported, worker_url
     from archspec.spec import canonical_dict
     from archspec.train.cache import cache_dir
 
-    url = sqlite_absolute(registry.url)
+    url, secret = worker_url(registry.url)  # the password, if any, goes to the jobs' environment, not the payload
     check_launcher(settings, url)
     device_type = "cpu" if device == "cpu" else ("cuda" if wants_gpu(settings, device) else "cpu")
     measured = measured_runs(registry, device_type, "auto") if settings.time_min is None else []
@@ -95,16 +95,18 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
             cache=str(cache_dir(cache)), membership=asdict(m), label=where, workdir=os.getcwd(),
             artifact_root=os.environ.get("ARCHSPEC_ARTIFACT_ROOT"), log_to=list(log_to) if log_to else None,
             resources=resources_for(build, settings, device, measured)))
-    launcher = make_launcher(settings)
-    try:
-        if detach:
-            handles = submit(launcher, payloads, registry, on_event)
-            return [JobOutcome(job, h.payload.run_id, "submitted", "SCHEDULED", None)
-                    for (job, _, _), h in zip(launched, handles)]
-        results = launch(launcher, payloads, registry, retries=settings.retries, on_event=on_event)
-    finally:
-        if not detach:
-            launcher.close()
+    with exported(secret):
+        launcher = make_launcher(settings)
+        launcher.env = secret
+        try:
+            if detach:
+                handles = submit(launcher, payloads, registry, on_event)
+                return [JobOutcome(job, h.payload.run_id, "submitted", "SCHEDULED", None)
+                        for (job, _, _), h in zip(launched, handles)]
+            results = launch(launcher, payloads, registry, retries=settings.retries, on_event=on_event)
+        finally:
+            if not detach:
+                launcher.close()
     outcomes = []
     for (job, run_id, where), r in zip(launched, results):
         outcomes.append(JobOutcome(job, r.run_id, "trained", r.status, r.error))

@@ -33,8 +33,8 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
                  device: str, registry_url: str, no_compile: bool, detach: bool,
                  on_event: Callable[[str], None]) -> str | None:
     """Train one run through the launcher; the run's final status (None when detached). Exit-2 problems raise."""
-    from archspec.launch.base import (Payload, check_detach, check_launcher, launch, make_launcher, sqlite_absolute,
-                                      submit)
+    from archspec.launch.base import (Payload, check_detach, check_launcher, exported, launch, make_launcher,
+                                      sqlite_absolute, submit, worker_url)
     from archspec.launch.sweeps import resources_for, scheduled_info
     from archspec.registry import Registry
     from archspec.spec import canonical_dict, load_spec
@@ -43,8 +43,9 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
     from archspec.train.build import prepare
     from archspec.train.loop import with_steps
 
-    url = sqlite_absolute(registry_url)
-    check_launcher(settings, url)
+    url = sqlite_absolute(registry_url)  # this command's own (password included)
+    job_url, secret = worker_url(registry_url)  # the jobs': the password goes to their environment (worker_url)
+    check_launcher(settings, job_url)
     if detach:
         check_detach(settings)
     spec = load_spec(spec_path, overrides)
@@ -54,7 +55,8 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
         if settings.kind != "slurm":
             raise UserError(f"--nodes {settings.nodes}: several nodes need --launcher slurm "
                             "(torchrun in the allocation)")
-        return _multi_node(settings, spec_path, overrides, steps, device, url, no_compile, detach, on_event)
+        with exported(secret):
+            return _multi_node(settings, spec_path, overrides, steps, device, job_url, no_compile, detach, on_event)
     build = prepare(spec, build_data(spec, cache_dir(None), rank=0, world=1))
     if device == "auto":
         import torch
@@ -65,19 +67,21 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
     build = build.checked(device_type)  # the plan is the memory request; a run that cannot fit is refused here
     registry = Registry(url)
     registry.schedule_run(scheduled_info(build, None))
-    payload = Payload(spec=canonical_dict(spec), run_id=build.experiment_id, registry_url=url, device=device,
+    payload = Payload(spec=canonical_dict(spec), run_id=build.experiment_id, registry_url=job_url, device=device,
                       compile=False if no_compile else None, cache=str(cache_dir(None)), label=spec.name,
                       workdir=os.getcwd(), artifact_root=os.environ.get("ARCHSPEC_ARTIFACT_ROOT"),
                       rerun_finished=True, resources=resources_for(build, settings, device))
-    launcher = make_launcher(settings)
-    try:
-        if detach:
-            submit(launcher, [payload], registry, on_event)
-            return None
-        (result,) = launch(launcher, [payload], registry, retries=settings.retries, on_event=on_event)
-    finally:
-        if not detach:
-            launcher.close()
+    with exported(secret):
+        launcher = make_launcher(settings)
+        launcher.env = secret
+        try:
+            if detach:
+                submit(launcher, [payload], registry, on_event)
+                return None
+            (result,) = launch(launcher, [payload], registry, retries=settings.retries, on_event=on_event)
+        finally:
+            if not detach:
+                launcher.close()
     on_event(f"run {result.run_id} {result.status}" + (f": {result.error.splitlines()[0]}" if result.error else "")
              + (f" (job {result.scheduler_job} on {result.host})" if result.scheduler_job else ""))
     if result.status != "FINISHED":

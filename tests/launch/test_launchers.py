@@ -9,6 +9,8 @@ import stat
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from archspec.cli import main
 from archspec.registry import Registry
@@ -274,3 +276,58 @@ def test_train_launcher_refusals(workdir, base_spec, capsys):
     assert "several nodes need --launcher slurm" in capsys.readouterr().err
     assert main(["train", str(spec), "--registry", url, "--launcher", "ray", "--resume", "x.pt"]) == 2
     assert "--resume is not available with --launcher" in capsys.readouterr().err
+
+
+# ── a registry password never travels in a job file ─────────────────────────────────────────────────────────────
+
+
+@given(user=st.text("abcxyz_", min_size=1, max_size=8),
+       password=st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=24))
+@settings(max_examples=60, deadline=None)
+def test_worker_url_takes_the_password_out_into_the_environment(user, password):
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    from archspec.launch.base import worker_url
+
+    url = f"postgresql+psycopg://{user}:{quote(password, safe='')}@db.example:5432/reg?sslmode=require"
+    job_url, env = worker_url(url)
+    assert env == {"PGPASSWORD": password}
+    parsed = make_url(job_url)
+    assert parsed.password is None and parsed.username == user and parsed.host == "db.example"
+    assert parsed.database == "reg" and parsed.query == {"sslmode": "require"}
+    assert worker_url(job_url) == (job_url, {})  # none to take out
+    assert worker_url("sqlite:///reg.db")[1] == {}
+
+
+def test_exported_sets_the_environment_for_the_block_only(monkeypatch):
+    from archspec.launch.base import exported
+
+    monkeypatch.setenv("PGPASSWORD", "before")
+    with exported({"PGPASSWORD": "pw", "ARCHSPEC_TEST_EXPORTED": "1"}):
+        assert os.environ["PGPASSWORD"] == "pw" and os.environ["ARCHSPEC_TEST_EXPORTED"] == "1"
+    assert os.environ["PGPASSWORD"] == "before" and "ARCHSPEC_TEST_EXPORTED" not in os.environ
+
+
+def _holds(folder, secret: str) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.skipif(not PG_URL, reason="--launcher slurm refuses SQLite: needs ARCHSPEC_TEST_PG_URL")
+@pytest.mark.parametrize("url", ["postgres"], indirect=True)
+def test_no_job_file_or_sbatch_script_holds_the_registry_password(workdir, base_spec, url, stub_sbatch, capsys):
+    # The test server trusts loopback connections, so the password is accepted and ignored: what matters is where
+    # it is written. A sweep array, then a multi-node train job.
+    secret = "s3cr3t-Pw-9"
+    with_pw = url.replace("postgres@", f"postgres:{secret}@", 1)
+    assert with_pw != url
+    path = write_sweep(workdir, base_spec)
+    assert main(["ablate", str(path), "--registry", with_pw, "--no-compile", "--launcher", "slurm", "--detach"]) == 0
+    spec = workdir / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(base_spec))
+    assert main(["train", str(spec), "--registry", with_pw, "--launcher", "slurm", "--nodes", "2", "--detach"]) == 0
+    capsys.readouterr()
+    assert len(list(stub_sbatch.iterdir())) == 2
+    assert _holds(stub_sbatch, secret) == [] and _holds(workdir / "runs", secret) == []
+    assert "PGPASSWORD" not in os.environ or os.environ["PGPASSWORD"] != secret  # given back after the command
