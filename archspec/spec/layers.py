@@ -33,8 +33,8 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
-from archspec.kinds import AttentionSpec, family, registry_version
-from archspec.kinds.base import Problem, Strict
+from archspec.kinds import family, registry_version
+from archspec.kinds.base import Problem, Strict, identity_dump
 
 COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
 GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -75,7 +75,7 @@ class BlockSpec:
     """The resolved components of one layer."""
 
     norm: Any
-    attention: AttentionSpec
+    attention: Any  # the layer's attention kind (archspec.kinds.attention)
     ffn: Any
 
     def key(self) -> str:
@@ -183,17 +183,16 @@ def _adapter(family_name: str, version: int) -> TypeAdapter:
 
 
 def _validate(component: str, data: dict) -> Any:
-    if component == "attention":
-        return AttentionSpec.model_validate(data)
     return _adapter(component, registry_version()).validate_python(data)
 
 
 def _error_path(component: str, loc: tuple) -> tuple:
     """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`): drop it."""
-    kinds = {k for fam in ("norm", "ffn", "positional", "sparsity") for k in family(fam).members}
+    unions = ("norm", "ffn", "positional", "sparsity", "attention")
+    kinds = {k for fam in unions for k in family(fam).members}
     out, prev = [], component
     for part in loc:
-        if isinstance(part, str) and part in kinds and prev in ("norm", "ffn", "positional", "sparsity"):
+        if isinstance(part, str) and part in kinds and prev in unions:
             prev = part
             continue
         out.append(part)
@@ -258,6 +257,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                 flat.pop(("positional",), None)
                 flat = {k: v for k, v in flat.items() if k[0] != "positional"}
             merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
+            if c == "attention" and "positional" in base_user:  # positions are model-wide, whatever the layer's kind
+                merged["positional"] = base_user["positional"]
             ck = (c, json.dumps(_str_keys(merged), sort_keys=True, default=repr))
             if ck not in cache:
                 try:
@@ -302,10 +303,10 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         top = max(counts.values())
         # The model-wide norm is also the final norm, so it stays model-wide whatever the layers use.
         base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
-        wide[c] = (m.norm if c == "norm" else values[keys.index(base_key)]).model_dump(mode="json")
+        wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
         order = [k for k in dict.fromkeys(keys) if k != base_key]
         for n, k in enumerate(order, 1):
-            dump = values[keys.index(k)].model_dump(mode="json")
+            dump = identity_dump(values[keys.index(k)])  # a field added later (Since) at its default stays out
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, model_validator
 
-from archspec.kinds import AttentionSpec, family
+from archspec.kinds import family
+from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
 from archspec.kinds.base import Strict, bind, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
@@ -25,6 +26,7 @@ from archspec.spec.train import DataSpec, TrainSpec
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 Norm = family("norm").union()
+Attention = family("attention").union()
 FFN = family("ffn").union()
 
 
@@ -39,7 +41,7 @@ class ModelSpec(Strict):
     d_model: int = Field(512, ge=1, le=MAX_WIDTH)
     n_layers: int = Field(8, ge=1, le=MAX_LAYERS)
     norm: Norm = Field(default_factory=_default("norm"))
-    attention: AttentionSpec = Field(default_factory=AttentionSpec)
+    attention: Attention = Field(default_factory=_default("attention"))
     ffn: FFN = Field(default_factory=_default("ffn"))
     tie_embeddings: bool = True
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
@@ -145,7 +147,8 @@ class Spec(Strict):
 
 bind("norm", ModelSpec, "norm")
 bind("ffn", ModelSpec, "ffn")
-rebuild_order(AttentionSpec, ModelSpec, Spec)
+bind("attention", ModelSpec, "attention")
+rebuild_order(*family("attention").members.values(), ModelSpec, Spec)
 rebuild_data_order(DataSpec, TrainSpec, Spec)  # a data kind registered late (archspec.data)
 
 # The built-in kinds' classes, for code that names one directly (tests, presets).

@@ -79,12 +79,12 @@ class RopePositional(PositionalKind):
 
     def problems(self, m, path):
         out = []
-        hd = m.attention.head_dim
+        hd, field = m.attention.rotary_width, type(m.attention).rotary_field  # the width rotated, and its field
         if hd is not None and hd % 2:
-            out.append((("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd))
+            out.append((("model", "attention", field), f"must be even for rope (rotates pairs), got {hd}", hd))
         elif m.layers and not m.layer_problems():
             # One rotary table serves every layer: a layer group may not change the head width under rope.
-            widths = sorted({b.attention.head_dim for b in m.blocks()})
+            widths = sorted({b.attention.rotary_width for b in m.blocks()})
             if len(widths) > 1:
                 out.append((("model", "layers"), f"every layer must have one head_dim under rope (one rotary table "
                             f"serves all layers), got {widths}; keep n_heads·head_dim per layer, or set head_dim",
@@ -116,10 +116,10 @@ class RopePositional(PositionalKind):
 
     def saved_elements(self, m) -> int:
         a = m.attention
-        return (a.n_heads + a.n_kv_heads) * a.head_dim  # the rotated q and k (new tensors; v stays a view)
+        return (a.n_heads + a.rotary_kv_heads) * a.rotary_width  # the rotated q and k (new tensors; v stays a view)
 
     def buffer_elements(self, m) -> int:
-        head_dim = m.blocks()[0].attention.head_dim if not m.layer_problems() else m.attention.head_dim
+        head_dim = m.blocks()[0].attention.rotary_width if not m.layer_problems() else m.attention.rotary_width
         return 2 * m.context_length * head_dim  # cos and sin tables (one head width: see problems)
 
     @classmethod
@@ -207,6 +207,8 @@ def _odd_head_dim(draw, data, spec):
     """rope on heads of odd width (it rotates pairs of dimensions): blamed on head_dim."""
     from hypothesis import strategies as st
 
+    if type(spec.model.attention).rotary_field != "head_dim":  # another attention kind has its own case
+        return None
     att = data["model"].setdefault("attention", {})
     att["positional"] = {"kind": "rope"}
     att["head_dim"] = 2 * draw(st.integers(0, 3)) + 1  # n_heads·head_dim ≤ 8·d_model holds for these sizes
