@@ -60,10 +60,9 @@ def identity_dump(model: BaseModel) -> dict[str, Any]:
 
 def _drop_new_defaults(value: Any, dumped: Any) -> Any:
     if isinstance(value, BaseModel) and isinstance(dumped, dict):
-        if "kind" in dumped and getattr(value, "kind", dumped["kind"]) != dumped["kind"]:
-            return dumped  # another kind's dump stands in for this one (a layer group's, in canonical form)
+        clean = value.identity_clean_fields() if hasattr(value, "identity_clean_fields") else ()
         for name, info in type(value).model_fields.items():
-            if name not in dumped:
+            if name not in dumped or name in clean:  # dumped by identity_dump already, maybe from another object
                 continue
             current = getattr(value, name)
             if _since(info) and current == info.get_default(call_default_factory=True):

@@ -306,7 +306,10 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
         order = [k for k in dict.fromkeys(keys) if k != base_key]
         for n, k in enumerate(order, 1):
-            dump = identity_dump(values[keys.index(k)])  # a field added later (Since) at its default stays out
+            unit = values[keys.index(k)]
+            dump = identity_dump(unit)  # a field added later (Since) at its default stays out
+            if "kind" not in dump and unit.kind != wide[c].get("kind", unit.kind):  # a Since kind: said where it
+                dump = {"kind": unit.kind, **dump}                               # differs from the model-wide one
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}

@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, mo
 
 from archspec.kinds import family
 from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
-from archspec.kinds.base import Strict, bind, rebuild_order
+from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
@@ -87,15 +87,19 @@ class ModelSpec(Strict):
         if self.layers and not self._layer_problems:
             wide, groups = canonical_layers(self, self._blocks)
             if groups:
-                positional = data["attention"]["positional"]
                 data.update(wide)
-                data["attention"]["positional"] = positional
+                data["attention"]["positional"] = identity_dump(self.attention.positional)
                 data["layers"] = groups
             else:
                 data.update(wide)
         return data
 
     # ── per layer ──
+
+    def identity_clean_fields(self) -> tuple[str, ...]:
+        """Fields the canonical form writes from identity dumps of their own (archspec.kinds.base.identity_dump):
+        with layer groups, the block components come from the configurations most layers use, not these fields."""
+        return COMPONENTS + ("layers",) if self.layers and not self._layer_problems else ()
 
     def blocks(self) -> list[BlockSpec]:
         """Each layer's resolved components (equal layers share one BlockSpec)."""

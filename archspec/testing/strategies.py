@@ -275,7 +275,8 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
     default_kind = family("attention").default
     kind = (attention or {}).get("kind", default_kind)
     other = [k for k in ATTENTION_KINDS if k != kind]
-    if (not out or draw(st.booleans())) and (kind != default_kind or (other and draw(st.booleans()))):
+    wants_attention = not out or draw(st.booleans())
+    if wants_attention and (kind != default_kind or (other and draw(st.booleans()))):
         sparsity = sparsities(context_length, sparsity_kinds).map(lambda d: {"kind": family("sparsity").default, **d})
         if kind != default_kind and draw(st.booleans()):  # the model's own kind, another pattern for these layers
             group_att = {"sparsity": draw(sparsity)}
@@ -287,7 +288,7 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
             if draw(st.booleans()):
                 group_att["sparsity"] = draw(sparsity)
         out[names[1]] = {"select": draw(selections(n_layers)), "attention": group_att}
-    elif not out or draw(st.booleans()):
+    elif wants_attention:
         grouped = [k for k in divisors(n_heads)]
         attention = draw(st.fixed_dictionaries({}, optional={
             "n_kv_heads": st.sampled_from(grouped),
