@@ -44,10 +44,7 @@ class MLASpec(AttentionKind):
     # ── rules ──
     def problems(self, m: Any, path: tuple[str, ...]) -> list:
         out, d = [], m.d_model
-        mult = type(self.positional).head_dim_multiple
-        if self.qk_rope_head_dim % mult:
-            out.append((path + ("qk_rope_head_dim",), f"must be a multiple of {mult} for "
-                        f"{self.positional.describe(m)}, got {self.qk_rope_head_dim}", self.qk_rope_head_dim))
+        # qk_rope_head_dim's parity under rope is the rope unit's rule (at `rotary_field`).
         for field, width in (("qk_nope_head_dim", self.qk_head_dim), ("v_head_dim", self.v_head_dim)):
             if self.n_heads * width > 8 * d:
                 out.append((path + (field,), f"n_heads·{'(qk_nope_head_dim + qk_rope_head_dim)' if field[1] == 'k' else 'v_head_dim'} "
@@ -166,10 +163,17 @@ class MLASpec(AttentionKind):
             raise cfg.refuse("n_kv_heads", f"{n_kv}: multi-head latent attention has one K/V head per query head")
         if cfg.fact("qkv_bias") or cfg.fact("out_bias"):
             raise cfg.refuse("qkv_bias", "biases on the latent projections: archspec's mla has none")
-        q_rank = cfg.take("q_lora_rank", (int, type(None)))
-        return {"kind": "mla", "n_heads": n_heads, "q_lora_rank": q_rank,
-                "kv_lora_rank": cfg.take("kv_lora_rank", int), "qk_nope_head_dim": cfg.take("qk_nope_head_dim", int),
-                "qk_rope_head_dim": cfg.take("qk_rope_head_dim", int), "v_head_dim": cfg.take("v_head_dim", int)}
+        q_rank = cfg.take("q_lora_rank", (int, type(None)), default=None)
+        out = {"kind": "mla", "n_heads": n_heads, "q_lora_rank": q_rank,
+               "kv_lora_rank": cfg.take("kv_lora_rank", int), "qk_nope_head_dim": cfg.take("qk_nope_head_dim", int),
+               "qk_rope_head_dim": cfg.take("qk_rope_head_dim", int), "v_head_dim": cfg.take("v_head_dim", int)}
+        # transformers saves what it derives: head_dim (the rotated width) and qk_head_dim (nope + rope)
+        for key, implied in (("head_dim", out["qk_rope_head_dim"]),
+                             ("qk_head_dim", out["qk_nope_head_dim"] + out["qk_rope_head_dim"])):
+            cfg.mark(key)
+            if cfg.data.get(key) is not None and cfg.data[key] != implied:
+                raise cfg.refuse(key, f"{cfg.data[key]!r}, but the other widths imply {implied}")
+        return out
 
     def to_hf(self, m: Any, out: dict[str, Any], hf: Any, path: tuple[str, ...] = ()) -> None:
         keys = hf.keys
