@@ -115,6 +115,17 @@ CASES = {
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=True, mlp_only_layers=[1], use_sliding_window=True, sliding_window=10, **_NO_IDS),
+    # DeepSeek-V3's multi-head latent attention (dense layers only: first_k_dense_replace = num_hidden_layers): a
+    # query latent with its norm, the KV latent + one rope key for all heads, v narrower than q·k; then a full query
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=6, first_k_dense_replace=2, rope_interleave=False, **_NO_IDS),
+    "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,
+        v_head_dim=10, first_k_dense_replace=3, rope_interleave=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **_NO_IDS),
 }
 
 
@@ -496,3 +507,42 @@ def test_released_configs_import_with_their_published_parameter_counts(name):
     # model cards round to 0.1B (Qwen3-30B-A3B's 3.35B active is written "3.3B")
     assert sum(parts.values()) == pytest.approx(total * 1e9, abs=0.06e9)
     assert active_params == pytest.approx(active * 1e9, abs=0.06e9)
+
+
+# ── deepseek_v3 (multi-head latent attention) ───────────────────────────────────────────────────────────────────
+
+
+def test_deepseek_v3_greedy_generation_equals_hf_generate(tmp_path, capsys):
+    hf, src = _hf_dir(tmp_path, "deepseek_v3", seed=5)
+    spec, _, ours, _ = _import(tmp_path, src, capsys=capsys)
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = hf.eval().generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20,
+                                  attention_mask=torch.ones_like(prompt))
+    assert torch.equal(ours.eval().generate(prompt, 20, temperature=0), want)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"first_k_dense_replace": 1}, "first_k_dense_replace: 1 < num_hidden_layers (2)"),  # MoE layers: routing pending
+    ({"rope_interleave": True}, "rope_interleave"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"head_dim": 5}, "head_dim: 5, but the other widths imply 4"),
+])
+def test_deepseek_v3_refuses_what_archspec_cannot_say_by_name(change, field, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(_set(CASES["deepseek_v3"]().to_dict(), **change)))
+    code = main(["import-hf", str(tmp_path / "config.json"), "-o", str(tmp_path / "out.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and "Traceback" not in err, err
+
+
+def test_deepseek_v3_multi_token_prediction_layers_are_left_out_with_a_note(tmp_path, capsys):
+    data = _set(CASES["deepseek_v3"]().to_dict(), num_nextn_predict_layers=1)
+    data.pop("num_mtp_layers", None)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert main(["import-hf", str(tmp_path / "config.json"), "-o", str(tmp_path / "out.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "num_nextn_predict_layers: 1 multi-token-prediction layer left out" in err, err
+    # transformers' own model builds none of them either: its layers are the num_hidden_layers decoder layers
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**data))
+    assert len(hf.model.layers) == data["num_hidden_layers"]

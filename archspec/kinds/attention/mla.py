@@ -161,8 +161,11 @@ class MLASpec(AttentionKind):
         n_kv = cfg.take("n_kv_heads", int, default=n_heads) if "n_kv_heads" in cfg.hf.keys else n_heads
         if n_kv != n_heads:  # transformers' MLA reads it only to repeat K/V heads it never has fewer of
             raise cfg.refuse("n_kv_heads", f"{n_kv}: multi-head latent attention has one K/V head per query head")
-        if cfg.fact("qkv_bias") or cfg.fact("out_bias"):
-            raise cfg.refuse("qkv_bias", "biases on the latent projections: archspec's mla has none")
+        for fact in ("qkv_bias", "out_bias"):
+            if cfg.fact(fact):
+                spelled = cfg.hf.facts.get(fact)
+                raise cfg.refuse(spelled if isinstance(spelled, str) else fact,
+                                 "true: biases on the latent projections; archspec's mla has none")
         q_rank = cfg.take("q_lora_rank", (int, type(None)), default=None)
         out = {"kind": "mla", "n_heads": n_heads, "q_lora_rank": q_rank,
                "kv_lora_rank": cfg.take("kv_lora_rank", int), "qk_nope_head_dim": cfg.take("qk_nope_head_dim", int),
