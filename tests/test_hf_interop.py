@@ -11,6 +11,7 @@ the spec and every weight come back exactly. No downloads.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -546,3 +547,40 @@ def test_deepseek_v3_multi_token_prediction_layers_are_left_out_with_a_note(tmp_
     # transformers' own model builds none of them either: its layers are the num_hidden_layers decoder layers
     hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**data))
     assert len(hf.model.layers) == data["num_hidden_layers"]
+
+
+# The released DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3, as published) and its published counts: 671B total,
+# 37B activated per token (the report's Table 1; the multi-token-prediction module's 14B is not among them).
+_V3 = json.loads((__import__("pathlib").Path(__file__).parent / "fixtures" / "deepseek-v3-config.json").read_text())
+# What archspec still lacks for it, in the order the import meets them, and the key each refusal names.
+_V3_BLOCKERS = [("rope_interleave", "rope_interleave"),  # the rope unit's interleaved layout (rope helper)
+                ("rope_scaling", "rope_type 'yarn'"),  # yarn scaling (rope helper), and mla's mscale² softmax scale
+                ("first_k_dense_replace", "first_k_dense_replace: 3 < num_hidden_layers (61)")]  # routing (moe helper)
+
+
+def test_released_deepseek_v3_refuses_exactly_what_archspec_lacks_and_counts_671b_37b():
+    from archspec.accounting import param_breakdown
+    from archspec.hf import spec_from_config
+    from archspec.kinds.hf import HFUnsupported
+
+    data = {k: v for k, v in _V3.items() if k != "quantization_config"}  # fp8 storage of the weights, not the model
+    for fix, (key, said) in zip([{}, {"rope_interleave": False}, {"rope_scaling": None}], _V3_BLOCKERS):
+        data.update(fix)
+        with pytest.raises(HFUnsupported, match=re.escape(said)):
+            spec_from_config(data, "DeepSeek-V3/config.json", "v3")
+    # The same model written as a spec: MLA, 3 dense layers, 58 DeepSeekMoE layers of 256 routed experts (top-8) and
+    # 1 shared; a softmax router stands in for V3's sigmoid one (the same parameters: its correction bias is a buffer).
+    v3 = {"vocab_size": 129280, "context_length": 4096, "d_model": 7168, "n_layers": 61, "norm": {"eps": 1e-6},
+          "attention": {"kind": "mla", "n_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+          "ffn": {"kind": "moe", "n_experts": 256, "top_k": 8, "expert": {"kind": "glu", "hidden_dim": 2048},
+                  "n_shared_experts": 1, "renormalize": True},
+          "layers": {"dense": {"select": [0, 1, 2], "ffn": {"kind": "glu", "hidden_dim": 18432}}},
+          "tie_embeddings": False}
+    parts, active = param_breakdown(load_spec_dict({"name": "v3", "model": v3}).model)
+    assert sum(parts.values()) == 671_026_404_352 and active == 37_552_282_624  # 671.0B, 37.6B
+    # transformers' own DeepseekV3ForCausalLM of this config (on the meta device): the same count
+    config = transformers.DeepseekV3Config(**{k: v for k, v in data.items() if k not in ("rope_scaling",)})
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert _numel(hf) == 671_026_404_352

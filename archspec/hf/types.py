@@ -381,7 +381,11 @@ DEEPSEEK_V3 = HFType(
     dropout_keys=("attention_dropout",),
     fixed={"rope_interleave": False, "num_nextn_predict_layers": 0},
     place={"ffn": _place_deepseek_ffn},
-    inert=frozenset({"pretraining_tp", "num_mtp_layers"}),
+    # auto_map: the original remote code's class names; ep_size: its expert parallelism; moe_layer_freq, scoring_func,
+    # topk_method: DeepSeek's own config's routing words, which transformers' deepseek_v3 reads nowhere (its router is
+    # always sigmoid + noaux_tc, every layer from first_k_dense_replace on MoE)
+    inert=frozenset({"pretraining_tp", "num_mtp_layers", "auto_map", "ep_size", "moe_layer_freq", "scoring_func",
+                     "topk_method"}),
     aliases={"num_mtp_layers": "num_nextn_predict_layers"},
     check=(_common_checks, _deepseek_checks),
 )
