@@ -280,7 +280,7 @@ REFUSED = {
              "rope_type 'yarn'"),
     "softcapping": (lambda: _set(_llama_config(), final_logit_softcapping=30.0), "final_logit_softcapping"),
     "unknown_type": (lambda: _set(_llama_config(), model_type="bert"), "model_type: 'bert'"),
-    "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v3"), "model_type: 'deepseek_v3'"),
+    "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v2"), "model_type: 'deepseek_v2'"),
     # MoE options archspec does not have: router jitter (Mixtral), a z-loss key no transformers type reads
     "mixtral_jitter": (lambda: _set(CASES["mixtral"]().to_dict(), router_jitter_noise=0.1), "router_jitter_noise"),
     "moe_unknown_option": (lambda: _set(CASES["mixtral"]().to_dict(), router_z_loss_coef=0.001),

@@ -174,3 +174,13 @@ def test_blockwise_attention_with_another_value_width_equals_masked_sdpa(dv):
     expected = torch.autograd.grad(ref.square().sum(), (q, k, v))
     for got, want in zip(grads, expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_set_attention_kind_starts_the_section_from_that_kinds_defaults():
+    from archspec.spec import apply_overrides
+
+    data = {"name": "t", "model": {"d_model": D, "attention": {"n_heads": 4, "n_kv_heads": 2}}}  # kind omitted: gqa
+    apply_overrides(data, ["model.attention.kind=mla", "model.attention.kv_lora_rank=8"])
+    assert data["model"]["attention"] == {"kind": "mla", "kv_lora_rank": 8}
+    apply_overrides(data, ["model.attention.kind=mla", "model.attention.v_head_dim=4"])  # the same kind: refined
+    assert data["model"]["attention"] == {"kind": "mla", "kv_lora_rank": 8, "v_head_dim": 4}
