@@ -8,12 +8,14 @@ over the model. Conventions (DESIGN.md):
 - FLOPs count matrix multiplications only: an (m×k)·(k×n) product is 2·m·n·k. Norms, activations, softmax, RoPE
   rotations and embedding lookups are omitted (they are O(d) per token, not O(d²), and FlopCounterMode does not
   count them either). Per token, forward = 2 · (matmul weights) + attention, where the attention score (QKᵀ) and
-  value (AV) products cost 2 · 2 · n_heads · head_dim · keys per layer.
+  value (AV) products cost 2 · 2 · n_heads · head_dim · keys per layer (multi-head latent attention: 2 · n_heads ·
+  (qk_nope + qk_rope + v_head_dim) · keys).
   `keys` is the effective key count per query, from the layer's attention pattern: with dense causal attention at
   sequence length T, query t sees t+1 keys, so the mean over a sequence is (T + 1) / 2. `full_attention=True`
   counts all T keys (what a math-path kernel actually multiplies, since it computes the masked half too).
   Train = 3 × forward (backward ≈ 2 × forward).
-- KV cache bytes per token = Σ over layers of 2 (K and V) · n_kv_heads · head_dim · bytes per element. Per sequence
+- KV cache bytes per token = Σ over layers of what the layer's attention kind caches per token (2 (K and V) ·
+  n_kv_heads · head_dim; multi-head latent attention: kv_lora_rank + qk_rope_head_dim) · bytes per element. Per sequence
   at context_length, each layer holds what its pattern needs (`cached_positions`: a window layer at most its window).
 - Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
   `by_block` gives each distinct block configuration with its layers.
@@ -99,7 +101,7 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
         a = block.attention
         out.append({
             "layers": layers,
-            "norm": block.norm.describe(m), "attention": f"{a.layout} {a.n_heads}/{a.n_kv_heads} heads, "
+            "norm": block.norm.describe(m), "attention": f"{a.heads_summary()}, "
             + a.sparsity.describe(m), "ffn": block.ffn.describe(m),
             "params": a.params(d) + block.ffn.params(d) + 2 * block.norm.params(d),
             "active": a.params(d) + block.ffn.active_params(d) + 2 * block.norm.params(d),

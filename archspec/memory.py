@@ -110,7 +110,7 @@ def _norm_saved(m: ModelSpec, stream: int, mm: int, b=None) -> int:
 
 def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
     a = (b or m).attention
-    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    q, qkv = a.saved_widths()  # the output's width; what the projections leave alive (GQA: q, k, v of one matmul)
     # A sparse pattern on CPU, and on any device with attention dropout (FlexAttention has none), takes the blockwise
     # path, which says what it keeps: its own q, k, v and output (and dropout's keep-masks), no score tile.
     # FlexAttention on CUDA keeps what SDPA keeps.
@@ -121,7 +121,6 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -
         # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
         # dropout and the mask, and an output copy for the projection.
         return (4 * q + 3 * a.n_heads * seq_len) * mm
-    qkv = q + 2 * kv  # one projection: v is a view of it, so the whole output stays alive
     # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
     # fp32 log-sum-exp per head
     return (qkv + m.attention.positional.saved_elements(m) + q) * mm + a.n_heads * 4  # positional: model-wide

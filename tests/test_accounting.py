@@ -30,6 +30,11 @@ VARIANTS = [
                "ffn": {"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 96}}},
     {"model": {"attention": {"bias": True, "out_bias": False},
                "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 80}}},
+    # multi-head latent attention: a full query projection, then a query latent (its norm); v wider than q·k
+    {"model": {"attention": {"kind": "mla", "n_heads": 4, "kv_lora_rank": 24, "qk_nope_head_dim": 12,
+                             "qk_rope_head_dim": 8, "v_head_dim": 16}}},
+    {"model": {"attention": {"kind": "mla", "n_heads": 2, "q_lora_rank": 20, "kv_lora_rank": 16,
+                             "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 24}}},
 ]
 
 
@@ -37,7 +42,7 @@ def _small(extra: dict) -> dict:
     base = {"name": "acct", "model": {"vocab_size": 97, "context_length": 48, "d_model": 64, "n_layers": 3,
                                        "attention": {"n_heads": 8, "n_kv_heads": 2}}}
     for key, value in extra.get("model", {}).items():
-        if isinstance(value, dict) and isinstance(base["model"].get(key), dict):
+        if isinstance(value, dict) and isinstance(base["model"].get(key), dict) and "kind" not in value:
             base["model"][key] = {**base["model"][key], **value}
         else:
             base["model"][key] = value
@@ -70,7 +75,7 @@ def test_variant_params_by_component(extra, tmp_path):
     named = dict(model.named_parameters())
     attention = sum(p.numel() for n, p in named.items() if ".attn." in n)
     ffn = sum(p.numel() for n, p in named.items() if ".ffn." in n)
-    norms = sum(p.numel() for n, p in named.items() if "norm" in n)
+    norms = sum(p.numel() for n, p in named.items() if "norm" in n and ".attn." not in n)  # not attention's own
     assert acc.by_component["attention"] == attention
     assert acc.by_component["ffn"] == ffn
     assert acc.by_component["norm"] == norms
@@ -96,7 +101,7 @@ def test_forward_flops_match_flop_counter(extra, tmp_path):
     # The reported (causal) figure differs from it exactly by the masked half of the attention products.
     a = spec.model.attention
     causal = account(spec).flops_forward * T
-    masked_half = spec.model.n_layers * 2 * 2 * a.n_heads * a.head_dim * T * (T - (T + 1) / 2)
+    masked_half = spec.model.n_layers * (a.score_flops(T, full_attention=True) - a.score_flops(T)) * T
     assert abs((full - causal) - masked_half) <= 1 * T
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
 
 import pytest
 import torch
@@ -145,6 +146,17 @@ CASES = {
         num_attention_heads=4, num_key_value_heads=2, rope_parameters={
             "rope_type": "yarn", "rope_theta": 300.0, "factor": 8.0, "original_max_position_embeddings": 4,
             "truncate": False, "attention_factor": 1.3}, **_NO_IDS),
+    # DeepSeek-V3's multi-head latent attention (dense layers only: first_k_dense_replace = num_hidden_layers): a
+    # query latent with its norm, the KV latent + one rope key for all heads, v narrower than q·k; then a full query
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=6, first_k_dense_replace=2, rope_interleave=False, **_NO_IDS),
+    "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,
+        v_head_dim=10, first_k_dense_replace=3, rope_interleave=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **_NO_IDS),
 }
 
 
@@ -328,7 +340,7 @@ REFUSED = {
         "full_attention": {"rope_type": "default", "rope_theta": 1e4}}), "RoPE parameters per layer type"),
     "softcapping": (lambda: _set(_llama_config(), final_logit_softcapping=30.0), "final_logit_softcapping"),
     "unknown_type": (lambda: _set(_llama_config(), model_type="bert"), "model_type: 'bert'"),
-    "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v3"), "model_type: 'deepseek_v3'"),
+    "moe_type_not_mapped": (lambda: _set(_llama_config(), model_type="deepseek_v2"), "model_type: 'deepseek_v2'"),
     # MoE options archspec does not have: router jitter (Mixtral), a z-loss key no transformers type reads
     "mixtral_jitter": (lambda: _set(CASES["mixtral"]().to_dict(), router_jitter_noise=0.1), "router_jitter_noise"),
     "moe_unknown_option": (lambda: _set(CASES["mixtral"]().to_dict(), router_z_loss_coef=0.001),
@@ -634,3 +646,79 @@ def test_partial_rotary_factor_is_mapped_where_transformers_honours_it_and_refus
         spec = load_spec(tmp_path / "s.yaml")
         assert spec.model.attention.positional.rotated_dims(spec.model) == rotated == head_dim // 2
     assert (rotated == head_dim) == (case not in ("glm", "phi3"))
+
+
+# ── deepseek_v3 (multi-head latent attention) ───────────────────────────────────────────────────────────────────
+
+
+def test_deepseek_v3_greedy_generation_equals_hf_generate(tmp_path, capsys):
+    hf, src = _hf_dir(tmp_path, "deepseek_v3", seed=5)
+    spec, _, ours, _ = _import(tmp_path, src, capsys=capsys)
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = hf.eval().generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20,
+                                  attention_mask=torch.ones_like(prompt))
+    assert torch.equal(ours.eval().generate(prompt, 20, temperature=0), want)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"first_k_dense_replace": 1}, "first_k_dense_replace: 1 < num_hidden_layers (2)"),  # MoE layers: routing pending
+    ({"rope_interleave": True}, "rope_interleave"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"head_dim": 5}, "head_dim: 5, but the other widths imply 4"),
+])
+def test_deepseek_v3_refuses_what_archspec_cannot_say_by_name(change, field, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(_set(CASES["deepseek_v3"]().to_dict(), **change)))
+    code = main(["import-hf", str(tmp_path / "config.json"), "-o", str(tmp_path / "out.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and "Traceback" not in err, err
+
+
+def test_deepseek_v3_multi_token_prediction_layers_are_left_out_with_a_note(tmp_path, capsys):
+    data = _set(CASES["deepseek_v3"]().to_dict(), num_nextn_predict_layers=1)
+    data.pop("num_mtp_layers", None)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert main(["import-hf", str(tmp_path / "config.json"), "-o", str(tmp_path / "out.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "num_nextn_predict_layers: 1 multi-token-prediction layer left out" in err, err
+    # transformers' own model builds none of them either: its layers are the num_hidden_layers decoder layers
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**data))
+    assert len(hf.model.layers) == data["num_hidden_layers"]
+
+
+# The released DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3, as published) and its published counts: 671B total,
+# 37B activated per token (the report's Table 1; the multi-token-prediction module's 14B is not among them).
+_V3 = json.loads((__import__("pathlib").Path(__file__).parent / "fixtures" / "deepseek-v3-config.json").read_text())
+# What archspec still lacks for it, in the order the import meets them, and the key each refusal names.
+_V3_BLOCKERS = [("rope_interleave", "rope_interleave"),  # the rope unit's interleaved layout (rope helper)
+                ("rope_scaling", "rope_type 'yarn'"),  # yarn scaling (rope helper), and mla's mscale² softmax scale
+                ("first_k_dense_replace", "first_k_dense_replace: 3 < num_hidden_layers (61)")]  # routing (moe helper)
+
+
+def test_released_deepseek_v3_refuses_exactly_what_archspec_lacks_and_counts_671b_37b():
+    from archspec.accounting import param_breakdown
+    from archspec.hf import spec_from_config
+    from archspec.kinds.hf import HFUnsupported
+
+    data = {k: v for k, v in _V3.items() if k != "quantization_config"}  # fp8 storage of the weights, not the model
+    for fix, (key, said) in zip([{}, {"rope_interleave": False}, {"rope_scaling": None}], _V3_BLOCKERS):
+        data.update(fix)
+        with pytest.raises(HFUnsupported, match=re.escape(said)):
+            spec_from_config(data, "DeepSeek-V3/config.json", "v3")
+    # The same model written as a spec: MLA, 3 dense layers, 58 DeepSeekMoE layers of 256 routed experts (top-8) and
+    # 1 shared; a softmax router stands in for V3's sigmoid one (the same parameters: its correction bias is a buffer).
+    v3 = {"vocab_size": 129280, "context_length": 4096, "d_model": 7168, "n_layers": 61, "norm": {"eps": 1e-6},
+          "attention": {"kind": "mla", "n_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+          "ffn": {"kind": "moe", "n_experts": 256, "top_k": 8, "expert": {"kind": "glu", "hidden_dim": 2048},
+                  "n_shared_experts": 1, "renormalize": True},
+          "layers": {"dense": {"select": [0, 1, 2], "ffn": {"kind": "glu", "hidden_dim": 18432}}},
+          "tie_embeddings": False}
+    parts, active = param_breakdown(load_spec_dict({"name": "v3", "model": v3}).model)
+    assert sum(parts.values()) == 671_026_404_352 and active == 37_552_282_624  # 671.0B, 37.6B
+    # transformers' own DeepseekV3ForCausalLM of this config (on the meta device): the same count
+    config = transformers.DeepseekV3Config(**{k: v for k, v in data.items() if k not in ("rope_scaling",)})
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert _numel(hf) == 671_026_404_352

@@ -49,6 +49,7 @@ def _model(spec, gen_dir):
 
 FAMILIES = [
     (ModelSpec, "norm", T.NORM_KINDS),
+    (ModelSpec, "attention", T.ATTENTION_KINDS),
     (AttentionSpec, "positional", T.POSITIONAL_KINDS),
     (AttentionSpec, "sparsity", T.SPARSITY_KINDS),
     (ModelSpec, "ffn", T.FFN_KINDS),
@@ -61,6 +62,7 @@ _HOST = {"name": "t", "model": {"vocab_size": 300, "context_length": 32, "d_mode
                                 "attention": {"n_heads": 4}}, "train": {"seq_len": 32}}
 _PLACES = {
     "norm": (("model", "norm"), lambda kinds: T.norms(kinds, d_model=64)),
+    "attention": (("model", "attention"), lambda kinds: T.attentions(64, 32, attention_kinds=kinds)),
     "positional": (("model", "attention", "positional"), lambda kinds: T.positionals(64, kinds)),
     "sparsity": (("model", "attention", "sparsity"), lambda kinds: T.sparsities(32, kinds)),
     "ffn": (("model", "ffn"), lambda kinds: T.ffns(64, kinds)),
@@ -96,12 +98,14 @@ def test_strategy_tables_draw_every_kind_the_schema_accepts(owner, field, table)
 
 def _family(spec):
     a = spec.model.attention
+    if not hasattr(a, "n_kv_heads"):  # another attention kind (mla): no K/V head sharing
+        return None
     return "MHA" if a.n_kv_heads == a.n_heads else "MQA" if a.n_kv_heads == 1 else "GQA"
 
 
 def _reachable():
     """(label, predicate) for every variant the strategy must be able to draw."""
-    where = {"norm": "model.norm", "positional": "model.attention.positional", "sparsity": "model.attention.sparsity",
+    where = {"norm": "model.norm", "attention": "model.attention", "positional": "model.attention.positional", "sparsity": "model.attention.sparsity",
              "ffn": "model.ffn", "corpus": "train.data.corpus", "tokenizer": "train.data.tokenizer"}
     targets = []
     for owner, field, table in FAMILIES:
@@ -118,8 +122,10 @@ def _reachable():
         ("GQA", lambda s: _family(s) == "GQA"),
         ("MQA", lambda s: _family(s) == "MQA"),
         ("head_dim != d_model // n_heads",
-         lambda s: s.model.attention.head_dim != s.model.d_model // s.model.attention.n_heads),
-        ("attention bias", lambda s: s.model.attention.bias),
+         lambda s: _family(s) and s.model.attention.head_dim != s.model.d_model // s.model.attention.n_heads),
+        ("attention bias", lambda s: getattr(s.model.attention, "bias", False)),
+        ("mla with a query latent", lambda s: getattr(s.model.attention, "q_lora_rank", None) is not None),
+        ("attention kinds differ by layer", lambda s: len({b.attention.kind for b in s.model.blocks()}) > 1),
         ("ffn bias", lambda s: getattr(s.model.ffn, "bias", False)),
         ("ffn without bias", lambda s: getattr(s.model.ffn, "bias", True) is False),
         ("layernorm without bias", lambda s: s.model.norm.kind == "layernorm" and not s.model.norm.bias),

@@ -28,11 +28,9 @@ import jinja2
 from archspec.accounting import account
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
-from archspec.kinds import attention as _attention_unit
+from archspec.kinds.attention import past_context_refusal
 from archspec.spec import Spec, model_json, model_hash
 from archspec.spec.layers import unit_json
-
-ATTENTION_TEMPLATE = Path(_attention_unit.__file__).with_name("attention.py.j2")
 
 TEMPLATES = Path(__file__).parent / "templates"
 DEFAULT_OUT = Path("generated")
@@ -336,7 +334,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     ffn_cfgs = _configs(ffns, prefixes(ffns), lambda u: _unit_part(u, m), lambda u: u.constants(m), "FeedForward",
                         layers_of(ffns, lambda b: b.ffn))
     sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity)
-    sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, {"gqa": False}),
+    sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, dict(gqa=False)),
                              lambda u: u.constants(m), "", sparsity_layers)
 
     def render_attention(att: Any) -> Part:
@@ -344,18 +342,19 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it; under its own
         # names (SLIDING_WINDOW): the pattern object a configuration uses is one of its refs.
         sparsity = _unit_part(att.sparsity, m, ctx)
-        body = _render_unit(f"unit:{ATTENTION_TEMPLATE}", (), {"unit": att, **ctx, "positional": positional,
-                                                              "sparsity": sparsity,
-                                                              "cache_class": att.sparsity.cache_class}).body
+        pattern = next((name for name, called in _objects(sparsity.body) if called == "SparsePattern"), "")
+        body = _render_unit(f"unit:{type(att).template_path()}", (), {"unit": att, **ctx, "positional": positional,
+                                                                     "sparsity": sparsity, "pattern": pattern,
+                                                                     "cache_class": att.cache_class}).body
         return Part(body, {})
 
     def pattern_refs(att: Any) -> dict[str, tuple[str, str]]:
         """The module-level objects of the attention's pattern (its SparsePattern), as the file names them."""
-        own = _objects(_unit_part(att.sparsity, m, {"gqa": False}).body)
+        own = _objects(_unit_part(att.sparsity, m, dict(gqa=False)).body)
         in_file = _objects(sparsity_cfgs[sparsities.index(att.sparsity)].part.body)
         return {name: (actual, kind) for (name, kind), (actual, _) in zip(own, in_file)}
 
-    attention_cfgs = _configs(attentions, [type(att.sparsity).class_prefix() for att in attentions], render_attention,
+    attention_cfgs = _configs(attentions, [att.class_label() for att in attentions], render_attention,
                               lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention),
                               [pattern_refs(att) for att in attentions])
 
@@ -389,7 +388,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     if len(groups) == 1:
         b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
         ba = b.attention
-        layer_desc = (f"{ba.n_heads} heads ({ba.n_kv_heads} KV heads, {ba.layout}), {b.norm.describe(m)}, "
+        layer_desc = (f"{ba.doc_summary()}, {b.norm.describe(m)}, "
                       f"{b.ffn.describe(m)}, {a.positional.describe(m)}, {ba.sparsity.describe(m)}")
     else:
         layer_desc = f"{a.positional.describe(m)}, {len(groups)} block configurations (see the Block classes)"
@@ -416,7 +415,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "layer_calls": layer_calls,
         "final_norm": norm_cfgs[0].call("D_MODEL"),
         "tie_embeddings": bool(m.tie_embeddings),
-        "past_context": _attention_unit.past_context_refusal(m) is None,
+        "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
     }
 
@@ -448,7 +447,7 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
             **{key: cfg.call(*lead, values={arg: name for name, (p, arg, _) in args.items() if p == part})
                for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("attention", "attn", triple[1], ()),
                                             ("ffn", "ffn", triple[2], ()))},
-            "cache_class": b.attention.sparsity.cache_class,
+            "cache_class": b.attention.cache_class,
             "layers": [],
         })
         block["layers"] += layers

@@ -17,7 +17,7 @@ import torch
 
 from archspec.errors import printable
 from archspec.hf.types import COMMON_INERT, EXPORT_ORDER, PENDING, TYPES
-from archspec.kinds import AttentionSpec, family
+from archspec.kinds import family
 from archspec.kinds.hf import HFConfig, HFType, HFUnsupported, HFWeight
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
@@ -73,7 +73,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         by_word = {w: _unit_class(fam, w, cfg).from_hf(cfg) for w in dict.fromkeys(words)}
         per_layer[fam] = [by_word[w] for w in words]
     units, groups = _model_wide_and_groups(per_layer)
-    attention = AttentionSpec.from_hf(cfg)
+    attention = _unit_class("attention", _attention_block(hf), cfg).from_hf(cfg)
     attention.update(positional=units["positional"], sparsity=units["sparsity"])
     model = {
         "vocab_size": cfg.take("vocab_size", int), "context_length": cfg.take("context_length", int),
@@ -150,7 +150,7 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
     raise HFUnsupported("no transformers model type expresses this spec", reasons)
 
 
-def _attention_fields(attention: AttentionSpec) -> dict[str, Any]:
+def _attention_fields(attention: Any) -> dict[str, Any]:
     """An attention's settings other than its pattern and positions (which their own families map)."""
     return attention.model_dump(mode="json", exclude={"sparsity", "positional"})
 
@@ -207,8 +207,16 @@ class _Recording(dict):
         self.written[key] = value
 
 
+def _attention_block(hf: HFType) -> str:
+    """The attention kind a model type is made of, in HF's words (every type but deepseek_v3: standard attention)."""
+    return hf.blocks.get("attention", "attention")
+
+
 def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
     m = spec.model
+    if m.attention.hf_block != _attention_block(hf):
+        raise HFUnsupported(f"model.attention.kind: {m.attention.kind!r} is HF's {m.attention.hf_block!r}; "
+                            f"{hf.model_type} has {_attention_block(hf)!r}")
     for fam, path in _FAMILIES:
         units = _layer_units(m, fam)
         want = hf.blocks[fam] if isinstance(hf.blocks[fam], tuple) else (hf.blocks[fam],)

@@ -364,14 +364,81 @@ GLM = HFType(  # GLM-4 (THUDM/glm-4-9b-hf): LLaMA's block with half of each head
     check=(_common_checks,),
 )
 
+# ── deepseek_v3: multi-head latent attention (the attention family's latent_attention kind) ──────────────────────
+# Its MoE layers (sigmoid scores, e_score_correction_bias, n_group/topk_group, routed_scaling_factor) need the MoE
+# unit's routing variants: until they are there, a config whose every layer is dense (first_k_dense_replace ≥
+# num_hidden_layers) imports, and the MoE keys it carries are read (they configure no layer).
+_DEEPSEEK_MOE_KEYS = ("moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor",
+                      "n_group", "topk_group", "num_experts_per_tok", "norm_topk_prob", "first_k_dense_replace",
+                      "output_router_logits", "num_local_experts")
+
+
+def _deepseek_ffn(cfg: HFConfig) -> str:
+    n_layers = cfg.take("n_layers", int)
+    dense = cfg.take("first_k_dense_replace", int)
+    if dense < n_layers:
+        raise cfg.refuse("first_k_dense_replace", f"{dense} < num_hidden_layers ({n_layers}): layers "
+                         f"{dense}..{n_layers - 1} are DeepSeek-V3 MoE layers (sigmoid scores with "
+                         "e_score_correction_bias, group-limited top-k, routed_scaling_factor), which archspec's moe "
+                         "unit does not have yet")
+    cfg.mark(*_DEEPSEEK_MOE_KEYS)
+    return "gated_mlp"
+
+
+_deepseek_ffn.fields = ("first_k_dense_replace",)
+
+
+def _place_deepseek_ffn(out: dict, words: list[str]) -> None:
+    out["first_k_dense_replace"] = len(words)  # every layer dense (the blocks allow no other)
+
+
+def _deepseek_checks(cfg: HFConfig) -> None:
+    _must_be("rope_interleave", False, "archspec's rope rotates (i, i + d/2) pairs, not interleaved ones")(cfg)
+    mtp = cfg.take("num_nextn_predict_layers", int, default=0)
+    if mtp:
+        import warnings
+
+        from archspec.errors import Caution
+
+        warnings.warn(Caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
+                              f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
+                              "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
+                              "head, and transformers' DeepseekV3ForCausalLM builds none either"))
+
+
+DEEPSEEK_V3 = HFType(
+    model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "attention": "latent_attention"}, pick={"ffn": _deepseek_ffn},
+    keys={**_LLAMA_KEYS, "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
+          "qk_nope_head_dim": "qk_nope_head_dim", "qk_rope_head_dim": "qk_rope_head_dim",
+          "v_head_dim": "v_head_dim"},
+    # what transformers assumes when a key is absent (DeepseekV3Config's defaults)
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+              "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+              "max_position_embeddings": 4096, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 3, "rope_interleave": True},
+    names=_LLAMA_NAMES,
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias"},
+    dropout_keys=("attention_dropout",),
+    fixed={"rope_interleave": False, "num_nextn_predict_layers": 0},
+    place={"ffn": _place_deepseek_ffn},
+    # auto_map: the original remote code's class names; ep_size: its expert parallelism; moe_layer_freq, scoring_func,
+    # topk_method: DeepSeek's own config's routing words, which transformers' deepseek_v3 reads nowhere (its router is
+    # always sigmoid + noaux_tc, every layer from first_k_dense_replace on MoE)
+    inert=frozenset({"pretraining_tp", "num_mtp_layers", "auto_map", "ep_size", "moe_layer_freq", "scoring_func",
+                     "topk_method"}),
+    aliases={"num_mtp_layers": "num_nextn_predict_layers"},
+    check=(_common_checks, _deepseek_checks),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM)}
+                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
 # ministral (a pattern per layer); mixtral before qwen2_moe; the types with a rotary fraction last: phi3 (half pairs),
-# glm (interleaved)).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM)
+# glm (interleaved); deepseek_v3 (latent attention) after them).
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {}

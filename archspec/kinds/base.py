@@ -60,8 +60,9 @@ def identity_dump(model: BaseModel) -> dict[str, Any]:
 
 def _drop_new_defaults(value: Any, dumped: Any) -> Any:
     if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        clean = value.identity_clean_fields() if hasattr(value, "identity_clean_fields") else ()
         for name, info in type(value).model_fields.items():
-            if name not in dumped:
+            if name not in dumped or name in clean:  # dumped by identity_dump already, maybe from another object
                 continue
             current = getattr(value, name)
             if _since(info) and current == info.get_default(call_default_factory=True):
@@ -389,6 +390,34 @@ class SparsityKind(KindUnit):
         return None
 
 
+class AttentionKind(KindUnit):
+    """How a layer's queries read earlier positions: its projections, what its KV cache holds, and the two families
+    it holds, `positional` and `sparsity`. The template defines `class Attention(nn.Module)` (`new_cache`,
+    `reset_parameters`, `forward(x, <positional.block_params>, cache)`), filling in the families' hook macros.
+
+    Besides the KindUnit hooks every attention kind provides (archspec.accounting, archspec.memory and codegen ask it,
+    naming no kind): `n_heads`, `positional`, `sparsity`; `fill_defaults(d_model)`; `params(d_model)`,
+    `projection_flops(d_model)`, `score_flops(seq_len, full_attention)`, `kv_cache_elements_per_token()` and
+    `kv_cache_elements_per_sequence(seq_len)` (what its `new_cache` allocates, tested); `rotary_width` (the dims of
+    each head the positional unit rotates) at spec field `rotary_field`, `rotary_kv_heads` (how many key heads it
+    rotates); `saved_widths()` (archspec.memory); `mean_head_dim` (PaLM's FLOPs convention); `heads_summary()` (words
+    for the accounting table and the docstring); `cache_class` (what `new_cache` returns) and `class_label()`."""
+
+    family: ClassVar[str] = "attention"
+    rotary_field: ClassVar[str] = "head_dim"
+
+    def fill_defaults(self, d_model: int) -> None:  # type: ignore[override]  (takes d_model: see ModelSpec)
+        """Defaults that depend on d_model (written into the spec so explicit and omitted forms hash alike)."""
+
+    @property
+    def cache_class(self) -> str:
+        return self.sparsity.cache_class
+
+    def class_label(self) -> str:
+        """How a file names this configuration's class when layers differ (`WindowAttention`)."""
+        return type(self.sparsity).class_prefix()
+
+
 class FFNKind(KindUnit):
     """A feed-forward layer. The template defines `class FeedForward(nn.Module)` with no constructor arguments,
     `reset_parameters()` and `forward(x) -> (B, T, D_MODEL)`; optional hook macro `model_methods` (methods added
@@ -495,6 +524,7 @@ _KINDS = Registry("a kind", [
     Family("positional", PositionalKind, "rope",
            ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
     Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
+    Family("attention", AttentionKind, "gqa"),
     Family("ffn", FFNKind, "glu", ("model_methods",)),
 ], check=_has_template)
 _FAMILIES = _KINDS.families

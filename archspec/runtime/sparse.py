@@ -29,14 +29,14 @@ class RollingKVCache:
     however long the sequence grows. N_KV_HEADS heads (not N_HEADS), like KVCache; `max_len` positions at most."""
 
     def __init__(self, pattern: SparsePattern, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 rollback: int = 0, device=None, dtype=None) -> None:
+                 rollback: int = 0, device=None, dtype=None, v_dim: int | None = None) -> None:
         self.pattern, self.max_len = pattern, max_len
         size = min(pattern.n_global + pattern.reach + rollback, max_len)  # slots; a short sequence never wraps
         self.n_global = min(pattern.n_global, size)  # slot p < n_global holds position p
         self.ring = size - self.n_global  # position p >= n_global lives in slot n_global + (p - n_global) % ring
         shape = (batch_size, n_kv_heads, size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # (B, n_kv_heads, slots, head_dim)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape[:-1] + (head_dim if v_dim is None else v_dim,), device=device, dtype=dtype)
         self.pos = torch.full((size,), -1, dtype=torch.long, device=device)  # each slot's position; -1: empty
         self.length = 0  # positions seen: the position of the next token
         self.oldest = self.n_global  # the oldest position the ring still holds
@@ -86,6 +86,20 @@ class RollingKVCache:
             self._store(k, v)
         return y  # (B, N_HEADS, T, D)
 
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store this step's k, v (B, heads, T, ·), positions `length` onwards, and return what a query of this step
+        may see: the slots before the write and the new positions, (B, heads, slots + T, ·) each, with the (T,
+        slots + T) mask of which each query sees (the pattern's predicate; empty slots never)."""
+        start, end = self.length, self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
+        keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        kv_pos = torch.cat([self.pos, torch.arange(start, end, device=k.device)])  # (slots + T,)
+        q_idx = torch.arange(start, end, device=k.device)[:, None]  # (T, 1)
+        visible = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, slots + T)
+        self._store(k, v)
+        return keys, values, visible
+
     def truncate(self, length: int) -> None:
         """Forget the positions from `length` on (speculative decoding drops rejected drafts). The ring must still hold
         what a query at `length` sees: a cache made with `rollback` r can go back r positions after any step."""
@@ -101,6 +115,21 @@ class RollingKVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class RollingLatentCache(RollingKVCache):
+    """A multi-head latent attention layer's cache under a sparse pattern: the normalised latents (B, S, latent) and
+    rope keys (B, 1, S, rope) of the positions the pattern can still show a later query (RollingKVCache's slots)."""
+
+    def __init__(self, pattern: SparsePattern, batch_size: int, max_len: int, latent_dim: int, rope_dim: int,
+                 rollback: int = 0, device=None, dtype=None) -> None:
+        super().__init__(pattern, batch_size, 1, max_len, latent_dim, rollback, device, dtype, v_dim=rope_dim)
+
+    def extend(self, latent: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This step's latents (B, T, latent) and rope keys (B, 1, T, rope) → the visible ones', (B, S, latent) and
+        (B, 1, S, rope), and the (T, S) mask (see RollingKVCache.extend)."""
+        latents, k_pes, visible = super().extend(latent[:, None], k_pe)
+        return latents[:, 0], k_pes, visible
 
 
 _TILE_BIASES: dict = {}  # (pattern, T, chunk, query heads per K/V head, dtype, device) → each chunk's additive mask
@@ -172,13 +201,13 @@ class BlockwiseAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                 dropout_p: float) -> torch.Tensor:
         B, H, T, D = q.shape
-        kv_heads = k.size(1)
+        kv_heads, Dv = k.size(1), v.size(-1)  # Dv: the values' width (multi-head latent attention's may differ)
         G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, D)  # one matrix per K/V head
+        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)  # one matrix per K/V head
         # (B, N_HEADS, T, D) laid out as (B, T, N_HEADS, D): the caller's transpose back to (B, T, N_HEADS·D) for the
         # output projection is then a view, and the one tensor the projection and this backward both keep.
-        y = q.new_empty(B, T, H, D).transpose(1, 2)
+        y = q.new_empty(B, T, H, Dv).transpose(1, 2)
         biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
         masks = []
         for i, start in enumerate(range(0, T, C)):
@@ -195,8 +224,8 @@ class BlockwiseAttention(torch.autograd.Function):
                 keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
                 probs = probs.mul_(keep).div_(1.0 - dropout_p)
                 masks.append(keep)
-            out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, D)
-            y[:, :, start:start + rows] = out.view(B, H, rows, D)
+            out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, Dv)
+            y[:, :, start:start + rows] = out.view(B, H, rows, Dv)
         ctx.pattern, ctx.dropout_p = pattern, dropout_p
         ctx.save_for_backward(q, k, v, y, *masks)
         return y  # (B, N_HEADS, T, D)
@@ -207,22 +236,22 @@ class BlockwiseAttention(torch.autograd.Function):
         q, k, v, y, *masks = ctx.saved_tensors
         pattern, dropout_p = ctx.pattern, ctx.dropout_p
         B, H, T, D = q.shape
-        kv_heads = k.size(1)
+        kv_heads, Dv = k.size(1), v.size(-1)
         G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
-        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, D)
+        keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)
         # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs); that row sum is Σ_D dy ∘ y (dropout included)
         delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
         dq = torch.empty_like(q)
         # every chunk adds into the globals' dK and dV: accumulate bf16/fp16 in fp32 (cast back on return)
         acc = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
         dk, dv = torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
-        dkeys, dvalues = dk.view(B * kv_heads, T, D), dv.view(B * kv_heads, T, D)
+        dkeys, dvalues = dk.view(B * kv_heads, T, D), dv.view(B * kv_heads, T, Dv)
         biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
         for i, start in enumerate(range(0, T, C)):
             rows = min(C, T - start)
             first, end = chunk_keys(pattern, T, start, rows)
             q_tile = q[:, :, start:start + rows].reshape(B * kv_heads, G * rows, D)
-            dy_tile = dy[:, :, start:start + rows].reshape(B * kv_heads, G * rows, D)
+            dy_tile = dy[:, :, start:start + rows].reshape(B * kv_heads, G * rows, Dv)
             delta_tile = delta[:, :, start:start + rows].reshape(B * kv_heads, G * rows, 1)
             k_tile, v_tile = keys[:, first:end], values[:, first:end]
             if P:

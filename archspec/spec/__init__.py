@@ -219,10 +219,28 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
         safe_yaml.check_structure(value, f"--set {shown}")
         if key.endswith(".kind") and isinstance(value, str):
             section = _get_dotted(data, key.rsplit(".", 1)[0])
-            if isinstance(section, dict) and section.get("kind", value) != value:
+            if isinstance(section, dict) and section.get("kind", _omitted_kind(key) or value) != value:
                 section.clear()  # another kind: its own fields, from its defaults (later --set keys refine it)
         set_dotted(data, key, value, f"--set {shown}")
     return data
+
+
+def _omitted_kind(kind_key: str) -> str | None:
+    """The kind an omitted `kind` means at `kind_key`'s section (`model.attention.kind` → the default attention
+    kind), or None when the path is no kind union a spec has (layer groups, unknown keys)."""
+    model: Any = Spec
+    parts = kind_key.split(".")[:-1]
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        members = _kind_members(field.annotation)
+        if i == len(parts) - 1:
+            return next((k for k, m in (members or {}).items() if is_default_member(m)), None)
+        # inside a union: its default member's field (every member holding it holds the same union there)
+        model = next((m for m in members.values() if is_default_member(m)), None) if members else (
+            _model_of(field.annotation))
+    return None
 
 
 def _get_dotted(data: Any, key: str) -> Any:

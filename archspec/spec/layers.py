@@ -33,7 +33,7 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
-from archspec.kinds import AttentionSpec, family, registry_version
+from archspec.kinds import family, registry_version
 from archspec.kinds.base import Problem, Strict, identity_dump
 
 COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
@@ -75,7 +75,7 @@ class BlockSpec:
     """The resolved components of one layer."""
 
     norm: Any
-    attention: AttentionSpec
+    attention: Any  # the layer's attention kind (archspec.kinds.attention)
     ffn: Any
 
     def key(self) -> str:
@@ -183,17 +183,16 @@ def _adapter(family_name: str, version: int) -> TypeAdapter:
 
 
 def _validate(component: str, data: dict) -> Any:
-    if component == "attention":
-        return AttentionSpec.model_validate(data)
     return _adapter(component, registry_version()).validate_python(data)
 
 
 def _error_path(component: str, loc: tuple) -> tuple:
     """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`): drop it."""
-    kinds = {k for fam in ("norm", "ffn", "positional", "sparsity") for k in family(fam).members}
+    unions = ("norm", "ffn", "positional", "sparsity", "attention")
+    kinds = {k for fam in unions for k in family(fam).members}
     out, prev = [], component
     for part in loc:
-        if isinstance(part, str) and part in kinds and prev in ("norm", "ffn", "positional", "sparsity"):
+        if isinstance(part, str) and part in kinds and prev in unions:
             prev = part
             continue
         out.append(part)
@@ -258,6 +257,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                 flat.pop(("positional",), None)
                 flat = {k: v for k, v in flat.items() if k[0] != "positional"}
             merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
+            if c == "attention" and "positional" in base_user:  # positions are model-wide, whatever the layer's kind
+                merged["positional"] = base_user["positional"]
             ck = (c, json.dumps(_str_keys(merged), sort_keys=True, default=repr))
             if ck not in cache:
                 try:

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, model_validator
 
-from archspec.kinds import AttentionSpec, family
+from archspec.kinds import family
+from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
 from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
@@ -25,6 +26,7 @@ from archspec.spec.train import DataSpec, TrainSpec
 SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 Norm = family("norm").union()
+Attention = family("attention").union()
 FFN = family("ffn").union()
 
 
@@ -39,7 +41,7 @@ class ModelSpec(Strict):
     d_model: int = Field(512, ge=1, le=MAX_WIDTH)
     n_layers: int = Field(8, ge=1, le=MAX_LAYERS)
     norm: Norm = Field(default_factory=_default("norm"))
-    attention: AttentionSpec = Field(default_factory=AttentionSpec)
+    attention: Attention = Field(default_factory=_default("attention"))
     ffn: FFN = Field(default_factory=_default("ffn"))
     tie_embeddings: bool = True
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
@@ -85,17 +87,19 @@ class ModelSpec(Strict):
         if self.layers and not self._layer_problems:
             wide, groups = canonical_layers(self, self._blocks)
             if groups:
-                # positions are model-wide; identity_dump as for `wide`: a field added later (Since) at its default
-                # leaves the hash as it was (identity_dump does not look inside a section this serializer rewrote)
-                positional = identity_dump(self.attention.positional)
                 data.update(wide)
-                data["attention"]["positional"] = positional
+                data["attention"]["positional"] = identity_dump(self.attention.positional)
                 data["layers"] = groups
             else:
                 data.update(wide)
         return data
 
     # ── per layer ──
+
+    def identity_clean_fields(self) -> tuple[str, ...]:
+        """Fields the canonical form writes from identity dumps of their own (archspec.kinds.base.identity_dump):
+        with layer groups, the block components come from the configurations most layers use, not these fields."""
+        return COMPONENTS + ("layers",) if self.layers and not self._layer_problems else ()
 
     def blocks(self) -> list[BlockSpec]:
         """Each layer's resolved components (equal layers share one BlockSpec)."""
@@ -147,7 +151,8 @@ class Spec(Strict):
 
 bind("norm", ModelSpec, "norm")
 bind("ffn", ModelSpec, "ffn")
-rebuild_order(AttentionSpec, ModelSpec, Spec)
+bind("attention", ModelSpec, "attention")
+rebuild_order(*family("attention").members.values(), ModelSpec, Spec)
 rebuild_data_order(DataSpec, TrainSpec, Spec)  # a data kind registered late (archspec.data)
 
 # The built-in kinds' classes, for code that names one directly (tests, presets).

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from archspec.kinds.base import Problem  # (field path, message, offending value)
-from archspec.spec.model import MAX_HEAD_DIM
 
 if TYPE_CHECKING:
     from archspec.spec.model import Spec
@@ -22,7 +21,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     p_att = ("model", "attention")
 
     out += m.layer_problems()  # per-layer groups: selections, overlaps that disagree, merged fields
-    out += attention_problems(att, m.d_model, p_att)
+    out += att.problems(m, p_att)  # the attention kind's own rules (heads, widths)
     if not m.layer_problems():
         # A layer group's own components get the same rules as the model-wide ones, at the group's path.
         checked: set[int] = set()
@@ -38,7 +37,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
                     continue
                 where = ("model", "layers", group, c)
                 if unit is block.attention:
-                    out += attention_problems(unit, m.d_model, where)
+                    out += unit.problems(m, where)
                 else:  # a kind reports at the path it is given
                     out += unit.problems(m, where + (("sparsity",) if unit is block.attention.sparsity else ()))
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
@@ -66,33 +65,7 @@ def trainability_problems(spec: "Spec") -> list[str]:
     return spec.train.data.tokenizer.trainability_problems(spec.model)
 
 
-def attention_problems(att, d_model: int, p_att: tuple) -> list[Problem]:
-    out: list[Problem] = []
-    if att.n_kv_heads is not None and (att.n_kv_heads > att.n_heads or att.n_heads % att.n_kv_heads):
-        out.append((p_att + ("n_kv_heads",), f"must divide n_heads ({att.n_heads}), got {att.n_kv_heads}", att.n_kv_heads))
-    if att.head_dim is None:
-        out.append(
-            (p_att + ("n_heads",),
-             f"must divide d_model ({d_model}) when head_dim is not given, got {att.n_heads}; "
-             f"set head_dim or pick n_heads in {_divisors(d_model)}", att.n_heads)
-        )
-    else:
-        width = att.head_dim * att.n_heads
-        if width > 8 * d_model:
-            out.append((p_att + ("head_dim",),
-                        f"n_heads·head_dim ({att.n_heads}·{att.head_dim} = {width}) must be at most 8·d_model "
-                        f"({8 * d_model})", att.head_dim))
-        if att.head_dim > MAX_HEAD_DIM:
-            out.append((p_att + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {att.head_dim} (d_model // "
-                        "n_heads when not given: raise n_heads or set head_dim)", att.head_dim))
-    return out
-
-
 def _selects(m, group: str, layer: int) -> bool:
     from archspec.spec.layers import layer_indices
 
     return layer in layer_indices(m.layers[group].select, m.n_layers, ())[0]
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]

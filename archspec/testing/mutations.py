@@ -166,6 +166,8 @@ def _mutate_remove_name(draw, data, spec):
 
 
 def _rule_kv_heads(draw, data, spec):
+    if "n_kv_heads" not in type(spec.model.attention).model_fields:  # an attention kind without it (mla)
+        return None
     n_heads = spec.model.attention.n_heads
     bad = [k for k in range(2, min(MAX_HEADS, 64) + 1) if n_heads % k or k > n_heads]
     set_at(data, ("model", "attention", "n_kv_heads"), draw(st.sampled_from(bad)))
@@ -173,6 +175,8 @@ def _rule_kv_heads(draw, data, spec):
 
 
 def _rule_heads_divide_d_model(draw, data, spec):
+    if "head_dim" not in type(spec.model.attention).model_fields:  # an attention kind without it (mla)
+        return None
     d_model = spec.model.d_model
     bad = [h for h in range(2, min(MAX_HEADS, 64) + 1) if d_model % h]
     if not bad:
@@ -185,6 +189,8 @@ def _rule_heads_divide_d_model(draw, data, spec):
 
 
 def _rule_width(draw, data, spec):
+    if "head_dim" not in type(spec.model.attention).model_fields:  # an attention kind without it (mla)
+        return None
     m = spec.model
     n_heads = m.attention.n_heads
     head_dim = 8 * m.d_model // n_heads + 2

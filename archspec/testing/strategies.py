@@ -110,6 +110,7 @@ NORM_KINDS = _KindTable("norm")
 POSITIONAL_KINDS = _KindTable("positional")
 SPARSITY_KINDS = _KindTable("sparsity")
 FFN_KINDS = _KindTable("ffn")
+ATTENTION_KINDS = _KindTable("attention")
 
 
 def _ctx(d_model: int = 64, context_length: int = 32, max_hidden: int = 128) -> dict[str, int]:
@@ -138,19 +139,33 @@ def ffns(d_model: int = 64, kinds=None, max_hidden: int = 128) -> Strategy:
 
 @st.composite
 def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: int = 8, max_head_dim: int = 16,
-               positional_kinds=None, sparsity_kinds=None) -> dict:
-    """Attention dicts valid for `d_model`: MHA / GQA / MQA (n_kv_heads over the divisors of n_heads, or omitted),
-    head_dim omitted (derived), written equal to the derived value, or free (≠ d_model // n_heads)."""
+               positional_kinds=None, sparsity_kinds=None, attention_kinds=None) -> dict:
+    """Attention dicts valid for `d_model`, of every attention kind (`attention_kinds`: some of them). The default
+    kind: MHA / GQA / MQA (n_kv_heads over the divisors of n_heads, or omitted), head_dim omitted (derived), written
+    equal to the derived value, or free (≠ d_model // n_heads). Another kind draws its own fields (its unit's
+    `strategy`, told the positional kind's `head_dim_multiple`); positional and sparsity as for the default."""
     out: dict[str, Any] = {}
     positional = draw(positionals(d_model, positional_kinds))
     pos_kind = positional.get("kind", kind_omittable(AttentionSpec, "positional"))
     mult = family("positional").members[pos_kind].head_dim_step(positional)  # e.g. rope rotates pairs of dimensions
+    kinds = list(attention_kinds) if attention_kinds is not None else list(ATTENTION_KINDS)
+    kind = draw(st.sampled_from(kinds))
+    if kind != family("attention").default:
+        ctx = {**_ctx(d_model, context_length), "head_dim_multiple": mult, "max_heads": max_heads}
+        out = {"kind": kind, **draw(ATTENTION_KINDS[kind](ctx))}
+        if positional or draw(st.booleans()):
+            out["positional"] = positional
+        if draw(st.booleans()):
+            out["sparsity"] = draw(sparsities(context_length, sparsity_kinds))
+        return out
+    if draw(st.booleans()):
+        out["kind"] = kind  # the default kind, written (a Since field: hashes alike)
     max_heads = max(1, min(max_heads, MAX_HEADS, 4 * d_model))
 
     # The K/V layout first, then head counts that allow it: n_kv_heads = n_heads (MHA, or omitted), 1 (MQA), or a
     # divisor in between (GQA).
-    kv = draw(st.sampled_from(["gqa", "mqa", "mha", "omit"]))
-    fits = (lambda h: any(1 < k < h for k in divisors(h))) if kv == "gqa" else (lambda h: True)
+    kv = draw(st.sampled_from(["grouped", "mqa", "mha", "omit"]))
+    fits = (lambda h: any(1 < k < h for k in divisors(h))) if kv == "grouped" else (lambda h: True)
     derivable = [h for h in divisors(d_model) if h <= max_heads and d_model // h <= MAX_HEAD_DIM
                  and (d_model // h) % mult == 0 and fits(h)]
     def limit(h: int) -> int:  # the widest head h heads may have: n_heads·head_dim ≤ 8·d_model
@@ -171,7 +186,7 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
         if mode == "written":
             out["head_dim"] = d_model // n_heads
     grouped = [k for k in divisors(n_heads) if 1 < k < n_heads]
-    if kv == "gqa" and grouped:
+    if kv == "grouped" and grouped:
         out["n_kv_heads"] = draw(st.sampled_from(grouped))
     elif kv == "mqa":
         out["n_kv_heads"] = 1
@@ -219,7 +234,7 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
     if per_layer and out["n_layers"] > 1 and draw(st.booleans()):
         out["layers"] = draw(layer_groups(out["n_layers"], d_model, context, out["attention"]["n_heads"],
                                           max_hidden=max_hidden, norm_kinds=norm_kinds, ffn_kinds=ffn_kinds,
-                                          sparsity_kinds=sparsity_kinds))
+                                          sparsity_kinds=sparsity_kinds, attention=out["attention"]))
     return out
 
 
@@ -244,9 +259,10 @@ def selections(n_layers: int) -> Strategy:
 
 @st.composite
 def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads: int, *, max_hidden: int = 128,
-                 norm_kinds=None, ffn_kinds=None, sparsity_kinds=None) -> dict:
+                 norm_kinds=None, ffn_kinds=None, sparsity_kinds=None, attention: dict | None = None) -> dict:
     """`model.layers` dicts: up to two named groups that never disagree where they overlap (one varies the FFN
-    and/or norm, the other the attention: K/V heads, pattern or biases)."""
+    and/or norm, the other the attention: K/V heads, pattern or biases; or, for another attention kind than the
+    model-wide one, its pattern, or another kind for some layers, keeping the width positions are applied to)."""
     out: dict[str, Any] = {}
     names = draw(st.permutations(["a", "wide", "g-1", "mix_2"]))
     if draw(st.booleans()):
@@ -261,7 +277,23 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
         if "norm" in parts:
             group["norm"] = {"kind": family("norm").default, **draw(norms(norm_kinds, d_model))}
         out[names[0]] = group
-    if not out or draw(st.booleans()):
+    default_kind = family("attention").default
+    kind = (attention or {}).get("kind", default_kind)
+    other = [k for k in ATTENTION_KINDS if k != kind]
+    wants_attention = not out or draw(st.booleans())
+    if wants_attention and (kind != default_kind or (other and draw(st.booleans()))):
+        sparsity = sparsities(context_length, sparsity_kinds).map(lambda d: {"kind": family("sparsity").default, **d})
+        if kind != default_kind and draw(st.booleans()):  # the model's own kind, another pattern for these layers
+            group_att = {"sparsity": draw(sparsity)}
+        else:  # another kind for these layers, rotating as many dims as the model-wide one
+            new = draw(st.sampled_from([default_kind, *other] if kind != default_kind else other))
+            wide = parse_spec({"name": "x", "model": {"d_model": d_model, "attention": attention or {}}}).model.attention
+            group_att = {"kind": new, **draw(ATTENTION_KINDS[new]({**_ctx(d_model, context_length), "max_heads": 1,
+                                                                 "rotary_width": wide.rotary_width}))}
+            if draw(st.booleans()):
+                group_att["sparsity"] = draw(sparsity)
+        out[names[1]] = {"select": draw(selections(n_layers)), "attention": group_att}
+    elif wants_attention:
         grouped = [k for k in divisors(n_heads)]
         attention = draw(st.fixed_dictionaries({}, optional={
             "n_kv_heads": st.sampled_from(grouped),

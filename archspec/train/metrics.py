@@ -103,7 +103,7 @@ class RunMetrics:
         t, a = spec.train, spec.model.attention
         return cls(tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * world_size,
                    flops_per_token=acc.flops_train,
-                   palm_flops_per_token=palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.head_dim),
+                   palm_flops_per_token=palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.mean_head_dim),
                    peak_flops=peak[0], peak_source=peak[1], world_size=world_size, started=started)
 
     def step(self, stats: StepStats) -> dict[str, float]:

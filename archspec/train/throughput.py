@@ -162,14 +162,14 @@ OUR_CONVENTION = "exact matmul FLOPs, causal attention at (T+1)/2 keys, train = 
 PALM_CONVENTION = "6N + 12·L·H·Q·T (PaLM, nanoGPT): N params less position tables, attention at all T keys"
 
 
-def palm_train_flops_per_token(acc, n_layers: int, n_heads: int, head_dim: int) -> int | None:
+def palm_train_flops_per_token(acc, n_layers: int, n_heads: int, head_dim: float) -> int | None:
     """Training FLOPs per token by the 6N + 12·L·H·Q·T convention (PaLM appendix B; nanoGPT's estimate_mfu), the one
     most published MFU figures use. Ours counts the causal mask's (T+1)/2 keys and no non-matmul parameters (norms,
     an untied input embedding), so it is a few percent lower. None for models with routed experts (N is ambiguous)."""
     if acc.active != acc.total:
         return None
     n = acc.total - acc.by_component.get("position", 0)
-    return 6 * n + 12 * n_layers * n_heads * head_dim * acc.seq_len
+    return 6 * n + round(12 * n_layers * n_heads * head_dim * acc.seq_len)  # head_dim: (q·k + v widths) / 2
 
 
 def mfu_flag(value: float) -> str | None:

@@ -162,13 +162,13 @@ class RopePositional(PositionalKind):
 
     def problems(self, m, path):
         out = []
-        hd = m.attention.rotary_width
+        hd, field = m.attention.rotary_width, type(m.attention).rotary_field  # the width rotated, and its field
         rotated = None if hd is None else int(self.partial * hd)
         if hd is not None and self.partial == 1.0 and hd % 2:
-            out.append((("model", "attention", "head_dim"), f"must be even for rope (rotates pairs), got {hd}", hd))
+            out.append((("model", "attention", field), f"must be even for rope (rotates pairs), got {hd}", hd))
         elif rotated is not None and (rotated % 2 or rotated < 2):
             out.append(((*path, "partial"), f"rotates int({self.partial} · {hd}) = {rotated} dimensions of each head "
-                        f"(head_dim {hd}); rope rotates pairs: that must be even and at least 2", self.partial))
+                        f"({field} {hd}); rope rotates pairs: that must be even and at least 2", self.partial))
         elif m.layers and not m.layer_problems():
             # One rotary table serves every layer: a layer group may not change the head width under rope.
             widths = sorted({b.attention.rotary_width for b in m.blocks()})
@@ -232,9 +232,9 @@ class RopePositional(PositionalKind):
 
     def saved_elements(self, m) -> int:
         a = m.attention
-        # The rotated q and k, whole heads wide (new tensors: with partial rotation the concatenation of the rotated
+        # The rotated q and k, rotary_width wide (new tensors: with partial rotation the concatenation of the rotated
         # and the passed dimensions; v stays a view).
-        return (a.n_heads + a.n_kv_heads) * a.head_dim
+        return (a.n_heads + a.rotary_kv_heads) * a.rotary_width
 
     def buffer_elements(self, m) -> int:
         return 2 * m.context_length * self.rotated_dims(m)  # cos and sin tables, ROTARY_DIM wide (one: see problems)
@@ -372,6 +372,8 @@ def _odd_head_dim(draw, data, spec):
     """rope on heads of odd width (it rotates pairs of dimensions): blamed on head_dim."""
     from hypothesis import strategies as st
 
+    if type(spec.model.attention).rotary_field != "head_dim":  # another attention kind has its own case
+        return None
     att = data["model"].setdefault("attention", {})
     att["positional"] = {"kind": "rope"}
     att["head_dim"] = 2 * draw(st.integers(0, 3)) + 1  # n_heads·head_dim ≤ 8·d_model holds for these sizes

@@ -65,5 +65,6 @@ def _odd_d_model(draw, data, spec):
     data["model"]["d_model"] = m.d_model + (m.d_model % 2 == 0)
     att = data["model"].setdefault("attention", {})
     att["positional"] = {"kind": "sinusoidal"}
-    att["head_dim"] = m.attention.head_dim  # keep the heads valid at the new width
+    if "head_dim" in type(m.attention).model_fields:
+        att["head_dim"] = m.attention.head_dim  # keep the heads valid at the new width
     return ("model", "d_model")

@@ -26,5 +26,5 @@ def blockwise_saved_bytes(m: Any, mm: int, n_global: int, lookback: int, align: 
     keeps too: one tensor), in the matmul dtype; with attention dropout, a one-byte keep-mask per tile entry (at most
     every query head × its tile's keys: the first chunks' bands are shorter)."""
     a = m.attention
-    kept = (2 * a.n_heads + 2 * a.n_kv_heads) * a.head_dim * mm
+    kept = a.attention_io_elements() * mm
     return kept + (a.n_heads * tile_keys(m, n_global, lookback, align) if m.dropout > 0 else 0)

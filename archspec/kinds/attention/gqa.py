@@ -1,14 +1,16 @@
-"""The attention unit: projections, K/V head sharing (MHA/GQA/MQA), biases, and the two families it holds:
-`positional` (how positions reach q and k) and `sparsity` (which keys each query sees). Its template,
-attention.py.j2, is the one Attention module; the families' hook macros fill it in."""
+"""Standard attention, the attention family's default kind (`kind: gqa`, written or omitted): projections, K/V head
+sharing (MHA/GQA/MQA), biases, q/k norm, and the two families it holds: `positional` (how positions reach q and k)
+and `sparsity` (which keys each query sees). Its template, gqa.py.j2, is the Attention module; the families' hook
+macros fill it in."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, Strict, bind, family, lit_bool, lit_float, lit_int
+from archspec.kinds.base import (AttentionKind, Const, Since, Strict, bind, family, lit_bool, lit_float, lit_int,
+                                 register)
 from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
 
@@ -23,7 +25,10 @@ class QKNorm(Strict):
     eps: float = Field(1e-6, gt=0, le=0.1)
 
 
-class AttentionSpec(Strict):
+@register
+class AttentionSpec(AttentionKind):
+    # Written or omitted: specs from before attention had kinds have no `kind`, and keep their hashes (Since).
+    kind: Annotated[Literal["gqa"], Since("0.4")] = "gqa"
     n_heads: int = Field(8, ge=1, le=MAX_HEADS)
     n_kv_heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="= n_heads: MHA; 1: MQA; between: GQA")
     head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM, description="default d_model // n_heads")
@@ -46,6 +51,48 @@ class AttentionSpec(Strict):
         if self.out_bias is None:
             object.__setattr__(self, "out_bias", self.bias)
         object.__setattr__(self, "bias", bool(self.qkv_bias and self.out_bias))
+
+    def problems(self, m: Any, path: tuple[str, ...]) -> list:
+        d_model, out = m.d_model, []
+        if self.n_kv_heads is not None and (self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads):
+            out.append((path + ("n_kv_heads",), f"must divide n_heads ({self.n_heads}), got {self.n_kv_heads}",
+                        self.n_kv_heads))
+        if self.head_dim is None:
+            out.append((path + ("n_heads",), f"must divide d_model ({d_model}) when head_dim is not given, got "
+                        f"{self.n_heads}; set head_dim or pick n_heads in {_divisors(d_model)}", self.n_heads))
+        else:
+            width = self.head_dim * self.n_heads
+            if width > 8 * d_model:
+                out.append((path + ("head_dim",), f"n_heads·head_dim ({self.n_heads}·{self.head_dim} = {width}) must "
+                            f"be at most 8·d_model ({8 * d_model})", self.head_dim))
+            if self.head_dim > MAX_HEAD_DIM:
+                out.append((path + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {self.head_dim} (d_model // "
+                            "n_heads when not given: raise n_heads or set head_dim)", self.head_dim))
+        return out
+
+    # ── what the other units and the accounting ask every attention kind (archspec.kinds.base.AttentionKind) ──
+    @property
+    def rotary_kv_heads(self) -> int:
+        return self.n_kv_heads
+
+    @property
+    def mean_head_dim(self) -> float:
+        return self.head_dim
+
+    def saved_widths(self) -> tuple[int, int]:
+        """(attention output width, what the projections leave alive for backward) per token (archspec.memory):
+        one qkv projection, v a view of it, so the whole output stays alive."""
+        return self.q_width, self.q_width + 2 * self.kv_width
+
+    def attention_io_elements(self) -> int:
+        """Per token: q, k, v and the output of the attention product (what a kernel that recomputes scores keeps)."""
+        return (2 * self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+
+    def heads_summary(self) -> str:
+        return f"{self.layout} {self.n_heads}/{self.n_kv_heads} heads"
+
+    def doc_summary(self) -> str:
+        return f"{self.n_heads} heads ({self.n_kv_heads} KV heads, {self.layout})"
 
     # ── accounting ──
     @property
@@ -111,7 +158,28 @@ class AttentionSpec(Strict):
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
                 "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None}
 
+    # ── testing ──
+    @classmethod
+    def strategy(cls, ctx):
+        """Heads and widths as a layer group writes them (archspec.testing.attentions draws the model-wide one):
+        head_dim the `rotary_width` asked for, when asked."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def draw(draw):
+            n_heads = draw(st.integers(1, max(1, min(4, ctx.get("max_heads", 4)))))
+            head_dim = ctx.get("rotary_width") or ctx.get("head_dim_multiple", 2) * draw(st.integers(1, 8))
+            out = {"n_heads": n_heads, "head_dim": head_dim,
+                   "n_kv_heads": draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0]))}
+            if draw(st.booleans()):
+                out["bias"] = draw(st.booleans())
+            return out
+
+        return draw()
+
     # ── HF transformers interop (archspec.kinds.hf) ──
+    hf_block = "attention"  # what every model type archspec maps but deepseek_v3 has
+
     @classmethod
     def from_hf(cls, cfg) -> dict[str, Any]:
         """Heads, K/V heads, head width, biases and q/k norm; positional and sparsity come from their own units."""
@@ -124,7 +192,7 @@ class AttentionSpec(Strict):
             out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
         return out
 
-    def to_hf(self, m: Any, out: dict[str, Any], hf: Any) -> None:
+    def to_hf(self, m: Any, out: dict[str, Any], hf: Any, path: tuple[str, ...] = ()) -> None:
         path = ("model", "attention")
         out[hf.keys["n_heads"]] = self.n_heads
         for field, key in (("n_kv_heads", "n_kv_heads"), ("head_dim", "head_dim")):
@@ -142,7 +210,7 @@ class AttentionSpec(Strict):
                                 f"{hf.model_type} (its q/k norm uses {hf.keys['norm_eps']}, here "
                                 f"{out.get(hf.keys['norm_eps'])})")
 
-    def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:
+    def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:  # noqa: D417
         """Our fused qkv_proj is HF's c_attn (GPT-2, Conv1D) or its q_proj, k_proj, v_proj stacked by rows."""
         names = hf.names
         if "qkv" in names:
@@ -159,17 +227,8 @@ class AttentionSpec(Strict):
         return out
 
 
-def past_context_refusal(m: Any) -> str | None:
-    """Why model `m` cannot run past its context_length, or None when it can: when every layer looks back at most a
-    window (`SparsityKind.max_lookback`) and positions reach attention only as offsets (`PositionalKind.relative`),
-    each layer's cache rolls and no query meets an offset it did not meet in training."""
-    positional = m.attention.positional
-    if not type(positional).relative:
-        return f"its positions are absolute ({positional.describe(m)})"
-    for i, b in enumerate(m.blocks()):
-        if b.attention.sparsity.max_lookback() is None:
-            return f"layer {i} has {b.attention.sparsity.describe(m)}, not a window"
-    return None
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
 
 
 bind("positional", AttentionSpec, "positional")
