@@ -12,7 +12,7 @@ rotated k_pe only: (KV_LORA_RANK + QK_ROPE_HEAD_DIM) elements per token and laye
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -29,7 +29,7 @@ class MLASpec(AttentionKind):
     kind: Literal["mla"] = "mla"
     prefix = "Latent"
     rotary_field = "qk_rope_head_dim"
-    rotary_width_name = "HEAD_DIM"  # the constant the rope template reads: = QK_ROPE_HEAD_DIM here (see constants)
+    rotary_width_name: ClassVar[str] = "HEAD_DIM"  # the constant the rope template reads: = QK_ROPE_HEAD_DIM here (see constants)
     n_heads: int = Field(8, ge=1, le=MAX_HEADS)
     q_lora_rank: int | None = Field(None, ge=1, le=MAX_WIDTH,
                                     description="the query's low-rank latent width; null: a full query projection")
