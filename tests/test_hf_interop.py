@@ -11,6 +11,7 @@ the spec and every weight come back exactly. No downloads.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 import re
 
@@ -152,6 +153,18 @@ CASES = {
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
         qk_rope_head_dim=4, v_head_dim=6, first_k_dense_replace=2, rope_interleave=False, **_NO_IDS),
+    # DeepSeek-V3 whole: a dense first layer, then MoE layers of 8 routed experts in 4 groups (top-2 groups, top-2
+    # experts), sigmoid scores with the selection bias, gates renormalised and scaled by 2.5, one shared expert;
+    # interleaved rope pairs under yarn with mscale_all_dim (the softmax scale times mscale²)
+    "deepseek_v3_moe": lambda: transformers.DeepseekV3Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=6, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=16, n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                         "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.7},
+        **_NO_IDS),
     "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,
@@ -661,9 +674,35 @@ def test_deepseek_v3_greedy_generation_equals_hf_generate(tmp_path, capsys):
     assert torch.equal(ours.eval().generate(prompt, 20, temperature=0), want)
 
 
+def test_deepseek_v3_moe_layers_with_a_selection_bias_equal_hf(tmp_path, capsys):
+    """The MoE layers' e_score_correction_bias (a buffer HF initialises to zero) imported and used for the choice only:
+    a random bias that changes which experts are chosen still gives HF's logits, and greedy decoding equals HF's."""
+    model = transformers.AutoModelForCausalLM.from_config(CASES["deepseek_v3_moe"](), attn_implementation="eager")
+    _randomise(model, 11)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.5 * torch.randn(8, generator=g))
+    src = tmp_path / "hf-bias"
+    model.save_pretrained(src)
+    spec, state, ours, _ = _import(tmp_path, src, capsys=capsys)
+    ffn = spec.model.blocks()[1].ffn
+    assert (ffn.score, ffn.selection_bias, ffn.n_group, ffn.topk_group, ffn.routed_scaling_factor) == (
+        "sigmoid", True, 4, 2, 2.5)
+    assert spec.model.attention.positional.layout == "interleaved"
+    assert spec.model.blocks()[0].ffn.kind == "glu"
+    idx = torch.randint(0, V, (2, C), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(ours, idx), _hf_logits(model, idx), atol=ATOL, rtol=0)
+    biased = [k for k in state["model"] if k.endswith("selection_bias")]
+    assert len(biased) == 2 and all(state["model"][k].abs().sum() > 0 for k in biased)
+    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    want = model.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5,
+                                 do_sample=False, min_new_tokens=C - 5)
+    assert ours.eval().generate(prompt, C - 5, temperature=0).tolist() == want.tolist()
+
+
 @pytest.mark.parametrize("change,field", [
-    ({"first_k_dense_replace": 1}, "first_k_dense_replace: 1 < num_hidden_layers (2)"),  # MoE layers: routing pending
-    ({"rope_interleave": True}, "rope_interleave"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace: -1: must be at least 0"),
     ({"attention_bias": True}, "attention_bias"),
     ({"num_key_value_heads": 2}, "num_key_value_heads"),
     ({"head_dim": 5}, "head_dim: 5, but the other widths imply 4"),
@@ -690,35 +729,26 @@ def test_deepseek_v3_multi_token_prediction_layers_are_left_out_with_a_note(tmp_
 # The released DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3, as published) and its published counts: 671B total,
 # 37B activated per token (the report's Table 1; the multi-token-prediction module's 14B is not among them).
 _V3 = json.loads((__import__("pathlib").Path(__file__).parent / "fixtures" / "deepseek-v3-config.json").read_text())
-# What archspec still lacks for it, in the order the import meets them, and the key each refusal names.
-_V3_BLOCKERS = [("rope_interleave", "rope_interleave"),  # the rope unit's interleaved layout (rope helper)
-                ("rope_scaling", "rope_type 'yarn'"),  # yarn scaling (rope helper), and mla's mscale² softmax scale
-                ("first_k_dense_replace", "first_k_dense_replace: 3 < num_hidden_layers (61)")]  # routing (moe helper)
-
-
-def test_released_deepseek_v3_refuses_exactly_what_archspec_lacks_and_counts_671b_37b():
+def test_released_deepseek_v3_imports_with_its_published_counts_671b_37b(capsys):
+    """deepseek-ai/DeepSeek-V3's config.json as published (yarn factor 40, interleaved rope pairs, V3's routing, one
+    multi-token-prediction layer) imports — the MTP layer left out with a note — and counts what transformers' own
+    DeepseekV3ForCausalLM of the config has: 671.0B parameters, 37.6B active per token."""
     from archspec.accounting import param_breakdown
     from archspec.hf import spec_from_config
-    from archspec.kinds.hf import HFUnsupported
 
     data = {k: v for k, v in _V3.items() if k != "quantization_config"}  # fp8 storage of the weights, not the model
-    for fix, (key, said) in zip([{}, {"rope_interleave": False}, {"rope_scaling": None}], _V3_BLOCKERS):
-        data.update(fix)
-        with pytest.raises(HFUnsupported, match=re.escape(said)):
-            spec_from_config(data, "DeepSeek-V3/config.json", "v3")
-    # The same model written as a spec: MLA, 3 dense layers, 58 DeepSeekMoE layers of 256 routed experts (top-8) and
-    # 1 shared; a softmax router stands in for V3's sigmoid one (the same parameters: its correction bias is a buffer).
-    v3 = {"vocab_size": 129280, "context_length": 4096, "d_model": 7168, "n_layers": 61, "norm": {"eps": 1e-6},
-          "attention": {"kind": "mla", "n_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
-                        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-          "ffn": {"kind": "moe", "n_experts": 256, "top_k": 8, "expert": {"kind": "glu", "hidden_dim": 2048},
-                  "n_shared_experts": 1, "renormalize": True},
-          "layers": {"dense": {"select": [0, 1, 2], "ffn": {"kind": "glu", "hidden_dim": 18432}}},
-          "tie_embeddings": False}
-    parts, active = param_breakdown(load_spec_dict({"name": "v3", "model": v3}).model)
+    spec = load_spec_dict(spec_from_config(data, "DeepSeek-V3/config.json", "v3"))
+    m = spec.model
+    rope = m.attention.positional
+    assert (m.attention.kind, rope.layout, rope.scaling.kind, rope.scaling.factor) == ("mla", "interleaved", "yarn", 40)
+    assert m.attention.softmax_mscale == pytest.approx((0.1 * 1.0 * math.log(40) + 1.0) ** 2)
+    moe = m.blocks()[3].ffn
+    assert (moe.kind, moe.n_experts, moe.top_k, moe.score, moe.n_group, moe.topk_group, moe.routed_scaling_factor) == (
+        "moe", 256, 8, "sigmoid", 8, 4, 2.5)
+    assert [b.ffn.kind for b in m.blocks()[:4]] == ["glu", "glu", "glu", "moe"]
+    parts, active = param_breakdown(m)
     assert sum(parts.values()) == 671_026_404_352 and active == 37_552_282_624  # 671.0B, 37.6B
-    # transformers' own DeepseekV3ForCausalLM of this config (on the meta device): the same count
-    config = transformers.DeepseekV3Config(**{k: v for k, v in data.items() if k not in ("rope_scaling",)})
+    config = transformers.DeepseekV3Config(**data)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     assert _numel(hf) == 671_026_404_352

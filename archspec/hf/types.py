@@ -10,7 +10,7 @@ Qwen2-MoE's dense layers), its `pick` reads the per-layer words (transformers' o
 
 from __future__ import annotations
 
-from archspec.kinds.hf import HFConfig, HFType
+from archspec.kinds.hf import HFConfig, HFType, HFUnsupported
 
 # Keys of every transformers config that do not change the function the model computes: ids, labels, generation
 # defaults, output switches, bookkeeping, the init scale (weights are loaded, not drawn), the cache switch.
@@ -365,35 +365,39 @@ GLM = HFType(  # GLM-4 (THUDM/glm-4-9b-hf): LLaMA's block with half of each head
 )
 
 # ── deepseek_v3: multi-head latent attention (the attention family's latent_attention kind) ──────────────────────
-# Its MoE layers (sigmoid scores, e_score_correction_bias, n_group/topk_group, routed_scaling_factor) need the MoE
-# unit's routing variants: until they are there, a config whose every layer is dense (first_k_dense_replace ≥
-# num_hidden_layers) imports, and the MoE keys it carries are read (they configure no layer).
-_DEEPSEEK_MOE_KEYS = ("moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor",
-                      "n_group", "topk_group", "num_experts_per_tok", "norm_topk_prob", "first_k_dense_replace",
-                      "output_router_logits", "num_local_experts")
+# Layers 0 .. first_k_dense_replace - 1 are dense gated MLPs (intermediate_size), every later one a DeepSeekMoE
+# layer (transformers: `layer_idx >= first_k_dense_replace`; moe_layer_freq is read nowhere): n_routed_experts of
+# moe_intermediate_size, top num_experts_per_tok by sigmoid scores plus e_score_correction_bias, group-limited
+# (n_group, topk_group), gates renormalised (norm_topk_prob) and scaled (routed_scaling_factor), n_shared_experts.
 
 
-def _deepseek_ffn(cfg: HFConfig) -> str:
+def _deepseek_ffn(cfg: HFConfig) -> list[str]:
     n_layers = cfg.take("n_layers", int)
     dense = cfg.take("first_k_dense_replace", int)
-    if dense < n_layers:
-        raise cfg.refuse("first_k_dense_replace", f"{dense} < num_hidden_layers ({n_layers}): layers "
-                         f"{dense}..{n_layers - 1} are DeepSeek-V3 MoE layers (sigmoid scores with "
-                         "e_score_correction_bias, group-limited top-k, routed_scaling_factor), which archspec's moe "
-                         "unit does not have yet")
-    cfg.mark(*_DEEPSEEK_MOE_KEYS)
-    return "gated_mlp"
+    if dense < 0:
+        raise cfg.refuse("first_k_dense_replace", f"{dense}: must be at least 0")
+    words = ["gated_mlp" if i < dense else "sparse_moe" for i in range(n_layers)]
+    if "gated_mlp" not in words:
+        cfg.mark(cfg.key("ffn_hidden"))
+    if "sparse_moe" not in words:  # keys no layer reads: they change nothing
+        cfg.mark(*(cfg.key(role) for role in ("n_experts", "top_k", "expert_hidden", "n_shared_experts", "n_group",
+                                              "topk_group", "routed_scaling_factor")), "norm_topk_prob")
+    return words
 
 
 _deepseek_ffn.fields = ("first_k_dense_replace",)
 
 
 def _place_deepseek_ffn(out: dict, words: list[str]) -> None:
-    out["first_k_dense_replace"] = len(words)  # every layer dense (the blocks allow no other)
+    dense = next((i for i, w in enumerate(words) if w != "gated_mlp"), len(words))
+    if any(w == "gated_mlp" for w in words[dense:]):
+        raise HFUnsupported(f"model.layers: dense layers {[i for i, w in enumerate(words) if w == 'gated_mlp']} "
+                            "cannot be expressed as deepseek_v3 (its dense layers are the first "
+                            "first_k_dense_replace, every later layer MoE)")
+    out["first_k_dense_replace"] = dense
 
 
 def _deepseek_checks(cfg: HFConfig) -> None:
-    _must_be("rope_interleave", False, "archspec's rope rotates (i, i + d/2) pairs, not interleaved ones")(cfg)
     mtp = cfg.take("num_nextn_predict_layers", int, default=0)
     if mtp:
         import warnings
@@ -408,25 +412,34 @@ def _deepseek_checks(cfg: HFConfig) -> None:
 
 DEEPSEEK_V3 = HFType(
     model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
-    blocks={**_LLAMA_BLOCKS, "attention": "latent_attention"}, pick={"ffn": _deepseek_ffn},
+    blocks={**_LLAMA_BLOCKS, "attention": "latent_attention", "ffn": ("sparse_moe", "gated_mlp")},
+    pick={"ffn": _deepseek_ffn},
     keys={**_LLAMA_KEYS, "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
           "qk_nope_head_dim": "qk_nope_head_dim", "qk_rope_head_dim": "qk_rope_head_dim",
-          "v_head_dim": "v_head_dim"},
+          "v_head_dim": "v_head_dim", "n_experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+          "expert_hidden": "moe_intermediate_size", "n_shared_experts": "n_shared_experts", "n_group": "n_group",
+          "topk_group": "topk_group", "routed_scaling_factor": "routed_scaling_factor"},
     # what transformers assumes when a key is absent (DeepseekV3Config's defaults)
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
               "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
               "max_position_embeddings": 4096, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-              "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 3, "rope_interleave": True},
-    names=_LLAMA_NAMES,
-    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias"},
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 3, "rope_interleave": True,
+              "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
+              "n_shared_experts": 1, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+              "norm_topk_prob": True},
+    names={**_LLAMA_NAMES, "router": "gate", "shared_expert": "shared_experts"},
+    # no biases but attention_bias's; the router: sigmoid scores, a selection bias (e_score_correction_bias), gates
+    # renormalised by norm_topk_prob; rope pairs interleaved by rope_interleave
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "renormalize": "norm_topk_prob",
+           "sigmoid_scores": True, "selection_bias": True, "rope_interleaved": "rope_interleave"},
     dropout_keys=("attention_dropout",),
-    fixed={"rope_interleave": False, "num_nextn_predict_layers": 0},
+    fixed={"num_nextn_predict_layers": 0},
     place={"ffn": _place_deepseek_ffn},
     # auto_map: the original remote code's class names; ep_size: its expert parallelism; moe_layer_freq, scoring_func,
     # topk_method: DeepSeek's own config's routing words, which transformers' deepseek_v3 reads nowhere (its router is
-    # always sigmoid + noaux_tc, every layer from first_k_dense_replace on MoE)
+    # always sigmoid + noaux_tc, every layer from first_k_dense_replace on MoE); output_router_logits: an output switch
     inert=frozenset({"pretraining_tp", "num_mtp_layers", "auto_map", "ep_size", "moe_layer_freq", "scoring_func",
-                     "topk_method"}),
+                     "topk_method", "output_router_logits"}),
     aliases={"num_mtp_layers": "num_nextn_predict_layers"},
     check=(_common_checks, _deepseek_checks),
 )

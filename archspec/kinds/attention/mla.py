@@ -54,10 +54,18 @@ class MLASpec(AttentionKind):
         if self.qk_head_dim > MAX_HEAD_DIM:
             out.append((path + ("qk_nope_head_dim",), f"qk_nope_head_dim + qk_rope_head_dim must be at most "
                         f"{MAX_HEAD_DIM}, got {self.qk_head_dim}", self.qk_nope_head_dim))
-        if getattr(self.positional, "scaling", None) == "yarn":  # until the rope unit says yarn's mscale (below)
-            out.append((path + ("positional", "scaling"), "yarn under mla needs yarn's softmax scale (mscale²), "
-                        "which the rope unit does not give yet; use another scaling", "yarn"))
         return out
+
+    @property
+    def softmax_mscale(self) -> float:
+        """DeepSeek's softmax scale under yarn: 1/sqrt(QK_HEAD_DIM) times yarn_mscale(factor, mscale_all_dim)² when the
+        rope is yarn-scaled with mscale_all_dim set (transformers' `yarn_apply_mscale`), else 1."""
+        scaling = getattr(self.positional, "scaling", None)
+        if getattr(scaling, "kind", None) != "yarn" or not scaling.mscale_all_dim:
+            return 1.0
+        from archspec.kinds.positional.rope import yarn_mscale
+
+        return yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
 
     # ── what every attention kind says (archspec.kinds.base.AttentionKind) ──
     @property
@@ -144,13 +152,14 @@ class MLASpec(AttentionKind):
             # The width the positional unit works in: only the decoupled part carries positions.
             Const("HEAD_DIM", lit_int(self.rotary_width), "= QK_ROPE_HEAD_DIM: the width positions are applied to"),
             Const("LATENT_NORM_EPS", lit_float(self.norm_eps), "RMSNorm of the latents"),
-        ]
+        ] + ([Const("SOFTMAX_MSCALE", lit_float(self.softmax_mscale), "yarn: the softmax scale times "
+                    "yarn_mscale(factor, mscale_all_dim)² (DeepSeek-V3)")] if self.softmax_mscale != 1.0 else [])
 
     def describe(self, m: Any) -> str:
         return "multi-head latent attention"
 
     def template_context(self, m: Any) -> dict[str, Any]:
-        return {"gqa": False, "q_lora": self.q_lora_rank is not None,
+        return {"gqa": False, "q_lora": self.q_lora_rank is not None, "mscale": self.softmax_mscale != 1.0,
                 "rolling": self.sparsity.cache_class != "KVCache"}
 
     # ── HF transformers interop (archspec.kinds.hf): transformers' deepseek_v3 ──

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from archspec.errors import printable
-from archspec.kinds.hf import HFUnsupported
+from archspec.kinds.hf import HFUnsupported, put_fact
 from archspec.kinds.base import Const, PositionalKind, Since, Strict, kind_union, lit_float, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 
@@ -309,7 +309,7 @@ class RopePositional(PositionalKind):
         out: dict[str, Any] = {"kind": "rope", "theta": float(theta)}
         if partial != 1.0:
             out["partial"] = float(partial)
-        if cfg.fact("rope_interleaved"):  # GLM: (2i, 2i + 1) pairs, fixed by the model type
+        if cfg.fact("rope_interleaved"):  # (2i, 2i + 1) pairs: fixed by the type (GLM) or its key (DeepSeek-V3)
             out["layout"] = "interleaved"
         if rope_type != "default":
             if rope_type not in _HF_FIELDS:
@@ -349,7 +349,9 @@ class RopePositional(PositionalKind):
         if self.partial != 1.0 and not hf.facts.get("partial_rotary"):
             raise HFUnsupported(f"{'.'.join((*path, 'partial'))}: {self.partial} cannot be expressed as "
                                 f"{hf.model_type} (its rotary embedding rotates every dimension)")
-        if (self.layout == "interleaved") != bool(hf.facts.get("rope_interleaved")):
+        if isinstance(hf.facts.get("rope_interleaved"), str):  # a config key says which (DeepSeek-V3's rope_interleave)
+            put_fact(out, hf, "rope_interleaved", self.layout == "interleaved", (*path, "layout"))
+        elif (self.layout == "interleaved") != bool(hf.facts.get("rope_interleaved")):
             has = "interleaved" if hf.facts.get("rope_interleaved") else "half"
             raise HFUnsupported(f"{'.'.join((*path, 'layout'))}: {self.layout} cannot be expressed as "
                                 f"{hf.model_type} (its rotary pairs are always {has})")
