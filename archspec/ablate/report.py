@@ -56,6 +56,8 @@ class VariantResult:
     runs: list[RunResult]
     attention_flops_per_token: int | None = None  # forward QKᵀ and AV per token, at the pattern's key count
     overrides: dict[str, str] = field(default_factory=dict)  # grid/zip key → its value as the spec writes it
+    # A matched sweep (`match`/`solve`): {key, value, measure, count, target, residual} of the solved width
+    matched: dict[str, Any] | None = None
 
     @property
     def finals(self) -> list[float]:
@@ -141,6 +143,10 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
         }
+        if v.matched is not None:
+            m = v.matched
+            row["matched"] = (f"{m['key'].rpartition('.')[2]}={m['value']} " + (
+                f"(target {m['measure']})" if v.index == baseline_index else f"({m['residual']:+.2%} {m['measure']})"))
         if show_attention:
             a = v.attention_flops_per_token
             row["attn FLOPs/tok"] = human(a) if a is not None else "-"
@@ -156,7 +162,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             if stats:
                 row[kind.metric_column] = kind.report_cell(stats, number)
         rows.append(row)
-    for column in ["answer acc", *(kind.metric_column for kind in kinds)]:
+    for column in ["matched", "answer acc", *(kind.metric_column for kind in kinds)]:
         if any(column in r for r in rows):
             for r in rows:
                 r.setdefault(column, "-")
@@ -182,6 +188,7 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
             "runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status} for r in v.runs],
             "probe": v.probe_stats(),  # capability tasks: mean accuracy on the answer positions (and per distance)
+            "matched": v.matched,  # the solved width of a matched sweep, or None
         })
     return out
 

@@ -226,8 +226,17 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
             attention_flops_per_token=acc_d["flops_per_token"].get("attention"),  # None for runs recorded before
             overrides=overrides,
+            matched=_matched(sweep.variants[index].solution) if sweep is not None else None,
         ))
     return variants, baseline_index
+
+
+def _matched(solution) -> dict[str, Any] | None:
+    """A solved width as the report shows it (archspec.ablate.match.Solution)."""
+    if solution is None:
+        return None
+    return {"key": solution.key, "value": solution.value, "measure": solution.measure, "count": solution.count,
+            "target": solution.target, "residual": solution.residual}
 
 
 @dataclass

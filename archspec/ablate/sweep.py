@@ -13,6 +13,10 @@
       model.attention.n_heads: [2, 4]
     baseline: 0                            # index of the variant the deltas are against
     eval_points: 10                        # evaluations per curve: train.eval_interval = ceil(steps / eval_points)
+    match: params                          # optional: params | flops | kv_bytes, matched to the baseline variant by
+    solve: model.ffn.hidden_dim            #   solving this width per variant (archspec.ablate.match)
+    tolerance: 0.02                        #   relative mismatch allowed (default 2%)
+    multiple_of: 8                         #   the solved width is a multiple of this (default 8)
 
 Nothing here knows any spec kind: a variant is a set of dotted overrides applied to the base mapping and validated by
 the spec language, so new kinds (moe, sparse attention) are sweepable the day they exist.
@@ -27,10 +31,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from archspec.ablate.match import MULTIPLE_OF, TOLERANCE, Solution, count, dotted_value, solve_width
 from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
@@ -80,6 +85,14 @@ class SweepFile(BaseModel):
     baseline: int = Field(0, ge=0)
     eval_points: int = Field(EVAL_POINTS, ge=1, le=10_000, description="evaluations per variant's curve, whatever its "
                              "steps: train.eval_interval = ceil(steps / eval_points) unless the grid sets it")
+    match: Literal["params", "flops", "kv_bytes"] | None = Field(
+        None, description="hold this count equal to the baseline variant's: params (total), flops (train FLOPs per "
+                          "token at train.seq_len) or kv_bytes (KV-cache bytes per token), by solving `solve` per variant")
+    solve: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$", max_length=200,
+                              description="the dotted integer width solved per variant for `match`, e.g. "
+                                          "model.ffn.hidden_dim")
+    tolerance: float = Field(TOLERANCE, gt=0, le=1, description="relative mismatch `match` allows (0.02: 2%)")
+    multiple_of: int = Field(MULTIPLE_OF, ge=1, le=1 << 16, description="the solved width is a multiple of this")
 
 
 def _shape_problems(data: dict) -> list[str]:
@@ -98,6 +111,12 @@ def _shape_problems(data: dict) -> list[str]:
     both = set(sections.get("grid") or {}) & set(sections.get("zip") or {})
     if both:
         out.append(f"{', '.join(sorted(map(str, both)))}: in both grid and zip")
+    match, solve = data.get("match"), data.get("solve")
+    if (match is None) != (solve is None):
+        out.append("match and solve: give both (match: params | flops | kv_bytes, solve: the dotted width key to "
+                   "solve, e.g. model.ffn.hidden_dim) or neither")
+    if isinstance(solve, str) and solve in set(sections.get("grid") or {}) | set(sections.get("zip") or {}):
+        out.append(f"solve: {printable(solve, 200)} is also a grid/zip key; the solver sets it per variant")
     seeds = data.get("seeds")
     if isinstance(seeds, list) and all(isinstance(x, int) for x in seeds) and len(set(seeds)) != len(seeds):
         out.append(f"seeds: repeated seed in {printable(str(seeds), 200)}")
@@ -135,6 +154,7 @@ class Variant:
     overrides: dict[str, Any]  # dotted key → value, what differs from the base
     spec: Spec  # seed not yet applied; train.steps set from the budget
     accounting: Accounting
+    solution: Solution | None = None  # the width solved to match the baseline (sweep `match`/`solve`)
 
     @property
     def label(self) -> str:
@@ -281,14 +301,22 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     name = data.get("name") if isinstance(data.get("name"), str) else "sweep"
     budget = file.budget if file is not None else None
     eval_points = file.eval_points if file is not None else EVAL_POINTS
+    target = _match_target(file, base, rows, name) if file is not None and file.match and file.solve else None
     for i, row in enumerate(rows if base is not None and rows is not None else []):
-        data_i = copy.deepcopy(base)
-        data_i["name"] = f"{name}-v{i}"
+        data_i = _variant_data(base, name, i)
         lines: list[str] = []
+        solution = None
         try:
             for key, value in row.items():
                 set_dotted(data_i, key, copy.deepcopy(value), f"grid/zip key {key}")
+            if target is not None and i != file.baseline:  # the baseline keeps its own width: it is the target
+                solution = solve_width(data_i, file.solve, file.match, target, tolerance=file.tolerance,
+                                       multiple_of=file.multiple_of, what="match")
+                data_i = solution.data
             spec = parse_spec(data_i)
+            if target is not None and i == file.baseline:
+                solution = Solution(file.solve, file.match, dotted_value(spec, file.solve), target, target, spec,
+                                    data_i)
             steps_i = steps_for_budget(spec, budget)
             train_i = data_i.setdefault("train", {})
             if steps_i != spec.train.steps:
@@ -306,7 +334,7 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             for line in lines:
                 by_message.setdefault(line, []).append(f"{i} ({_label(row)})")
             continue
-        variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len)))
+        variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len), solution))
     n_rows = len(rows or [])
     eval_tokens = {v.spec.train.eval_tokens for v in variants}
     if len(eval_tokens) > 1:
@@ -332,6 +360,27 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             spec.train.seed = seed
             sweep.jobs.append(Job(v, seed, spec))
     return sweep
+
+
+def _variant_data(base: dict[str, Any], name: str, index: int) -> dict[str, Any]:
+    data = copy.deepcopy(base)
+    data["name"] = f"{name}-v{index}"
+    return data
+
+
+def _match_target(file: SweepFile, base: dict[str, Any] | None, rows: list[dict[str, Any]] | None,
+                  name: str) -> int | None:
+    """The baseline variant's count that every variant is matched to (None when the baseline itself is invalid: its
+    problem is reported with the variants')."""
+    if base is None or not rows or file.baseline >= len(rows):
+        return None
+    data = _variant_data(base, name, file.baseline)
+    try:
+        for key, value in rows[file.baseline].items():
+            set_dotted(data, key, copy.deepcopy(value), f"grid/zip key {key}")
+        return count(parse_spec(data), file.match)
+    except (UserError, ValidationError, ValueError):
+        return None
 
 
 def _label(overrides: dict[str, Any]) -> str:

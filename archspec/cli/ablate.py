@@ -56,7 +56,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
         total_s += (seconds or 0) * n_jobs
         time_text = (f"{seconds:.0f} s (train {est.train_s:.0f} + eval {est.eval_s:.0f} + {est.fixed_s:.0f} fixed; "
                      f"{est.basis})" if seconds is not None else "-")
-        table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
+        label = v.label + (f"; matched: {v.solution.text()}" if v.solution is not None else "")
+        table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
                       f"{work.evals} × {human(work.eval_tokens)}", time_text)
@@ -103,6 +104,9 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+        if sweep.file.match:
+            meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
+                               f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
     from archspec.ablate.scaling import sweep_fits
 
     ids = {r.run_id for v in variants for r in v.runs}
