@@ -40,9 +40,14 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     from archspec.ablate.estimate import caption, estimate, work_of
     from archspec.spec import model_hash
 
-    table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
-                  f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
-                  title_justify="left")
+    if sweep.rates:
+        shape = (f"{len(sweep.variants)} variants × {len(sweep.rates)} rates at pilot seed {sweep.pilot_seed} = "
+                 f"{len(sweep.jobs)} pilot runs, then {len(sweep.file.seeds) - 1} more seed(s) per variant at its best "
+                 "rate")
+    else:
+        shape = f"{len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds = {len(sweep.jobs)} runs"
+    table = Table(title=f"sweep {sweep.name}: {shape}" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs)
+                                                          else ""), title_justify="left")
     for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
                 "evals × tokens", "est. time/run"):
         table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
@@ -104,6 +109,10 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+        if sweep.rates:
+            from archspec.ablate.rates import rule_text
+
+            meta["lr rule"] = f"lr_sweep {', '.join(f'{r:g}' for r in sweep.rates)}: {rule_text(sweep.pilot_seed)}"
         if sweep.file.match:
             meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
                                f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
@@ -175,13 +184,39 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
 
     sinks = parse_log_to(log_to)  # None: each run's train.log_to; every package checked before anything trains
     resolve_sinks(sinks, [j.spec.train for j in jobs])
-    outcome = run_jobs(sweep, jobs, registry_url, device=device, compile=False if no_compile else None,
-                       progress=not as_json, on_event=console.print,
-                       logger_factory=lambda: registry_with_sinks(registry_url, sinks))
+    def run(these):
+        return run_jobs(sweep, these, registry_url, device=device, compile=False if no_compile else None,
+                        progress=not as_json, on_event=console.print,
+                        logger_factory=lambda: registry_with_sinks(registry_url, sinks))
+
+    outcome = run(jobs)
+    if sweep.rates:  # the pilots have run (here or elsewhere): the other seeds at each variant's best rate
+        outcome.outcomes += _seed_phase(sweep, index, count, registry_url, run, console).outcomes
     console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere")
     _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+
+
+def _seed_phase(sweep: Sweep, index: int, count: int, registry_url, run, console):
+    """An lr_sweep's second phase: each variant whose pilots are all done trains its other seeds at its best rate
+    (archspec.ablate.rates); a variant whose pilots are not (another shard's, still running) is named, and the same
+    command trains its seeds once they are."""
+    from archspec.ablate.rates import rule_text
+    from archspec.ablate.runner import SweepOutcome, collect
+    from archspec.registry import Registry
+
+    variants, _ = collect(Registry(registry_url), sweep.name, sweep)
+    best = {v.index: v.best_lr for v in variants if v.best_lr is not None}
+    waiting = [v.index for v in variants if v.best_lr is None]
+    console.print(f"sweep {sweep.name}: best rates " + (", ".join(f"v{i} {lr:g}" for i, lr in sorted(best.items()))
+                                                        or "none yet") + f" ({rule_text(sweep.pilot_seed)})")
+    if waiting:
+        console.print(f"note: variant(s) {', '.join(f'v{i}' for i in waiting)}: pilots not all finished or failed "
+                      "(another shard's, or every pilot failed); their other seeds train when this command runs "
+                      "again after them")
+    jobs = sweep.shard(index, count, sweep.seed_jobs(best))
+    return run(jobs) if jobs else SweepOutcome()
 
 
 def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, overrides, steps, console) -> Sweep:
@@ -209,6 +244,9 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
     new = list(range(start, start + n))
     console.print(f"sweep {sweep.name}: adding seeds {', '.join(map(str, new))} "
                   f"(it has run at {', '.join(map(str, sorted(ran)))})")
+    if sweep.rates:  # the pilot stays the file's first seed (its runs are done: skipped); the new seeds go to the best rate
+        others = sorted(seeds - set(sweep.file.seeds))
+        return load_sweep(sweep_path, overrides=overrides, seeds=[*sweep.file.seeds, *others, *new], steps=steps)
     return load_sweep(sweep_path, overrides=overrides, seeds=new, steps=steps)
 
 
