@@ -464,6 +464,9 @@ def sweep_json_schema() -> dict[str, Any]:
     budget["oneOf"] = [{"required": [k], "properties": {k: {"type": "number"}}} for k in ("tokens", "steps", "flops")]
     budget["minProperties"] = budget["maxProperties"] = 1
     props["seeds"]["uniqueItems"] = True
+    props["lr_sweep"]["anyOf"][0]["uniqueItems"] = True
+    # match and solve come together (one without the other is refused)
+    schema["dependentRequired"] = {"match": ["solve"], "solve": ["match"]}
     for section in ("grid", "zip"):
         props[section]["additionalProperties"]["minItems"] = 1
         props[section]["propertyNames"] = {"pattern": r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"}

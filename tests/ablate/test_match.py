@@ -182,3 +182,20 @@ def test_report_shows_the_solved_width_and_residual():
     assert rows[0]["matched"] == "hidden_dim=64 (target params)" and rows[1]["matched"] == "hidden_dim=88 (+1.20% params)"
     assert variant_numbers([v(0, m0), v(1, m1)], 0)[1]["matched"]["residual"] == 0.012
     assert "matched" not in table_rows([v(0, None), v(1, None)], 0)[0]  # an unmatched sweep has no such column
+
+
+def test_sweep_schema_states_the_new_fields():
+    import jsonschema
+
+    from archspec.ablate.sweep import sweep_json_schema
+
+    validator = jsonschema.Draft202012Validator(sweep_json_schema())
+    ok = {"name": "s", "base": "x.yaml", "match": "params", "solve": "model.ffn.hidden_dim", "lr_sweep": [1e-3, 3e-3],
+          "stability": True, "tolerance": 0.05, "multiple_of": 4}
+    assert not list(validator.iter_errors(ok))
+    for bad in ({"match": "params"}, {"solve": "model.ffn.hidden_dim"}, {"lr_sweep": [1e-3, 1e-3]}, {"lr_sweep": [1e-3]}, {"match": "size", "solve": "a.b"},
+                {"tolerance": 0}):
+        data = {"name": "s", "base": "x.yaml", **bad}
+        assert list(validator.iter_errors(data)), bad
+        with pytest.raises(UserError):
+            load_sweep(data={**data, "base": BASE})
