@@ -44,7 +44,8 @@ def main() -> None:
     from archspec.train.loop import Trainer
 
     interval = math.ceil(args.steps / args.eval_points)
-    overrides = [f"train.steps={args.steps}", f"train.eval_interval={interval}", "train.compile=false", *args.set]
+    overrides = [f"train.steps={args.steps}", f"train.eval_interval={interval}", "train.compile=false",
+                 "train.stability=true", *args.set]
     spec = load_spec(args.spec, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(spec, device=args.device, run_dir=Path(tmp) / "run")
@@ -58,11 +59,13 @@ def main() -> None:
                 torch.cuda.synchronize()
 
         def timed(fn):
+            """(wall seconds, CPU seconds of this process, all threads): under load from other work the CPU
+            seconds move least (docs/BENCHMARKS.md)."""
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             sync()
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
         def plain_eval():
             saved = probe.recording
@@ -77,12 +80,12 @@ def main() -> None:
             trainer.optimizer.zero_grad(set_to_none=True)
             trainer._forward_backward(1, True)
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             probe.before_update()
             probe.after_update()
             sync()
             probe.norms.clear()
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
         steps, probes, evals, evals_plain = [], [], [], []
         trainer.evaluates_at = lambda step: False  # plain steps: no probe inside them
@@ -93,18 +96,23 @@ def main() -> None:
             evals_plain.append(timed(plain_eval))
         trainer.optimizer.zero_grad(set_to_none=True)
 
-    step, probe_s = statistics.median(steps), statistics.median(probes)
-    ev, ev_plain = statistics.median(evals), statistics.median(evals_plain)
-    extra = probe_s + max(0.0, ev - ev_plain)
-    base = interval * step + ev_plain
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, device {trainer.device}")
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), device {trainer.device}, load average "
+          f"{os.getloadavg()[0]:.1f}")
     print(f"spec {spec.name} ({trainer.build.accounting.total:,} params), {spec.train.batch_size} × {spec.train.seq_len} "
-          f"tokens a step, eval every {interval} steps on {trainer.eval_tokens:,} tokens")
-    print(f"plain step {step * 1e3:.2f} ms · step probes {probe_s * 1e3:.2f} ms · eval {ev_plain * 1e3:.1f} ms plain, "
-          f"{ev * 1e3:.1f} ms probed (+{(ev - ev_plain) * 1e3:.2f} ms)")
-    print(f"overhead per evaluation interval ({interval} steps + 1 eval): {100 * extra / base:.2f}% "
-          f"({100 * extra / (interval * step):.2f}% of the steps alone)")
+          f"tokens a step, eval every {interval} steps on {trainer.eval_tokens:,} tokens; medians of {args.repeats} "
+          "repeats (steps: 5 per repeat)")
+    for which, column in (("wall", 0), ("CPU", 1)):
+        step = statistics.median(x[column] for x in steps)
+        probe_s = statistics.median(x[column] for x in probes)
+        ev = statistics.median(x[column] for x in evals)
+        ev_plain = statistics.median(x[column] for x in evals_plain)
+        extra = probe_s + max(0.0, ev - ev_plain)
+        base = interval * step + ev_plain
+        print(f"{which:>4}: plain step {step * 1e3:.2f} ms · step probes {probe_s * 1e3:.2f} ms · eval "
+              f"{ev_plain * 1e3:.1f} ms plain, {ev * 1e3:.1f} ms probed (+{(ev - ev_plain) * 1e3:.2f} ms) · overhead "
+              f"per evaluation interval ({interval} steps + 1 eval) {100 * extra / base:.2f}% "
+              f"({100 * extra / (interval * step):.2f}% of the steps alone)")
 
 
 if __name__ == "__main__":
