@@ -236,8 +236,10 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
         raise UserError(f"--add-seeds {n}: the sweep would have {len(seeds) + n} seeds, more than the limit of "
                         f"{MAX_SEEDS}")
     finished = sum(r.status == "FINISHED" and r.seed in sweep.file.seeds for v in variants for r in v.runs)
-    if finished < len(sweep.jobs):
-        console.print(f"note: {len(sweep.jobs) - finished} run(s) at the sweep's own seeds are not finished; "
+    # an lr_sweep's variants hold their runs at the best rate: one per seed of the file once it has run
+    expected = len(sweep.variants) * len(sweep.file.seeds) if sweep.rates else len(sweep.jobs)
+    if finished < expected:
+        console.print(f"note: {expected - finished} run(s) at the sweep's own seeds are not finished; "
                       f"`archspec ablate {escape(printable(str(sweep_path)))}` trains them (--add-seeds trains only "
                       "the new seeds)")
     start = max(seeds) + 1
