@@ -27,6 +27,11 @@ from archspec.ablate.stats import LEVEL, Interval, combination, verdict, welch
 from archspec.console import human, number
 from archspec.kinds import KindUnit, metric_kinds
 
+# The model-wide stability figures a report draws (archspec.train.metrics: the largest over the layers).
+STABILITY_CURVES = {"stability.max_logit": "max attention logit", "stability.act_rms": "residual-stream RMS",
+                    "stability.grad_norm": "gradient norm (largest layer)", "stability.update_norm":
+                    "update norm (largest layer)"}
+
 CAPTION = (f"val loss: final, mean ± std over seeds; {LEVEL:.0%} CI: Welch t interval of Δ (Welch–Satterthwaite "
            "degrees of freedom); better/worse only when it excludes 0, else inconclusive")
 
@@ -42,6 +47,7 @@ class RunResult:
     tokens_per_step: int
     summary: dict[str, float] = field(default_factory=dict)
     note: str | None = None  # the run's latest note (`archspec runs note`), shown beside it in the HTML report
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # stability.* model-wide, per eval
 
 
 @dataclass
@@ -56,6 +62,12 @@ class VariantResult:
     runs: list[RunResult]
     attention_flops_per_token: int | None = None  # forward QKᵀ and AV per token, at the pattern's key count
     overrides: dict[str, str] = field(default_factory=dict)  # grid/zip key → its value as the spec writes it
+    # A matched sweep (`match`/`solve`): {key, value, measure, count, target, residual} of the solved width
+    matched: dict[str, Any] | None = None
+    # An lr_sweep: each rate's pilot run [{lr, status, val_loss, run_id}] and the best rate (None: not decided yet);
+    # `runs` are then the runs at the best rate
+    rates: list[dict[str, Any]] | None = None
+    best_lr: float | None = None
 
     @property
     def finals(self) -> list[float]:
@@ -80,6 +92,12 @@ class VariantResult:
         done = [r for r in self.runs if r.status == "FINISHED"]
         keys = sorted({k for r in done for k in r.summary if k.startswith("probe.accuracy")},
                       key=lambda k: (k != "probe.accuracy", int(k.rpartition(".d")[2]) if ".d" in k else 0, k))
+        return {k: statistics.fmean([r.summary[k] for r in done if k in r.summary]) for k in keys}
+
+    def stability_stats(self) -> dict[str, float]:
+        """Mean over finished seeds of the model-wide stability figures at the end (train.stability runs)."""
+        done = [r for r in self.runs if r.status == "FINISHED"]
+        keys = sorted({k for r in done for k in r.summary if k in STABILITY_CURVES or k == "stability.loss_spikes"})
         return {k: statistics.fmean([r.summary[k] for r in done if k in r.summary]) for k in keys}
 
     def kind_stats(self, kind: type[KindUnit]) -> dict[str, float]:
@@ -141,11 +159,25 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "verdict": "baseline" if v.index == baseline_index else (
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
         }
+        if v.rates is not None:
+            done = sum(p["status"] in ("FINISHED", "FAILED") for p in v.rates)
+            row["best lr"] = (f"{v.best_lr:g}" if v.best_lr is not None else
+                              f"pilots {done}/{len(v.rates)}" if done < len(v.rates) else "every pilot failed")
+        if v.matched is not None:
+            m = v.matched
+            row["matched"] = (f"{m['key'].rpartition('.')[2]}={m['value']} " + (
+                f"(target {m['measure']})" if v.index == baseline_index else f"({m['residual']:+.2%} {m['measure']})"))
         if show_attention:
             a = v.attention_flops_per_token
             row["attn FLOPs/tok"] = human(a) if a is not None else "-"
         if show_kv:
             row["KV B/tok"] = f"{v.kv_cache_bytes_per_token:,}"
+        stab = v.stability_stats()
+        if stab:  # train.stability runs: the final model-wide figures, mean over seeds
+            row["stability"] = ", ".join(
+                f"{label} {stab[key]:{fmt}}" for key, label, fmt in (
+                    ("stability.max_logit", "logit", ".1f"), ("stability.act_rms", "rms", ".2f"),
+                    ("stability.loss_spikes", "spikes", ".1f")) if key in stab)
         probes = v.probe_stats()
         if probes:  # exact match on the answer positions, mean over seeds; passkey: per distance
             buckets = ", ".join(f"{k.removeprefix('probe.accuracy.')} {x:.2f}" for k, x in probes.items()
@@ -156,7 +188,7 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             if stats:
                 row[kind.metric_column] = kind.report_cell(stats, number)
         rows.append(row)
-    for column in ["answer acc", *(kind.metric_column for kind in kinds)]:
+    for column in ["best lr", "matched", "stability", "answer acc", *(kind.metric_column for kind in kinds)]:
         if any(column in r for r in rows):
             for r in rows:
                 r.setdefault(column, "-")
@@ -182,6 +214,9 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
                 c.verdict if baseline is not None and baseline.finals else "no baseline runs"),
             "runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status} for r in v.runs],
             "probe": v.probe_stats(),  # capability tasks: mean accuracy on the answer positions (and per distance)
+            "matched": v.matched,  # the solved width of a matched sweep, or None
+            "rates": v.rates, "best_lr": v.best_lr,  # an lr_sweep: each rate's pilot, and the best rate
+            "stability": v.stability_stats(),  # train.stability runs: final model-wide figures, mean over seeds
         })
     return out
 
@@ -399,6 +434,64 @@ def report_figure(title: str, variants: list[VariantResult], baseline_index: int
     return fig
 
 
+def rate_figure(title: str, variants: list[VariantResult], pilot: str = "the pilot seed"):
+    """An lr_sweep's rate curves: each variant's pilot final val loss against the rate (log scale), its best rate
+    marked; None when the sweep swept no rates."""
+    swept = [v for v in variants if v.rates]
+    if not swept:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), constrained_layout=True)
+    for pos, v in enumerate(variants):
+        if not v.rates:
+            continue
+        points = [(p["lr"], p["val_loss"]) for p in v.rates if p["status"] == "FINISHED" and p["val_loss"] is not None]
+        color = f"C{pos % 10}"
+        if points:
+            ax.plot(*zip(*points), marker="o", color=color, label=f"v{v.index}: {v.label}"[:50])
+        best = next((y for x, y in points if x == v.best_lr), None)
+        if best is not None:
+            ax.plot([v.best_lr], [best], marker="*", markersize=14, color=color)
+        for p in v.rates:
+            if p["status"] == "FAILED":
+                ax.axvline(p["lr"], color=color, alpha=0.3, linestyle=":")
+    ax.set(xscale="log", xlabel="peak learning rate (train.lr)", ylabel=f"final val loss ({pilot})",
+           title=f"{title}: val loss against the rate (★ best; dotted: the pilot failed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def stability_figure(title: str, variants: list[VariantResult]):
+    """The stability curves (train.stability runs): each model-wide figure against the step, mean over seeds per
+    variant; None when no run recorded them."""
+    keys = [k for k in STABILITY_CURVES if any(k in r.curves for v in variants for r in v.runs)]
+    if not keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), constrained_layout=True, squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for pos, v in enumerate(variants):
+            curves = [dict(r.curves[key]) for r in v.runs if r.curves.get(key)]
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if steps:
+                ax.plot(steps, [statistics.fmean(c[s] for c in curves) for s in steps], marker="o", markersize=3,
+                        color=f"C{pos % 10}", label=f"v{v.index}")
+        ax.set(xlabel="step", title=STABILITY_CURVES[key])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{title}: stability at each evaluation (mean over seeds)")
+    return fig
+
+
 def figure_texts(fig) -> list[str]:
     """Every text a figure draws (titles, labels, legend entries): what a test reads instead of pixels."""
     from matplotlib.text import Text
@@ -446,11 +539,24 @@ def scaling_section(fits, png: Path) -> dict[str, Any]:
 
 def render_html(title: str, rows: list[dict[str, str]], png: Path, variants: list[VariantResult],
                 meta: dict[str, Any], effects: list[dict[str, str]] | None = None,
-                scaling: dict[str, Any] | None = None) -> str:
+                scaling: dict[str, Any] | None = None, figures: list[dict[str, str]] | None = None) -> str:
+    """figures: more pictures after the curves, each {title, caption, png (a path)}."""
     image = base64.b64encode(png.read_bytes()).decode()
+    shown = [{"title": f["title"], "caption": f["caption"],
+              "image": base64.b64encode(Path(f["png"]).read_bytes()).decode()} for f in figures or []]
     return _HTML.get_template("report.html.j2").render(title=title, rows=rows, image=image, variants=variants,
                                                        meta=meta, caption=CAPTION, effects=effects or [],
-                                                       effects_caption=EFFECTS_CAPTION, scaling=scaling)
+                                                       effects_caption=EFFECTS_CAPTION, scaling=scaling,
+                                                       figures=shown)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,
@@ -466,5 +572,14 @@ def write_report(title: str, variants: list[VariantResult], baseline_index: int,
         from archspec.ablate.scaling import plot_fits
 
         scaling = scaling_section(fits, plot_fits(title, fits, out_dir / f"{title}-scaling.png"))
-    html.write_text(render_html(title, rows, png, variants, meta, effects, scaling), encoding="utf-8")
+    figures = []
+    if (fig := rate_figure(title, variants)) is not None:
+        figures.append({"title": "Learning rate", "png": _save(fig, out_dir / f"{title}-lr.png"),
+                        "caption": meta.get("lr rule", "each variant at its own best rate")})
+    if (fig := stability_figure(title, variants)) is not None:
+        figures.append({"title": "Stability", "png": _save(fig, out_dir / f"{title}-stability.png"),
+                        "caption": "the largest over the layers of each figure at every evaluation (train.stability;"
+                                   " archspec.train.metrics): max attention logit q·k/√d, RMS of a block's output, "
+                                   "gradient and update L2 norms of the step before the evaluation"})
+    html.write_text(render_html(title, rows, png, variants, meta, effects, scaling, figures), encoding="utf-8")
     return rows, png, html

@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rich.markup import escape
 
-from archspec.ablate.report import RunResult, VariantResult, label_overrides
+from archspec.ablate.rates import RatePoint, best_rate
+from archspec.ablate.report import STABILITY_CURVES, RunResult, VariantResult, label_overrides
 from archspec.ablate.sweep import Job, Sweep, load_sweep, spec_diff, spec_text
 from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
@@ -183,20 +184,39 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     runs of an older definition), at every seed the sweep has run (the file's and any `--add-seeds` added), and
     variants with no runs yet are listed empty. Without it, variants are
     grouped by the variant their membership records, the latest attempt per (variant, seed).
+
+    An lr_sweep (archspec.ablate.rates): a variant's runs are those at its best rate (RULE), and its rate curve holds
+    each rate's pilot; without the sweep file a variant whose runs hold several train.lr is read the same way, its
+    pilot being the seed run at the most rates.
     """
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
     wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
-              for j in sweep.jobs} if sweep else {}
-    by_variant: dict[int, dict[int, Any]] = {}
+              for j in sweep.all_jobs()} if sweep else {}
+    by_variant: dict[int, dict[tuple[float | None, int], Any]] = {}
     for row in rows:
         if sweep is not None:
             job = wanted.get(_identity(row.model_hash, row.recipe))
             if job is None:
                 continue
-            index = job.variant.index
+            index, lr = job.variant.index, job.lr
         else:
-            index = row.memberships[sweep_name].variant
-        by_variant.setdefault(index, {})[row.seed] = row  # sorted by created: the latest attempt wins
+            index, lr = row.memberships[sweep_name].variant, row.recipe.get("lr")
+        by_variant.setdefault(index, {})[(lr, row.seed)] = row  # sorted by created: the latest attempt wins
+    rate_curves: dict[int, tuple[list[RatePoint], float | None]] = {}
+    for index, found in list(by_variant.items()):
+        rates = sweep.rates if sweep is not None else sorted({lr for lr, _ in found if lr is not None})
+        if len(rates) > 1:
+            pilot = sweep.pilot_seed if sweep is not None else _pilot_seed(found)
+            points = [RatePoint(lr, found[(lr, pilot)].status if (lr, pilot) in found else None,
+                                _final(found[(lr, pilot)]) if (lr, pilot) in found else None,
+                                found[(lr, pilot)].id if (lr, pilot) in found else None) for lr in rates]
+            best = best_rate(points)
+            rate_curves[index] = (points, best)
+            by_variant[index] = {(lr, seed): row for (lr, seed), row in found.items() if lr == best}
+    if sweep is not None and sweep.rates:
+        for v in sweep.variants:
+            rate_curves.setdefault(v.index, ([RatePoint(lr, None, None) for lr in sweep.rates], None))
+    by_variant = {index: {seed: row for (_, seed), row in found.items()} for index, found in by_variant.items()}
 
     indices = sorted(set(by_variant) | ({v.index for v in sweep.variants} if sweep else set()))
     if not indices:
@@ -217,11 +237,14 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
         results = []
         for seed, row in sorted(runs.items()):
             history = [(p.step, p.value) for p in registry.metric_history(row.id, "val_loss")]
+            stability = {key: [(p.step, p.value) for p in registry.metric_history(row.id, key)]
+                         for key in STABILITY_CURVES if key in row.summary}  # train.stability runs only
             results.append(RunResult(
                 run_id=row.id, seed=seed, status=row.status,
-                final_val_loss=row.summary.get("val_loss", row.metrics.get("val_loss")),
+                final_val_loss=_final(row),
                 tokens_per_s=row.summary.get("tokens_per_s"),
                 history=history, tokens_per_step=row.tokens_per_step or 0, summary=dict(row.summary), note=row.note,
+                curves=stability,
             ))
         spec = specs[index]
         if sweep is not None:
@@ -239,8 +262,32 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             kv_cache_bytes_per_token=int(acc_d["kv_cache_bytes_per_token"]), runs=results,
             attention_flops_per_token=acc_d["flops_per_token"].get("attention"),  # None for runs recorded before
             overrides=overrides,
+            matched=_matched(sweep.variants[index].solution) if sweep is not None else None,
+            rates=[{"lr": p.lr, "status": p.status, "val_loss": p.val_loss, "run_id": p.run_id}
+                   for p in rate_curves[index][0]] if index in rate_curves else None,
+            best_lr=rate_curves[index][1] if index in rate_curves else None,
         ))
     return variants, baseline_index
+
+
+def _final(row) -> float | None:
+    return row.summary.get("val_loss", row.metrics.get("val_loss"))
+
+
+def _pilot_seed(found: dict[tuple[float | None, int], Any]) -> int:
+    """Without the sweep file: the seed run at the most rates (the smallest on a tie)."""
+    counts: dict[int, int] = {}
+    for _, seed in found:
+        counts[seed] = counts.get(seed, 0) + 1
+    return min(counts, key=lambda seed: (-counts[seed], seed))
+
+
+def _matched(solution) -> dict[str, Any] | None:
+    """A solved width as the report shows it (archspec.ablate.match.Solution)."""
+    if solution is None:
+        return None
+    return {"key": solution.key, "value": solution.value, "measure": solution.measure, "count": solution.count,
+            "target": solution.target, "residual": solution.residual}
 
 
 @dataclass

@@ -13,6 +13,13 @@
       model.attention.n_heads: [2, 4]
     baseline: 0                            # index of the variant the deltas are against
     eval_points: 10                        # evaluations per curve: train.eval_interval = ceil(steps / eval_points)
+    match: params                          # optional: params | flops | kv_bytes, matched to the baseline variant by
+    solve: model.ffn.hidden_dim            #   solving this width per variant (archspec.ablate.match)
+    tolerance: 0.02                        #   relative mismatch allowed (default 2%)
+    multiple_of: 8                         #   the solved width is a multiple of this (default 8)
+    stability: true                        # optional: per-layer stability metrics in every run (train.stability)
+    lr_sweep: [1.0e-3, 3.0e-3, 1.0e-2]     # optional: each variant at each rate with the first seed (its pilot), then
+                                           #   the other seeds at the variant's best rate only (archspec.ablate.rates)
 
 Nothing here knows any spec kind: a variant is a set of dotted overrides applied to the base mapping and validated by
 the spec language, so new kinds (moe, sparse attention) are sweepable the day they exist.
@@ -27,10 +34,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from archspec.ablate.match import MULTIPLE_OF, TOLERANCE, Solution, count, dotted_value, solve_width
 from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
@@ -44,6 +52,7 @@ from archspec.spec.train import EVAL_POINTS, TrainSpec
 MAX_VARIANTS = 1000
 MAX_SEEDS = 100
 MAX_JOBS = 10_000
+MAX_RATES = 16
 
 # A seed is a spec's train.seed: the same bounds, from the one place that states them.
 Seed = Annotated[StrictInt, *TrainSpec.model_fields["seed"].metadata]
@@ -84,6 +93,20 @@ class SweepFile(BaseModel):
     # Where the jobs train (archspec.launch.settings): `archspec ablate --launcher ...` options win over it. Not part
     # of the sweep's identity (sweep_hash covers the variants and seeds only).
     launcher: LauncherSettings | None = None
+    match: Literal["params", "flops", "kv_bytes"] | None = Field(
+        None, description="hold this count equal to the baseline variant's: params (total), flops (train FLOPs per "
+                          "token at train.seq_len) or kv_bytes (KV-cache bytes per token), by solving `solve` per variant")
+    solve: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$", max_length=200,
+                              description="the dotted integer width solved per variant for `match`, e.g. "
+                                          "model.ffn.hidden_dim")
+    tolerance: float = Field(TOLERANCE, gt=0, le=1, description="relative mismatch `match` allows (0.02: 2%)")
+    multiple_of: int = Field(MULTIPLE_OF, ge=1, le=1 << 16, description="the solved width is a multiple of this")
+    lr_sweep: list[Annotated[float, Field(gt=0.0, le=10.0)]] | None = Field(
+        None, min_length=2, max_length=MAX_RATES,
+        description="peak learning rates (train.lr) each variant trains at with the first seed (its pilot run); the "
+                    "other seeds train at each variant's best rate only (lowest pilot val loss)")
+    stability: bool = Field(False, description="record per-layer stability metrics in every run (train.stability: "
+                                               "observation, not identity: run ids are unchanged)")
 
 
 def _shape_problems(data: dict) -> list[str]:
@@ -102,6 +125,18 @@ def _shape_problems(data: dict) -> list[str]:
     both = set(sections.get("grid") or {}) & set(sections.get("zip") or {})
     if both:
         out.append(f"{', '.join(sorted(map(str, both)))}: in both grid and zip")
+    match, solve = data.get("match"), data.get("solve")
+    if (match is None) != (solve is None):
+        out.append("match and solve: give both (match: params | flops | kv_bytes, solve: the dotted width key to "
+                   "solve, e.g. model.ffn.hidden_dim) or neither")
+    if isinstance(solve, str) and solve in set(sections.get("grid") or {}) | set(sections.get("zip") or {}):
+        out.append(f"solve: {printable(solve, 200)} is also a grid/zip key; the solver sets it per variant")
+    rates = data.get("lr_sweep")
+    if isinstance(rates, list) and all(isinstance(x, (int, float)) for x in rates) and len(set(rates)) != len(rates):
+        out.append(f"lr_sweep: repeated rate in {printable(str(rates), 200)}")
+    if rates is not None and "train.lr" in set(sections.get("grid") or {}) | set(sections.get("zip") or {}):
+        out.append("lr_sweep and a grid/zip key train.lr: give the rates in one of them (lr_sweep picks each "
+                   "variant's best)")
     seeds = data.get("seeds")
     if isinstance(seeds, list) and all(isinstance(x, int) for x in seeds) and len(set(seeds)) != len(seeds):
         out.append(f"seeds: repeated seed in {printable(str(seeds), 200)}")
@@ -139,6 +174,7 @@ class Variant:
     overrides: dict[str, Any]  # dotted key → value, what differs from the base
     spec: Spec  # seed not yet applied; train.steps set from the budget
     accounting: Accounting
+    solution: Solution | None = None  # the width solved to match the baseline (sweep `match`/`solve`)
 
     @property
     def label(self) -> str:
@@ -149,15 +185,16 @@ class Variant:
 
 @dataclass
 class Job:
-    """One run: a variant at one seed."""
+    """One run: a variant at one seed (and, in an lr_sweep, at one rate: its spec's train.lr)."""
 
     variant: Variant
     seed: int
     spec: Spec
+    lr: float | None = None  # the swept rate; None when the sweep has no lr_sweep
 
     @property
     def key(self) -> str:
-        return f"{self.variant.index}:{self.seed}"
+        return f"{self.variant.index}:{self.seed}" + (f"@{self.lr!r}" if self.lr is not None else "")
 
 
 @dataclass
@@ -174,9 +211,38 @@ class Sweep:
     def baseline(self) -> Variant:
         return self.variants[self.file.baseline]
 
-    def shard(self, index: int, count: int) -> list[Job]:
-        """Deterministic round-robin split of the jobs: shards 0..count-1 partition them exactly."""
-        return [job for i, job in enumerate(self.jobs) if i % count == index]
+    def shard(self, index: int, count: int, jobs: list[Job] | None = None) -> list[Job]:
+        """Deterministic round-robin split of the jobs (or of `jobs`): shards 0..count-1 partition them exactly."""
+        return [job for i, job in enumerate(self.jobs if jobs is None else jobs) if i % count == index]
+
+    # ── lr_sweep: a pilot seed at every rate, then the other seeds at each variant's best rate ──
+
+    @property
+    def rates(self) -> list[float]:
+        return list(self.file.lr_sweep or [])
+
+    @property
+    def pilot_seed(self) -> int:
+        return self.file.seeds[0]
+
+    def job(self, variant: Variant, seed: int, lr: float | None = None) -> Job:
+        spec = variant.spec.model_copy(deep=True)
+        spec.train.seed = seed
+        if lr is not None:
+            spec.train.lr = lr
+        return Job(variant, seed, spec, lr)
+
+    def all_jobs(self) -> list[Job]:
+        """Every run the sweep may train: with lr_sweep, each variant at each rate and seed (which rate gets the
+        seeds is known only once the pilots have run); else `jobs`."""
+        if not self.rates:
+            return list(self.jobs)
+        return [self.job(v, seed, lr) for v in self.variants for lr in self.rates for seed in self.file.seeds]
+
+    def seed_jobs(self, best: dict[int, float]) -> list[Job]:
+        """With lr_sweep: the seeds after the pilot, for each variant whose best rate `best` holds, at that rate."""
+        return [self.job(v, seed, best[v.index]) for v in self.variants if v.index in best
+                for seed in self.file.seeds if seed != self.pilot_seed]
 
 
 def spec_text(value: Any) -> str:
@@ -285,14 +351,22 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     name = data.get("name") if isinstance(data.get("name"), str) else "sweep"
     budget = file.budget if file is not None else None
     eval_points = file.eval_points if file is not None else EVAL_POINTS
+    target = _match_target(file, base, rows, name) if file is not None and file.match and file.solve else None
     for i, row in enumerate(rows if base is not None and rows is not None else []):
-        data_i = copy.deepcopy(base)
-        data_i["name"] = f"{name}-v{i}"
+        data_i = _variant_data(base, name, i)
         lines: list[str] = []
+        solution = None
         try:
             for key, value in row.items():
                 set_dotted(data_i, key, copy.deepcopy(value), f"grid/zip key {key}")
+            if target is not None and i != file.baseline:  # the baseline keeps its own width: it is the target
+                solution = solve_width(data_i, file.solve, file.match, target, tolerance=file.tolerance,
+                                       multiple_of=file.multiple_of, what="match")
+                data_i = solution.data
             spec = parse_spec(data_i)
+            if target is not None and i == file.baseline:
+                solution = Solution(file.solve, file.match, dotted_value(spec, file.solve), target, target, spec,
+                                    data_i)
             steps_i = steps_for_budget(spec, budget)
             train_i = data_i.setdefault("train", {})
             if steps_i != spec.train.steps:
@@ -301,6 +375,8 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
                 train_i["warmup_steps"] = min(warm, steps_i)  # short budgets keep a valid schedule
             if "train.eval_interval" not in row:  # curves get their points whatever the budget (not identity)
                 train_i["eval_interval"] = max(1, math.ceil(steps_i / eval_points))
+            if file is not None and file.stability:
+                train_i["stability"] = True
             spec = parse_spec(data_i)
         except UserError as e:
             lines = [e.render()]
@@ -310,7 +386,7 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             for line in lines:
                 by_message.setdefault(line, []).append(f"{i} ({_label(row)})")
             continue
-        variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len)))
+        variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len), solution))
     n_rows = len(rows or [])
     eval_tokens = {v.spec.train.eval_tokens for v in variants}
     if len(eval_tokens) > 1:
@@ -326,16 +402,37 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     if problems or file is None:
         raise UserError(f"{origin}: {len(problems)} problems in the sweep; nothing was trained", problems)
 
-    sweep_hash = hashlib.sha256(
-        json.dumps([canonical_dict(v.spec) for v in variants] + [file.seeds], sort_keys=True).encode()
-    ).hexdigest()
+    sweep_hash = hashlib.sha256(json.dumps(
+        [canonical_dict(v.spec) for v in variants] + [file.seeds] + ([file.lr_sweep] if file.lr_sweep else []),
+        sort_keys=True).encode()).hexdigest()
     sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash)
     for v in variants:
-        for seed in file.seeds:
-            spec = v.spec.model_copy(deep=True)
-            spec.train.seed = seed
-            sweep.jobs.append(Job(v, seed, spec))
+        if file.lr_sweep:  # the pilots; the other seeds follow at each variant's best rate (Sweep.seed_jobs)
+            sweep.jobs += [sweep.job(v, sweep.pilot_seed, lr) for lr in file.lr_sweep]
+        else:
+            sweep.jobs += [sweep.job(v, seed) for seed in file.seeds]
     return sweep
+
+
+def _variant_data(base: dict[str, Any], name: str, index: int) -> dict[str, Any]:
+    data = copy.deepcopy(base)
+    data["name"] = f"{name}-v{index}"
+    return data
+
+
+def _match_target(file: SweepFile, base: dict[str, Any] | None, rows: list[dict[str, Any]] | None,
+                  name: str) -> int | None:
+    """The baseline variant's count that every variant is matched to (None when the baseline itself is invalid: its
+    problem is reported with the variants')."""
+    if base is None or not rows or file.baseline >= len(rows):
+        return None
+    data = _variant_data(base, name, file.baseline)
+    try:
+        for key, value in rows[file.baseline].items():
+            set_dotted(data, key, copy.deepcopy(value), f"grid/zip key {key}")
+        return count(parse_spec(data), file.match)
+    except (UserError, ValidationError, ValueError):
+        return None
 
 
 def _label(overrides: dict[str, Any]) -> str:
@@ -371,6 +468,9 @@ def sweep_json_schema() -> dict[str, Any]:
     budget["oneOf"] = [{"required": [k], "properties": {k: {"type": "number"}}} for k in ("tokens", "steps", "flops")]
     budget["minProperties"] = budget["maxProperties"] = 1
     props["seeds"]["uniqueItems"] = True
+    props["lr_sweep"]["anyOf"][0]["uniqueItems"] = True
+    # match and solve come together (one without the other is refused)
+    schema["dependentRequired"] = {"match": ["solve"], "solve": ["match"]}
     for section in ("grid", "zip"):
         props[section]["additionalProperties"]["minItems"] = 1
         props[section]["propertyNames"] = {"pattern": r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"}

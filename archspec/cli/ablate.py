@@ -41,9 +41,14 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     from archspec.ablate.estimate import caption, estimate, work_of
     from archspec.spec import model_hash
 
-    table = Table(title=f"sweep {sweep.name}: {len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds"
-                  f" = {len(sweep.jobs)} runs" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs) else ""),
-                  title_justify="left")
+    if sweep.rates:
+        shape = (f"{len(sweep.variants)} variants × {len(sweep.rates)} rates at pilot seed {sweep.pilot_seed} = "
+                 f"{len(sweep.jobs)} pilot runs, then {len(sweep.file.seeds) - 1} more seed(s) per variant at its best "
+                 "rate")
+    else:
+        shape = f"{len(sweep.variants)} variants × {len(sweep.file.seeds)} seeds = {len(sweep.jobs)} runs"
+    table = Table(title=f"sweep {sweep.name}: {shape}" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs)
+                                                          else ""), title_justify="left")
     for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
                 "evals × tokens", "est. time/run"):
         table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
@@ -57,7 +62,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
         total_s += (seconds or 0) * n_jobs
         time_text = (f"{seconds:.0f} s (train {est.train_s:.0f} + eval {est.eval_s:.0f} + {est.fixed_s:.0f} fixed; "
                      f"{est.basis})" if seconds is not None else "-")
-        table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), v.label,
+        label = v.label + (f"; matched: {v.solution.text()}" if v.solution is not None else "")
+        table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
                       f"{work.evals} × {human(work.eval_tokens)}", time_text)
@@ -104,6 +110,13 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+        if sweep.rates:
+            from archspec.ablate.rates import rule_text
+
+            meta["lr rule"] = f"lr_sweep {', '.join(f'{r:g}' for r in sweep.rates)}: {rule_text(sweep.pilot_seed)}"
+        if sweep.file.match:
+            meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
+                               f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
     from archspec.ablate.scaling import sweep_fits
 
     ids = {r.run_id for v in variants for r in v.runs}
@@ -189,9 +202,15 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         from archspec.launch.sweeps import LaunchRequest
 
         request = LaunchRequest(settings, sinks, detach=launch.get("detach", False))
-    outcome = run_jobs(sweep, jobs, registry_url, device=device, compile=False if no_compile else None,
-                       progress=not as_json, on_event=console.print,
-                       logger_factory=lambda: registry_with_sinks(registry_url, sinks), launcher=request)
+
+    def run(these):
+        return run_jobs(sweep, these, registry_url, device=device, compile=False if no_compile else None,
+                        progress=not as_json, on_event=console.print,
+                        logger_factory=lambda: registry_with_sinks(registry_url, sinks), launcher=request)
+
+    outcome = run(jobs)
+    if sweep.rates:  # the pilots have run (here or elsewhere): the other seeds at each variant's best rate
+        outcome.outcomes += _seed_phase(sweep, index, count, registry_url, run, console).outcomes
     console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere"
@@ -217,6 +236,27 @@ def _launcher_settings(sweep: Sweep, launch: dict, registry_url):
     return settings
 
 
+def _seed_phase(sweep: Sweep, index: int, count: int, registry_url, run, console):
+    """An lr_sweep's second phase: each variant whose pilots are all done trains its other seeds at its best rate
+    (archspec.ablate.rates); a variant whose pilots are not (another shard's, still running) is named, and the same
+    command trains its seeds once they are."""
+    from archspec.ablate.rates import rule_text
+    from archspec.ablate.runner import SweepOutcome, collect
+    from archspec.registry import Registry
+
+    variants, _ = collect(Registry(registry_url), sweep.name, sweep)
+    best = {v.index: v.best_lr for v in variants if v.best_lr is not None}
+    waiting = [v.index for v in variants if v.best_lr is None]
+    console.print(f"sweep {sweep.name}: best rates " + (", ".join(f"v{i} {lr:g}" for i, lr in sorted(best.items()))
+                                                        or "none yet") + f" ({rule_text(sweep.pilot_seed)})")
+    if waiting:
+        console.print(f"note: variant(s) {', '.join(f'v{i}' for i in waiting)}: pilots not all finished or failed "
+                      "(another shard's, or every pilot failed); their other seeds train when this command runs "
+                      "again after them")
+    jobs = sweep.shard(index, count, sweep.seed_jobs(best))
+    return run(jobs) if jobs else SweepOutcome()
+
+
 def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, overrides, steps, console) -> Sweep:
     """The sweep at N new seeds per variant: the next N seed numbers above every seed it has run at (its file's and
     earlier --add-seeds'). Only a sweep that has run can be extended: with no run in the registry it is an error."""
@@ -234,14 +274,19 @@ def _with_added_seeds(sweep: Sweep, sweep_path: Path, n: int, registry_url, over
         raise UserError(f"--add-seeds {n}: the sweep would have {len(seeds) + n} seeds, more than the limit of "
                         f"{MAX_SEEDS}")
     finished = sum(r.status == "FINISHED" and r.seed in sweep.file.seeds for v in variants for r in v.runs)
-    if finished < len(sweep.jobs):
-        console.print(f"note: {len(sweep.jobs) - finished} run(s) at the sweep's own seeds are not finished; "
+    # an lr_sweep's variants hold their runs at the best rate: one per seed of the file once it has run
+    expected = len(sweep.variants) * len(sweep.file.seeds) if sweep.rates else len(sweep.jobs)
+    if finished < expected:
+        console.print(f"note: {expected - finished} run(s) at the sweep's own seeds are not finished; "
                       f"`archspec ablate {escape(printable(str(sweep_path)))}` trains them (--add-seeds trains only "
                       "the new seeds)")
     start = max(seeds) + 1
     new = list(range(start, start + n))
     console.print(f"sweep {sweep.name}: adding seeds {', '.join(map(str, new))} "
                   f"(it has run at {', '.join(map(str, sorted(ran)))})")
+    if sweep.rates:  # the pilot stays the file's first seed (its runs are done: skipped); the new seeds go to the best rate
+        others = sorted(seeds - set(sweep.file.seeds))
+        return load_sweep(sweep_path, overrides=overrides, seeds=[*sweep.file.seeds, *others, *new], steps=steps)
     return load_sweep(sweep_path, overrides=overrides, seeds=new, steps=steps)
 
 

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from archspec.accounting import Accounting, account, kv_cache_bytes
-from archspec.cli.options import registry_option, set_option
+from archspec.ablate.match import MULTIPLE_OF, TOLERANCE
+from archspec.cli.options import FiniteFloat, registry_option, set_option
 from archspec.codegen import DEFAULT_OUT, generate, render, source_label
 from archspec.console import echo, human, make_console, terminal_text
 from archspec.errors import UserError
@@ -102,8 +103,19 @@ def _record_spec(registry_url: str | None, spec, gen, acc: Accounting, console: 
 @click.option("--compile", "do_compile", is_flag=True, help="Also torch.compile each block and report compile time.")
 @registry_option
 @click.option("--no-record", is_flag=True, help="Do not record the spec in the registry.")
+@click.option("--match", "match", metavar="MEASURE=N", default=None,
+              help="Solve --solve so that the spec's count comes within --tolerance of N: params=N (total "
+                   "parameters), flops=N (train FLOPs per token at train.seq_len) or kv_bytes=N (KV-cache bytes per "
+                   "token, bf16). N is an integer.")
+@click.option("--solve", "solve_key", metavar="KEY", default=None,
+              help="The dotted integer width --match solves, e.g. model.ffn.hidden_dim (a multiple of "
+                   "--multiple-of that the spec's rules accept).")
+@click.option("--tolerance", type=FiniteFloat(0.0, 1.0, min_open=True), default=TOLERANCE, show_default=True,
+              help="With --match: the relative mismatch allowed.")
+@click.option("--multiple-of", type=click.IntRange(1, 1 << 16), default=MULTIPLE_OF, show_default=True,
+              help="With --match: the solved width is a multiple of this.")
 def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, do_compile: bool, registry_url,
-              no_record):
+              no_record, match: str | None, solve_key: str | None, tolerance: float, multiple_of: int):
     """Validate SPEC, generate its module, run one forward on a tiny batch, print its accounting.
 
     generated/ belongs to the specs in ./specs/ (`archspec check` keeps them in sync): a spec kept anywhere else is
@@ -112,10 +124,18 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
 
     console = make_console(stderr=as_json)
     elsewhere = out_dir is None and not _inside(spec_path, Path("specs"))
-    spec = load_spec(spec_path, overrides)
-    # With --set the module is not what the file says: it never replaces the file's own module (generated/ holds what
-    # specs/ say, `archspec check` keeps it so); it goes under the state root, named by its model hash.
-    overridden = out_dir is None and bool(overrides)
+    solution = None
+    if (match is None) != (solve_key is None):
+        raise UserError("--match and --solve: give both (e.g. --match params=400000 --solve model.ffn.hidden_dim)")
+    if match is not None:
+        solution = _solve(spec_path, overrides, match, solve_key, tolerance, multiple_of)
+        spec = solution.spec
+    else:
+        spec = load_spec(spec_path, overrides)
+    # With --set (or --match) the module is not what the file says: it never replaces the file's own module
+    # (generated/ holds what specs/ say, `archspec check` keeps it so); it goes under the state root, named by its
+    # model hash.
+    overridden = out_dir is None and (bool(overrides) or solution is not None)
     if overridden:
         from archspec.paths import builds_dir
 
@@ -127,7 +147,7 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
         raise SpecError(f"{spec_path}: the recipe cannot train this model", problems)
     acc = account(spec)
     # With --set the module is not what the file alone says: its banner says so (no "regenerate with" line).
-    source = None if overrides else spec_path
+    source = None if overrides or solution is not None else spec_path
     check_memory(spec)  # refuse before anything is allocated
     gen = generate(spec, out_dir=out_dir, source=source)
     model = gen.Model()
@@ -157,14 +177,19 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     if not no_record:
         _record_spec(registry_url, spec, gen, acc, console)
 
+    if solution is not None:
+        console.print(f"matched: {solution.text()}", highlight=False, soft_wrap=True)
     if overridden:
-        console.print(f"note: --set changes {spec_path}'s model, so its module goes to {gen.path}, not beside the "
+        console.print(f"note: --set{'/--match' if solution is not None else ''} changes {spec_path}'s model, so its module goes to {gen.path}, not beside the "
                       "file's own; --out DIR puts it elsewhere", highlight=False, soft_wrap=True)
     elif elsewhere:
         console.print(f"note: {spec_path} is not in ./specs/, so its module goes next to it ({gen.path}), not into "
                       f"{DEFAULT_OUT}/; --out DIR puts it elsewhere", highlight=False)
     if as_json:
         out = build_json(spec, gen, acc)
+        if solution is not None:
+            out["matched"] = {"key": solution.key, "value": solution.value, "measure": solution.measure,
+                              "count": solution.count, "target": solution.target, "residual": solution.residual}
         if compile_s is not None:
             console.print(f"compiled {spec.model.n_layers} blocks + first forward in {compile_s:.1f} s")
         echo(json.dumps(out))
@@ -175,6 +200,21 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     console.print(f"generated [bold]{gen.path}[/] (sha256 {gen.source_hash[:12]}); forward on (1, {T}) → logits {tuple(logits.shape)}")
     if compile_s is not None:
         console.print(f"torch.compile per block ({spec.model.n_layers} blocks, one graph) + first forward: {compile_s:.1f} s")
+
+
+def _solve(spec_path: Path, overrides, match: str, key: str, tolerance: float, multiple_of: int):
+    """`build --match MEASURE=N --solve KEY`: the spec file (after --set) with KEY solved (archspec.ablate.match)."""
+    from archspec.ablate.match import parse_match, solve_width
+    from archspec.spec import apply_overrides, read_yaml
+
+    measure, target = parse_match(match)
+    data = read_yaml(spec_path)
+    if not isinstance(data, dict):
+        load_spec(spec_path)  # the loader's own message for a file that is not a spec mapping
+    load_spec(spec_path, overrides)  # an invalid spec is reported as such, before any width is tried
+    data = apply_overrides(data, overrides)
+    return solve_width(data, key, measure, target, tolerance=tolerance, multiple_of=multiple_of,
+                       what=f"{spec_path}: --match {match}")
 
 
 _BANNER = re.compile(r"^# .*: generated by archspec from (.+) — do not edit\.$")

@@ -311,6 +311,11 @@ def flex_attention_fn():
     return _FLEX["compiled"]
 
 
+# Observers of the attention logits (archspec.train.metrics.StabilityProbe, during an evaluation only): each is called
+# with q, k and the pattern's (T, T) boolean mask before attending. Empty otherwise: nothing is built.
+logit_observers: list = []
+
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                      dropout_p: float = 0.0) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows.
@@ -318,6 +323,11 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     On CUDA: FlexAttention, whose kernels skip the blocks the block mask rules out (forward and backward). Elsewhere,
     and with attention dropout (FlexAttention has none): the blockwise path, which trains on any device
     (FlexAttention has no backward on CPU)."""
+    if logit_observers:
+        positions = torch.arange(q.size(2), device=q.device)
+        visible = pattern.mask_mod(None, None, positions[:, None], positions[None, :])  # (T, T), True: attend
+        for observe in logit_observers:
+            observe(q, k, visible)
     if q.is_cuda and dropout_p == 0.0 and flex_attention is not None:
         mask = flex_block_mask(pattern, q.size(2), q.device)
         return flex_attention_fn()(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)

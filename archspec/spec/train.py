@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -18,6 +18,7 @@ from archspec.data.tokenizer.bpe import BPETokenizer  # noqa: F401
 from archspec.data.tokenizer.byte import ByteTokenizer  # noqa: F401
 from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
+from archspec.kinds.base import Since
 
 
 # Where a run is recorded besides the registry (archspec.train.sinks): each an optional extra, `archspec[<name>]`.
@@ -104,6 +105,11 @@ class TrainSpec(_Strict):
     parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
     activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)
     data: DataSpec = Field(default_factory=DataSpec)
+    # Per-layer stability metrics at each evaluation (archspec.train.metrics.StabilityProbe): observation, not identity
+    # (archspec.train.logger.NOT_IDENTITY); off unless asked, so a run records exactly the rows it did before.
+    stability: Annotated[bool, Since("0.4")] = Field(
+        False, exclude_if=lambda v: not v, description="record per-layer activation RMS, max attention logit, gradient and update norms and loss "
+                           "spikes at each evaluation (`stability.*` metrics)")
     # Left out of the spec's JSON when empty, so a spec or run without sinks records exactly what it did before.
     log_to: list[LogSink] = Field(
         default_factory=list, exclude_if=lambda v: not v, description="also send the run's params, metrics and summary to these trackers "

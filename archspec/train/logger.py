@@ -30,6 +30,7 @@ NOT_IDENTITY = frozenset({
     "compile", "activation_checkpointing", "checkpointing", "parallel", "strategy", "fsdp",
     "eval_interval", "eval_batches", "eval_tokens", "checkpoint_interval", "device",
     "log_to",  # where else the run is sent (archspec.train.sinks): observation only
+    "stability",  # per-layer stability metrics at evaluations (archspec.train.metrics): observation only
 })
 
 

@@ -58,7 +58,8 @@ from archspec.train.checkpoint import (
     set_rng_state,
 )
 from archspec.train.build import Build, prepare
-from archspec.train.metrics import KindStats, RunMetrics, StepStats, average_rate_label
+from archspec.train.metrics import (STABILITY_PREFIX, KindStats, RunMetrics, SpikeCounter, StabilityProbe, StepStats,
+                                    average_rate_label)
 from archspec.train.data import TrainData, build_data
 from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
 from archspec.train.logger import (
@@ -251,6 +252,9 @@ class Trainer:
                                                                         self.cache), self.started)
         self.tokens_per_step = self.metrics.tokens_per_step
         self.last_eval: dict[str, float] = {}
+        # train.stability: per-layer figures at each evaluation (archspec.train.metrics), None when not asked
+        self.stability = StabilityProbe(self.model) if self.recipe.stability else None
+        self.spikes = SpikeCounter()
         self.record_failed = False  # the logger could not write (RecordingError): the run stopped for that
 
     # ── setup ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -454,6 +458,9 @@ class Trainer:
             loss_sum += loss
             for name, value in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + value
+        probed = self.stability is not None and self.evaluates_at(self.step + 1)
+        if probed:  # the step before an evaluation: per-layer gradient norms (before clipping) and the update's
+            self.stability.before_update()
         grad_norm = self._clip_gradients()  # the same on every rank: DDP averaged the gradients
         # Losses averaged over ranks, so every rank agrees on stopping at a non-finite loss; one sync per step.
         losses = self.world.mean(torch.stack([loss_sum, *aux_sums.values()]) / accum)
@@ -462,6 +469,8 @@ class Trainer:
         self._check_finite(loss_value + sum(aux_values), grad_norm)
         with deferred_interrupts():  # never half an update: a signal now is raised once the step is whole
             self.optimizer.step()
+            if probed:
+                self.stability.after_update()
             if hasattr(self.model, "after_optimizer_step"):  # updates outside the gradient (every rank alike)
                 self.model.after_optimizer_step(self.world.all_sum)
             self.optimizer.zero_grad(set_to_none=True)
@@ -488,7 +497,9 @@ class Trainer:
         with torch.compiler.set_stance("force_eager"):
             for i, batch in enumerate(self.data.val_batches):
                 inputs, targets = self._to_device(batch)
-                with self.autocast():
+                # the first batch (the same windows at every evaluation) also records the per-layer stability figures
+                probe = self.stability is not None and i == 0
+                with self.autocast(), self.stability.recording() if probe else nullcontext():
                     logits, loss = self.model(inputs, targets)
                 if scorer is not None:
                     scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
@@ -502,6 +513,9 @@ class Trainer:
         if scorer is not None:  # every rank holds every bucket (the same distances): the counts line up
             out.update(scorer.metrics([int(c) for c in self.world.sum(scorer.counts())]))
         out.update(kind_stats.metrics(self.world, sum(len(x) for x, _ in self.data.val_batches)))
+        if self.stability is not None:
+            out.update(self.stability.eval_metrics(self.world))
+            out[STABILITY_PREFIX + "loss_spikes"] = float(self.spikes.count)
         return out
 
     # ── checkpoints ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -574,7 +588,7 @@ class Trainer:
                     stats = self.train_step()
                     losses.append(stats.loss)
                     self._record_step(stats)
-                    if self.step % self.recipe.eval_every == 0 or self.step == self.recipe.steps:
+                    if self.evaluates_at(self.step):
                         evals.append((self.step, self._record_eval()))
                     if self.recipe.checkpoint_interval and self.step % self.recipe.checkpoint_interval == 0:
                         self.save()
@@ -631,7 +645,12 @@ class Trainer:
         self.progress.log(f"memory plan: {plan.total / 2**30:.2f} GiB per device at the peak of a step"
                           + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
 
+    def evaluates_at(self, step: int) -> bool:
+        """Whether the run evaluates once `step` steps are done."""
+        return step % self.recipe.eval_every == 0 or step == self.recipe.steps
+
     def _record_step(self, stats: StepStats) -> None:
+        self.spikes.add(stats.loss)
         metrics = self.metrics.step(stats)
         self.logger.log_metrics(self.step, metrics)
         self.progress.update(self.step, stats.loss, self.metrics.live_rate())
@@ -653,7 +672,7 @@ class Trainer:
         if self.last_eval:
             out["eval_tokens"] = self.eval_tokens
         kind_stats = KindStats(self.spec)
-        out.update({k: v for k, v in self.last_eval.items() if kind_stats.in_summary(k)})
+        out.update({k: v for k, v in self.last_eval.items() if kind_stats.in_summary(k) and StabilityProbe.in_summary(k)})
         out.update(self.metrics.throughput())
         return out
 
