@@ -373,3 +373,16 @@ def test_the_deepseek_v3_router_compiles_fullgraph(gen_dir):
     assert torch.equal(ffn.last_counts, want_counts)
     for g, h in zip(got_grads, want_grads):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)
+
+
+def test_with_a_capacity_the_bias_counts_the_routers_choices_before_drops(gen_dir):
+    """Bias balancing beside a capacity factor: the loads it moves by are the assignments chosen (what the bias
+    steers), dropped ones included, so they do not depend on how the step is cut into micro-batches."""
+    spec = _spec({"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"hidden_dim": 8}, "capacity_factor": 0.5,
+                  "selection_bias": True, "bias_update_rate": 0.01})
+    ffn = _ffn(spec, gen_dir)
+    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(0))
+    ffn(x)
+    assert float(ffn.router_stats[-3]) > 0  # some assignments dropped
+    assert int(ffn.last_counts.sum()) == 2 * 7 * 2  # every choice counted
+    torch.testing.assert_close(ffn.last_counts.float() / 28, ffn.router_stats[:4])
