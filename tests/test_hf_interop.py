@@ -752,3 +752,27 @@ def test_released_deepseek_v3_imports_with_its_published_counts_671b_37b(capsys)
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     assert _numel(hf) == 671_026_404_352
+
+
+def test_deepseek_v3_checkpoint_with_its_multi_token_prediction_layer_imports_without_it(tmp_path, capsys):
+    """A checkpoint as DeepSeek publishes it holds the MTP layer's tensors past num_hidden_layers (model.layers.N.*):
+    with num_nextn_predict_layers saying so they are left out (as transformers' own model leaves them), the rest
+    imports to HF's logits; the same extra tensors without the key are refused as unaccounted for."""
+    from safetensors.torch import load_file, save_file
+
+    hf, src = _hf_dir(tmp_path, "deepseek_v3", seed=7)
+    n = hf.config.num_hidden_layers
+    weights = src / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors.update({f"model.layers.{n}.eh_proj.weight": torch.randn(32, 64), f"model.layers.{n}.enorm.weight":
+                    torch.ones(32), f"model.layers.{n}.shared_head.head.weight": torch.randn(V, 32)})
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    code = main(["import-hf", str(src), "-o", str(tmp_path / "no.yaml"), "--checkpoint", str(tmp_path / "no.pt")])
+    assert code == 2 and "3 tensors the config does not account for" in capsys.readouterr().err
+    (src / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    _, state, ours, _ = _import(tmp_path, src, capsys=capsys)
+    assert not any(f"blocks.{n}." in k for k in state["model"])
+    idx = torch.randint(0, V, (2, C), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(ours, idx), _hf_logits(hf, idx), atol=ATOL, rtol=0)

@@ -22,7 +22,8 @@ import torch
 
 from archspec.errors import Caution, UserError, printable
 from archspec.hf import io
-from archspec.hf.convert import config_from_spec, hf_type, spec_from_config, state_from_hf, state_to_hf, weight_map
+from archspec.hf.convert import (config_from_spec, hf_type, left_out_layers, spec_from_config, state_from_hf,
+                                 state_to_hf, weight_map)
 from archspec.kinds.hf import HFUnsupported
 
 __all__ = ["import_hf", "export_hf", "spec_from_config", "config_from_spec", "state_from_hf", "state_to_hf",
@@ -74,7 +75,8 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
         check_memory(spec)
         tensors = io.read_tensors(cfg_path.parent)
         hf = hf_type(data.get("model_type"), printable(cfg_path))
-        state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec))
+        state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec),
+                              skip_layers=left_out_layers(hf, data))
         tokenizer = io.read_tokenizer(cfg_path.parent)
         save_weights(checkpoint_out, canonical_dict(spec), model_hash(spec), state, tokenizer,
                      source=str(cfg_path.parent))

@@ -301,10 +301,26 @@ def state_to_hf(m: ModelSpec, hf: HFType, state: dict[str, torch.Tensor]) -> dic
     return out
 
 
+def left_out_layers(hf: HFType, data: dict) -> range:
+    """The decoder layers stored past num_hidden_layers that `hf`'s model leaves out (`HFType.left_out_layers`)."""
+    count = data.get(hf.left_out_layers) if hf.left_out_layers else None
+    n_layers = data.get(hf.keys.get("n_layers", "num_hidden_layers"))
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0 or not isinstance(n_layers, int):
+        return range(0)
+    return range(n_layers, n_layers + count)
+
+
 def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], source: str,
-                  expected: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
-    """HF tensors → the generated module's state_dict (fp32). Every HF tensor must be used (save known buffers),
-    every parameter found, every shape the generated module's (`expected`, from the module on the meta device)."""
+                  expected: dict[str, torch.Size] | None = None, skip_layers: range = range(0)
+                  ) -> dict[str, torch.Tensor]:
+    """HF tensors → the generated module's state_dict (fp32). Every HF tensor must be used (save known buffers and
+    the tensors of `skip_layers`, layers the type's model leaves out), every parameter found, every shape the
+    generated module's (`expected`, from the module on the meta device)."""
+    if skip_layers:
+        base = f"{hf.names.get('base', 'model')}.{hf.names.get('layers', 'layers')}."
+        tensors = {k: v for k, v in tensors.items()
+                   if not (k.startswith(base) and k[len(base):].split(".", 1)[0].isdigit()
+                           and int(k[len(base):].split(".", 1)[0]) in skip_layers)}
     out: dict[str, torch.Tensor] = {}
     missing: list[str] = []
     used: set[str] = set()

@@ -441,6 +441,7 @@ DEEPSEEK_V3 = HFType(
     inert=frozenset({"pretraining_tp", "num_mtp_layers", "auto_map", "ep_size", "moe_layer_freq", "scoring_func",
                      "topk_method", "output_router_logits"}),
     aliases={"num_mtp_layers": "num_nextn_predict_layers"},
+    left_out_layers="num_nextn_predict_layers",
     check=(_common_checks, _deepseek_checks),
 )
 

@@ -62,6 +62,9 @@ class HFType:
     pick: dict[str, Callable[["HFConfig"], str | list[str]]] = field(default_factory=dict)
     place: dict[str, Callable[[dict[str, Any], list[str]], None]] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    # a config key counting decoder layers stored past num_hidden_layers that the type's model leaves out (DeepSeek-V3's
+    # multi-token-prediction layers, num_nextn_predict_layers): their tensors are not imported, and the import says so
+    left_out_layers: str | None = None
 
 
 class HFConfig:
