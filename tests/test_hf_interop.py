@@ -776,3 +776,22 @@ def test_deepseek_v3_checkpoint_with_its_multi_token_prediction_layer_imports_wi
     assert not any(f"blocks.{n}." in k for k in state["model"])
     idx = torch.randint(0, V, (2, C), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(_logits(ours, idx), _hf_logits(hf, idx), atol=ATOL, rtol=0)
+
+
+def test_the_deepseek_v3_preset_exports_as_deepseek_v3_saying_what_training_settings_it_leaves_out():
+    """deepseek-v3-like trains with a small balancing loss and bias balancing, which transformers' deepseek_v3 has no
+    key for: the export chooses deepseek_v3 and says, once each, that those training settings are left out (the
+    model computes the same); the routing, the latent attention and the interleaved rope pairs are in the config."""
+    from archspec.errors import Caution
+    from archspec.hf import config_from_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "deepseek-v3-like-tiny.yaml")
+    with pytest.warns(Caution) as said:
+        hf, config = config_from_spec(spec)
+    assert hf.model_type == "deepseek_v3"
+    notes = [str(w.message) for w in said if isinstance(w.message, Caution)]
+    assert sum("aux_loss_coef: 0.0001 left out" in n for n in notes) == 1, notes
+    assert sum("bias_update_rate: 0.001 left out" in n for n in notes) == 1, notes
+    assert (config["rope_interleave"], config["n_group"], config["topk_group"], config["routed_scaling_factor"],
+            config["first_k_dense_replace"], config["kv_lora_rank"]) == (True, 4, 2, 2.5, 1, 64)
+    transformers.DeepseekV3Config(**{k: v for k, v in config.items() if k != "model_type"})  # transformers takes it

@@ -309,13 +309,23 @@ def test_deepseek_v3_configs_it_cannot_compute_are_refused_by_key(change, key):
 
 
 @pytest.mark.parametrize("ffn, field", [({"score": "softmax"}, "score"), ({"selection_bias": False}, "selection_bias"),
-                                        ({"shared_hidden_dim": 24}, "shared_hidden_dim"),
-                                        ({"aux_loss_coef": 0.01}, "aux_loss_coef"),
-                                        ({"bias_update_rate": 0.001}, "bias_update_rate")])
+                                        ({"shared_hidden_dim": 24}, "shared_hidden_dim")])
 def test_what_deepseek_v3_cannot_say_is_refused_on_export_by_field(ffn, field):
     cfg = HFConfig(V3_CONFIG, DEEPSEEK_LIKE, "config.json")
     spec = _spec({**MoESpec.from_hf(cfg), **ffn})
     with pytest.raises(HFUnsupported, match=f"model.ffn.{field}: "):
+        spec.model.ffn.to_hf(spec.model, {}, DEEPSEEK_LIKE, ("model", "ffn"))
+
+
+@pytest.mark.parametrize("ffn, field", [({"aux_loss_coef": 0.01}, "aux_loss_coef"),
+                                        ({"bias_update_rate": 0.001}, "bias_update_rate")])
+def test_training_settings_deepseek_v3_has_no_key_for_are_left_out_with_a_note(ffn, field):
+    """They change how the model is trained, not what it computes: exported without them, and said."""
+    from archspec.errors import Caution
+
+    cfg = HFConfig(V3_CONFIG, DEEPSEEK_LIKE, "config.json")
+    spec = _spec({**MoESpec.from_hf(cfg), **ffn})
+    with pytest.warns(Caution, match=f"model.ffn.{field}: .* left out"):
         spec.model.ffn.to_hf(spec.model, {}, DEEPSEEK_LIKE, ("model", "ffn"))
 
 

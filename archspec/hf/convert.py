@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from collections import Counter
 from typing import Any
 
 import torch
 
-from archspec.errors import printable
+from archspec.errors import Caution, printable
 from archspec.hf.types import COMMON_INERT, EXPORT_ORDER, PENDING, TYPES
 from archspec.kinds import family
 from archspec.kinds.hf import HFConfig, HFType, HFUnsupported, HFWeight
@@ -143,10 +144,16 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
                                     "equivalent")
     reasons = []
     for hf in EXPORT_ORDER:
-        try:
-            return hf, _config_as(spec, hf)
-        except HFUnsupported as e:
-            reasons.append(f"{hf.model_type}: {e}")
+        with warnings.catch_warnings(record=True) as notes:  # what a type leaves out: said only for the one chosen
+            warnings.simplefilter("always", Caution)
+            try:
+                config = _config_as(spec, hf)
+            except HFUnsupported as e:
+                reasons.append(f"{hf.model_type}: {e}")
+                continue
+        for note in notes:
+            warnings.warn(note.message, stacklevel=2)
+        return hf, config
     raise HFUnsupported("no transformers model type expresses this spec", reasons)
 
 

@@ -440,9 +440,9 @@ class MoESpec(FFNKind):
             out[keys["shared_hidden"]] = self.shared_hidden_dim
         if "aux_loss_coef" in keys:
             out[keys["aux_loss_coef"]] = _per_token_coef(self.aux_loss_coef, self.top_k)
-        elif self.aux_loss_coef:
-            raise HFUnsupported(f"{where}.aux_loss_coef: {self.aux_loss_coef}: {hf.model_type} has no load-balancing "
-                                "loss (0 exports)")
+        elif self.aux_loss_coef:  # a training setting: the exported model computes the same without it
+            _left_out(f"{where}.aux_loss_coef: {self.aux_loss_coef} left out: {hf.model_type} has no load-balancing "
+                      "loss (a training setting; the exported model computes the same; it imports back as 0)")
         self._routing_to_hf(out, hf, path)
 
     def _routing_to_hf(self, out, hf, path) -> None:
@@ -467,8 +467,8 @@ class MoESpec(FFNKind):
         if "bias_update_rate" in keys:
             out[keys["bias_update_rate"]] = self.bias_update_rate
         elif self.bias_update_rate:
-            raise HFUnsupported(f"{where}.bias_update_rate: {self.bias_update_rate}: {hf.model_type} has no key for "
-                                "the bias balancing rate (0 exports; the bias itself is exported)")
+            _left_out(f"{where}.bias_update_rate: {self.bias_update_rate} left out: {hf.model_type} has no key for the "
+                      "bias balancing rate (a training setting; the bias itself is exported; it imports back as 0)")
 
     def hf_weights(self, m, hf):
         names = hf.names
@@ -597,3 +597,12 @@ def _per_token_coef(coef: float, top_k: int) -> float:
             return candidate
     return value
 
+
+def _left_out(message: str) -> None:
+    """Say what an export leaves out that does not change what the model computes (archspec.hf.convert re-says
+    only the notes of the type it exports as)."""
+    import warnings
+
+    from archspec.errors import Caution
+
+    warnings.warn(Caution(message), stacklevel=3)
