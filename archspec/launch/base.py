@@ -163,6 +163,14 @@ def launch(launcher: Launcher, payloads: Sequence[Payload], registry, *, retries
                 if registry.mark_killed(p.run_id, f"its job {h.job_id} ({launcher.name}) died: {outcome.reason}"):
                     on_event(f"{p.label} ({p.run_id}): job {h.job_id} died ({outcome.reason}); marked KILLED")
                 else:
+                    status = None if p.rerun_finished else registry.run_status(p.run_id)
+                    if status in ("FINISHED", "FAILED"):  # it ended before its process did: never trained again
+                        on_event(f"{p.label} ({p.run_id}): job {h.job_id} died ({outcome.reason}) after its run "
+                                 f"ended {status}; not resubmitted")
+                        results[i] = WorkerResult(p.run_id, status, None if status == "FINISHED" else
+                                                  f"job {h.job_id} died after the run failed: {outcome.reason}",
+                                                  scheduler_job=h.job_id)
+                        continue
                     on_event(f"{p.label} ({p.run_id}): job {h.job_id} died ({outcome.reason})")
                 died.append((i, p))
                 results[i] = WorkerResult(p.run_id, "KILLED", f"job {h.job_id} died: {outcome.reason}",
@@ -206,11 +214,15 @@ def worker_url(url: str) -> tuple[str, dict[str, str]]:
     if url.startswith("sqlite"):
         return url, {}
     parsed = make_url(url)
-    if parsed.password is None:
+    in_query = parsed.query.get("password")  # libpq also takes ?password=...
+    if isinstance(in_query, tuple):
+        in_query = in_query[-1] if in_query else None
+    password = parsed.password if parsed.password is not None else in_query
+    if password is None:
         return url, {}
     bare = URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database,
-                      parsed.query)
-    return bare.render_as_string(hide_password=False), {"PGPASSWORD": str(parsed.password)}
+                      {k: v for k, v in parsed.query.items() if k != "password"})
+    return bare.render_as_string(hide_password=False), {"PGPASSWORD": str(password)}
 
 
 @contextmanager

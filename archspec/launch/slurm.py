@@ -133,10 +133,13 @@ def torchrun_setup(nodes: int, gpus_per_node: int, train_args: Sequence[str], po
     (the job's srun task), rendezvous at the allocation's first host on `port` (c10d), named by the job id."""
     import shlex
 
-    cmd = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus_per_node), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", "$MASTER_ADDR:$MASTER_PORT", "--rdzv-id", "$SLURM_JOB_ID", "-m", "archspec", "train",
-           *train_args]
-    line = " ".join(a if a.startswith("$") or ":$" in a else shlex.quote(a) for a in cmd)
+    # Only the two placeholders the node's shell must expand stay unquoted, chosen by position; every other word,
+    # the user's --set values above all, is quoted: it reaches `bash -c` on every node.
+    words = [shlex.quote(a) for a in ("torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus_per_node),
+                                      "--rdzv-backend", "c10d", "--rdzv-endpoint")]
+    words += ["$MASTER_ADDR:$MASTER_PORT", "--rdzv-id", "$SLURM_JOB_ID"]
+    words += [shlex.quote(a) for a in ("-m", "archspec", "train", *train_args)]
+    line = " ".join(words)
     return ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             f"export MASTER_PORT={port}",
             f"export ARCHSPEC_TORCHRUN={shlex.quote(line)}"]  # expanded by each node's task (bash -c), not here

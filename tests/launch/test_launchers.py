@@ -331,3 +331,62 @@ def test_no_job_file_or_sbatch_script_holds_the_registry_password(workdir, base_
     assert len(list(stub_sbatch.iterdir())) == 2
     assert _holds(stub_sbatch, secret) == [] and _holds(workdir / "runs", secret) == []
     assert "PGPASSWORD" not in os.environ or os.environ["PGPASSWORD"] != secret  # given back after the command
+
+
+def test_worker_url_takes_a_password_given_in_the_query_out_too():
+    from sqlalchemy.engine import make_url
+
+    from archspec.launch.base import worker_url
+
+    job_url, env = worker_url("postgresql+psycopg://u@h:5432/db?password=SECRET&sslmode=require")
+    assert env == {"PGPASSWORD": "SECRET"} and "SECRET" not in job_url
+    assert make_url(job_url).query == {"sslmode": "require"}
+
+
+@given(value=st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_the_multi_node_command_passes_every_set_value_as_one_word_and_runs_nothing(value):
+    """The torchrun line reaches `bash -c` on every node: a --set value with $(...), `;`, spaces or quotes must arrive
+    as one argument, unexpanded; only the rendezvous placeholders expand."""
+    import shlex
+
+    from archspec.launch.slurm import torchrun_setup
+    from archspec.launch.train import train_args
+
+    exported = torchrun_setup(2, 1, train_args("s.yaml", [f"name={value}"], None, "postgresql://u@h/db", False,
+                                               "auto"))[2]
+    line = shlex.split(exported.split("=", 1)[1])[0]  # what the task's environment holds
+    words = shlex.split(line.replace("$MASTER_ADDR:$MASTER_PORT", "HOST:1").replace("$SLURM_JOB_ID", "7"))
+    assert words[words.index("--set") + 1] == f"name={value}"
+    assert "$MASTER_ADDR:$MASTER_PORT" in line and " $SLURM_JOB_ID " in line
+
+
+def test_a_job_that_died_after_its_run_finished_is_not_trained_again():
+    from archspec.launch.base import Died, Handle, Launcher, Payload, launch
+
+    class Once(Launcher):
+        name = "stub"
+        submitted = 0
+
+        def submit(self, payloads):
+            Once.submitted += len(payloads)
+            return [Handle(p, f"j{Once.submitted}", native=object()) for p in payloads]
+
+        def wait(self, handles):
+            return [Died("SIGKILL at exit") for _ in handles]
+
+    class Reg:
+        def mark_killed(self, run_id, why):
+            return False  # not RUNNING: it ended
+
+        def run_status(self, run_id):
+            return "FINISHED"
+
+        def set_scheduler_job(self, run_id, job):
+            pass
+
+    from archspec.launch.settings import LauncherSettings
+
+    (result,) = launch(Once(LauncherSettings()), [Payload(spec={}, run_id="r1", registry_url="sqlite://")], Reg(),
+                       retries=2)
+    assert result.status == "FINISHED" and Once.submitted == 1
