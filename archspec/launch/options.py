@@ -8,14 +8,29 @@ from archspec.launch.settings import LAUNCHERS, LauncherSettings, merged
 
 
 def _set_artifact_root(ctx, param, value):
-    """--artifact-root sets $ARCHSPEC_ARTIFACT_ROOT for this process and the workers it starts (checked on use)."""
+    """--artifact-root sets $ARCHSPEC_ARTIFACT_ROOT for this command and the workers it starts, and gives the
+    variable back as it was when the command ends (a refused value: at once, exit 2)."""
     if value is not None:
         import os
 
+        from archspec.errors import UserError
         from archspec.registry.artifact_paths import ROOT_VAR, artifact_root
 
+        before = os.environ.get(ROOT_VAR)
+
+        def restore() -> None:
+            if before is None:
+                os.environ.pop(ROOT_VAR, None)
+            else:
+                os.environ[ROOT_VAR] = before
+
         os.environ[ROOT_VAR] = value
-        artifact_root()  # an unusable value: exit 2 now
+        try:
+            artifact_root()  # an unusable value: exit 2 now
+        except UserError:
+            restore()
+            raise
+        ctx.call_on_close(restore)
     return value
 
 

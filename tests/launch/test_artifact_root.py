@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -62,3 +63,20 @@ def test_a_relative_root_is_refused(monkeypatch):
     monkeypatch.setenv(ROOT_VAR, "shared")
     with pytest.raises(UserError, match="absolute"):
         stored("/x/y")
+
+
+def test_the_artifact_root_option_leaves_the_environment_as_it_was(tmp_path, monkeypatch, capsys):
+    """--artifact-root holds for the command only: refused (relative) or accepted, the variable is as before after it."""
+    import os
+
+    from archspec.cli import main
+
+    monkeypatch.delenv("ARCHSPEC_ARTIFACT_ROOT", raising=False)
+    spec = Path(__file__).resolve().parent.parent.parent / "specs" / "llama-like-tiny.yaml"
+    assert main(["train", str(spec), "--artifact-root", "not/absolute", "--steps", "1"]) == 2
+    assert "must be an absolute path" in capsys.readouterr().err
+    assert "ARCHSPEC_ARTIFACT_ROOT" not in os.environ
+    monkeypatch.chdir(tmp_path)
+    assert main(["ablate", str(tmp_path / "missing.yaml"), "--artifact-root", str(tmp_path), "--status"]) == 2
+    capsys.readouterr()
+    assert "ARCHSPEC_ARTIFACT_ROOT" not in os.environ
