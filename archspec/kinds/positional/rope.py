@@ -386,6 +386,8 @@ def _odd_head_dim(draw, data, spec):
 
 def _odd_rotated_dims(draw, data, spec):
     """A rotary fraction that rotates an odd number of a head's dimensions (int(0.375 · 8) = 3): blamed on partial."""
+    if type(spec.model.attention).rotary_field != "head_dim":  # the width is another field there (mla's rope part)
+        return None
     att = data["model"].setdefault("attention", {})
     att["positional"] = {"kind": "rope", "partial": 0.375}
     att["head_dim"] = 8
