@@ -133,3 +133,18 @@ def test_no_preset_file_is_longer_than_before_the_move(preset):
 def test_render_is_what_generated_holds():
     spec = load_spec(str(ROOT / "specs" / "mistral-like-tiny.yaml"))
     assert render(spec, "specs/mistral-like-tiny.yaml") == (ROOT / "generated" / "mistral-like-tiny.py").read_text()
+
+
+def test_the_grouped_gemm_probe_is_made_on_the_cpu_whatever_the_default_device():
+    """Imported first under `with torch.device("meta")` (a model built to be counted), the probe must still find the
+    CPU kernel: else every later MoE of the process takes the padded path (a test-order bug once)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nwith torch.device('meta'):\n    import archspec.runtime.grouped_gemm as g\n"
+            "print(g._GROUPED_MM_CPU is not None, g._grouped_mm_on_cpu())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout.split()
+    import archspec.runtime.grouped_gemm as g
+
+    assert out == [str(g._GROUPED_MM_CPU is not None)] * 2

@@ -67,7 +67,11 @@ def _grouped_mm_on_cpu() -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     try:
-        torch._grouped_mm(torch.zeros(8, 8), torch.zeros(1, 8, 8), offs=torch.tensor([8], dtype=torch.int32))
+        # on the CPU whatever the default device: imported first under `with torch.device("meta")` (building a
+        # model to count it), a default-device probe would fail there and leave every later MoE on the padded path
+        cpu = torch.device("cpu")
+        torch._grouped_mm(torch.zeros(8, 8, device=cpu), torch.zeros(1, 8, 8, device=cpu),
+                          offs=torch.tensor([8], dtype=torch.int32, device=cpu))
         return True
     except (RuntimeError, NotImplementedError):
         return False
