@@ -248,7 +248,11 @@ def _odd_rope_width(draw, data, spec):
     m = spec.model
     if m.attention.kind != "mla" or m.layers or type(m.attention.positional).head_dim_multiple < 2:
         return None
-    data["model"]["attention"]["qk_rope_head_dim"] = 2 * draw(__import__("hypothesis").strategies.integers(0, 3)) + 1
+    att = data["model"]["attention"]
+    att["qk_rope_head_dim"] = 2 * draw(__import__("hypothesis").strategies.integers(0, 3)) + 1
+    positional = att.get("positional")
+    if isinstance(positional, dict) and positional.get("partial", 1.0) != 1.0:  # a fraction may rotate an even part
+        att["positional"] = {k: v for k, v in positional.items() if k != "partial"}  # of an odd width: whole heads
     return ("model", "attention", "qk_rope_head_dim")
 
 
