@@ -501,6 +501,9 @@ class MoESpec(FFNKind):
             n = draw(st.integers(2, 6))
             out: dict[str, Any] = {"n_experts": n}
             reach = n  # the experts a token may choose from
+            # n_group and topk_group always written (1 and null: no limit, as omitted): a layer group laid over a
+            # model-wide MoE would otherwise keep its groups for another expert count
+            out["n_group"], out["topk_group"] = 1, None
             if draw(st.booleans()):  # group-limited routing: a divisor of n, some of its groups kept
                 groups = draw(st.sampled_from([g for g in range(1, n + 1) if n % g == 0]))
                 out["n_group"] = groups
