@@ -43,6 +43,9 @@ for _name, _sub in (("ARCHSPEC_HOME", "home"), ("ARCHSPEC_CACHE", "cache"), ("XD
                     ("XDG_CACHE_HOME", "xdg-cache")):
     os.environ[_name] = str(_SESSION_STATE / _sub)
 os.environ.pop("ARCHSPEC_REGISTRY", None)
+# Output width is the pipe's (archspec.console.PIPED_WIDTH) in every test, whoever runs the suite: pytest-xdist's
+# workers set COLUMNS=80, a terminal may export its own.
+os.environ.pop("COLUMNS", None)
 
 
 def pytest_sessionstart(session):
