@@ -165,6 +165,42 @@ CASES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 8,
                          "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.7},
         **_NO_IDS),
+    # GPT-NeoX: parallel blocks, a LayerNorm each (use_parallel_residual), a quarter of each head rotated, the fused
+    # q/k/v rows grouped by head, biases, an untied embed_out head
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, tie_word_embeddings=False, **_NO_IDS),
+    # GPT-NeoX sequential (Pythia's use_parallel_residual false), half of each head, no attention bias
+    "gpt_neox_sequential": lambda: transformers.GPTNeoXConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, use_parallel_residual=False, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 300.0, "partial_rotary_factor": 0.5}, **_NO_IDS),
+    # GPT-J: parallel from one LayerNorm (ln_1), rotary_dim 6 of 8 in (2i, 2i + 1) pairs, a biased LM head
+    "gptj": lambda: transformers.GPTJConfig(
+        vocab_size=V, n_positions=C, n_embd=32, n_layer=2, n_head=4, rotary_dim=6, n_inner=40, **_NO_IDS),
+    # Phi-2: parallel from one LayerNorm, half of each head rotated (half pairs), biases everywhere incl. lm_head
+    "phi": lambda: transformers.PhiConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **_NO_IDS),
+    # StableLM: LayerNorms, a quarter rotated, SwiGLU, q/k/v bias; and parallel with one shared norm
+    "stablelm": lambda: transformers.StableLmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, use_qkv_bias=True, **_NO_IDS),
+    "stablelm_parallel": lambda: transformers.StableLmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, use_parallel_residual=True, **_NO_IDS),
+    # OLMo 2: norms on the sublayers' outputs only, q/k RMSNorm over the whole projections (GQA: k narrower)
+    "olmo2": lambda: transformers.Olmo2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **_NO_IDS),
+    # GLM-4-0414: sandwich norms around GLM's block (half of each head, interleaved pairs, q/k/v bias)
+    "glm4": lambda: transformers.Glm4Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_NO_IDS),
+    # Gemma: RMSNorm (1 + w), embeddings times sqrt(32), GeGLU (tanh), head_dim 16 ≠ 32 / 4, tied, MQA
+    "gemma": lambda: transformers.GemmaConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, **_NO_IDS),
     "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,

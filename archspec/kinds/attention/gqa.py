@@ -225,7 +225,12 @@ class AttentionSpec(AttentionKind):
     def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:  # noqa: D417
         """Our fused qkv_proj is HF's c_attn (GPT-2, Conv1D) or its q_proj, k_proj, v_proj stacked by rows."""
         names = hf.names
-        if "qkv" in names:
+        if "qkv" in names and hf.facts.get("qkv_per_head"):  # GPT-NeoX: rows by head, (q, k, v) within each
+            sizes, heads = (self.q_width, self.kv_width, self.kv_width), self.n_heads
+            out = [HFWeight("qkv_proj.weight", (f"{names['qkv']}.weight",), sizes, per_head=heads)]
+            if self.qkv_bias:
+                out.append(HFWeight("qkv_proj.bias", (f"{names['qkv']}.bias",), sizes, per_head=heads))
+        elif "qkv" in names:
             out = linear("qkv_proj", names["qkv"], self.qkv_bias, hf.conv1d)
         else:
             sizes = (self.q_width, self.kv_width, self.kv_width)
