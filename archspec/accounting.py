@@ -74,8 +74,9 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         "position": m.attention.positional.params(m),
         "attention": sum(b.attention.params(d) for b in blocks),
         "ffn": sum(b.ffn.params(d) for b in blocks),
-        "norm": sum(2 * b.norm.params(d) for b in blocks) + m.norm.params(d),  # two per block, plus the final norm
-        "lm_head": 0 if m.tie_embeddings else m.vocab_size * d,
+        # each block's norms (two, pre- or post-norm; four, sandwich; one, a shared-norm parallel block), the final
+        "norm": sum(b.block.n_norms * b.norm.params(d) for b in blocks) + (m.norm.params(d) if m.final_norm else 0),
+        "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
     }
     parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}
     active = sum(parts.values()) - sum(b.ffn.params(d) - b.ffn.active_params(d) for b in blocks)
@@ -103,8 +104,8 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
             "layers": layers,
             "norm": block.norm.describe(m), "attention": f"{a.heads_summary()}, "
             + a.sparsity.describe(m), "ffn": block.ffn.describe(m),
-            "params": a.params(d) + block.ffn.params(d) + 2 * block.norm.params(d),
-            "active": a.params(d) + block.ffn.active_params(d) + 2 * block.norm.params(d),
+            "params": a.params(d) + block.ffn.params(d) + block.block.n_norms * block.norm.params(d),
+            "active": a.params(d) + block.ffn.active_params(d) + block.block.n_norms * block.norm.params(d),
             "flops_forward": round(a.projection_flops(d) + a.score_flops(seq_len, full_attention) + block.ffn.flops(d)),
             "kv_elements_per_token": a.kv_cache_elements_per_token(),
         })

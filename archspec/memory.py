@@ -135,7 +135,8 @@ def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool, b
     default the model-wide components."""
     stream, mm = 4, (2 if bf16 else 4)
     dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
-    return (2 * _norm_saved(m, stream, mm, b) + _attention_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
+    n_norms = (b or m).block.n_norms  # where the block's norms sit (model.block): two, one (shared) or four
+    return (n_norms * _norm_saved(m, stream, mm, b) + _attention_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
             + dropout_masks)
 
 
@@ -149,7 +150,8 @@ def block_backward_transient_per_token(m: ModelSpec, bf16: bool, b=None) -> int:
 def head_saved_per_token(m: ModelSpec, bf16: bool) -> int:
     """Token ids, the embedding dropout mask, the final norm, and the fp32 log-softmax of the cross-entropy."""
     stream, mm = 4, (2 if bf16 else 4)
-    return 8 + (m.d_model * stream if m.dropout > 0 else 0) + _norm_saved(m, stream, mm) + m.vocab_size * 4
+    final = _norm_saved(m, stream, mm) if m.final_norm else 0
+    return 8 + (m.d_model * stream if m.dropout > 0 else 0) + final + m.vocab_size * 4
 
 
 def head_transient_per_token(m: ModelSpec, bf16: bool) -> int:
@@ -294,8 +296,9 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
 
 def _outside_blocks(spec: Spec, acc: Accounting) -> int:
     """Parameters not in the blocks: embeddings, learned positions, final norm, untied head."""
-    layers = spec.model.n_layers
-    in_blocks = acc.by_component["attention"] + acc.by_component["ffn"] + acc.by_component["norm"] * 2 * layers // (2 * layers + 1)
+    m = spec.model
+    final = m.norm.params(m.d_model) if m.final_norm else 0
+    in_blocks = acc.by_component["attention"] + acc.by_component["ffn"] + acc.by_component["norm"] - final
     return acc.total - in_blocks
 
 

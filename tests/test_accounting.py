@@ -35,6 +35,16 @@ VARIANTS = [
                              "qk_rope_head_dim": 8, "v_head_dim": 16}}},
     {"model": {"attention": {"kind": "mla", "n_heads": 2, "q_lora_rank": 20, "kv_lora_rank": 16,
                              "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 24}}},
+    # block shapes (issue 26): four norms a block, a biased untied head and capped logits; one shared norm, no final
+    # norm, Gemma's (1 + w) gain and OLMo 2's q/k norm over the projection; post-norm LayerNorm; output norms
+    {"model": {"block": {"norm_placement": "sandwich"}, "lm_head_bias": True, "tie_embeddings": False,
+               "logit_softcap": 30.0}},
+    {"model": {"block": {"parallel": True, "shared_norm": True}, "final_norm": False,
+               "attention": {"qk_norm": {"scope": "projection"}}, "norm": {"kind": "rmsnorm", "unit_offset": True}}},
+    {"model": {"block": {"norm_placement": "post"}, "final_norm": False, "norm": {"kind": "layernorm"},
+               "lm_head_bias": True}},
+    {"model": {"block": {"norm_placement": "output"}, "attention": {"qk_norm": {"scope": "projection"}}}},
+    {"model": {"block": {"parallel": True, "norm_placement": "sandwich"}}},
 ]
 
 

@@ -165,6 +165,42 @@ CASES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 8,
                          "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.7},
         **_NO_IDS),
+    # GPT-NeoX: parallel blocks, a LayerNorm each (use_parallel_residual), a quarter of each head rotated, the fused
+    # q/k/v rows grouped by head, biases, an untied embed_out head
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, tie_word_embeddings=False, **_NO_IDS),
+    # GPT-NeoX sequential (Pythia's use_parallel_residual false), half of each head, no attention bias
+    "gpt_neox_sequential": lambda: transformers.GPTNeoXConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, use_parallel_residual=False, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 300.0, "partial_rotary_factor": 0.5}, **_NO_IDS),
+    # GPT-J: parallel from one LayerNorm (ln_1), rotary_dim 6 of 8 in (2i, 2i + 1) pairs, a biased LM head
+    "gptj": lambda: transformers.GPTJConfig(
+        vocab_size=V, n_positions=C, n_embd=32, n_layer=2, n_head=4, rotary_dim=6, n_inner=40, **_NO_IDS),
+    # Phi-2: parallel from one LayerNorm, half of each head rotated (half pairs), biases everywhere incl. lm_head
+    "phi": lambda: transformers.PhiConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **_NO_IDS),
+    # StableLM: LayerNorms, a quarter rotated, SwiGLU, q/k/v bias; and parallel with one shared norm
+    "stablelm": lambda: transformers.StableLmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, use_qkv_bias=True, **_NO_IDS),
+    "stablelm_parallel": lambda: transformers.StableLmConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, use_parallel_residual=True, **_NO_IDS),
+    # OLMo 2: norms on the sublayers' outputs only, q/k RMSNorm over the whole projections (GQA: k narrower)
+    "olmo2": lambda: transformers.Olmo2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **_NO_IDS),
+    # GLM-4-0414: sandwich norms around GLM's block (half of each head, interleaved pairs, q/k/v bias)
+    "glm4": lambda: transformers.Glm4Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_NO_IDS),
+    # Gemma: RMSNorm (1 + w), embeddings times sqrt(32), GeGLU (tanh), head_dim 16 ≠ 32 / 4, tied, MQA
+    "gemma": lambda: transformers.GemmaConfig(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, **_NO_IDS),
     "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,
@@ -278,8 +314,25 @@ _MOE = {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hi
     # every dimension rotated, interleaved: GLM too (partial_rotary_factor 1.0 written, GLM assumes 0.5 without it)
     ({"attention": {"n_heads": 4, "positional": {"kind": "rope", "layout": "interleaved"}},
       "tie_embeddings": True}, "glm"),
+    # block shapes (issue 26): NeoX's parallel block with a norm each; GPT-J's shared norm, interleaved quarter,
+    # biased head; OLMo 2's output norms and projection q/k norm; GLM-4's sandwich; Gemma's (1 + w) and scale
+    ({"norm": {"kind": "layernorm"}, "block": {"parallel": True},
+      "attention": {"n_heads": 4, "bias": True, "positional": {"kind": "rope", "partial": 0.25, "theta": 900.0}},
+      "ffn": {"kind": "mlp", "activation": "gelu", "hidden_dim": 40}, "tie_embeddings": False}, "gpt_neox"),
+    ({"norm": {"kind": "layernorm"}, "block": {"parallel": True, "shared_norm": True}, "lm_head_bias": True,
+      "attention": {"n_heads": 4, "positional": {"kind": "rope", "partial": 0.75, "layout": "interleaved"}},
+      "ffn": {"kind": "mlp", "activation": "gelu_tanh", "hidden_dim": 24, "bias": True}, "tie_embeddings": False},
+     "gptj"),
+    ({"block": {"norm_placement": "output"}, "norm": {"kind": "rmsnorm", "eps": 1e-6},
+      "attention": {"n_heads": 4, "n_kv_heads": 2, "qk_norm": {"eps": 1e-6, "scope": "projection"}}}, "olmo2"),
+    ({"block": {"norm_placement": "sandwich"},
+      "attention": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "qkv_bias": True, "out_bias": False,
+                    "positional": {"kind": "rope", "partial": 0.5, "layout": "interleaved"}}}, "glm4"),
+    ({"norm": {"kind": "rmsnorm", "eps": 1e-6, "unit_offset": True}, "embedding_scale": "sqrt_d_model",
+      "attention": {"n_heads": 2, "head_dim": 24}, "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 48},
+      "tie_embeddings": True}, "gemma"),
 ], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like", "glm-like",
-        "partial-half", "interleaved-whole-heads"])
+        "partial-half", "interleaved-whole-heads", "neox-like", "gptj-like", "olmo2-like", "glm4-like", "gemma-like"])
 def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -376,6 +429,18 @@ REFUSED = {
                                                   layer_types=["sliding_attention", "full_attention"]),
                                      "layer_types: 'sliding_attention' layers, but use_sliding_window is false"),
     "dropouts_differ": (lambda: _set(CASES["gpt2"]().to_dict(), attn_pdrop=0.1), "dropout rates differ"),
+    # block-shape types: what their configs can say and archspec cannot, by name
+    "phi_qk_layernorm": (lambda: _set(CASES["phi"]().to_dict(), qk_layernorm=True), "qk_layernorm: True"),
+    "stablelm_qk_layernorm": (lambda: _set(CASES["stablelm"]().to_dict(), qk_layernorm=True), "qk_layernorm: True"),
+    "gptj_rotary_dim_null": (lambda: _set(CASES["gptj"]().to_dict(), rotary_dim=None), "rotary_dim: null"),
+    "gptj_rope_theta": (lambda: _set(CASES["gptj"]().to_dict(), rope_theta=500.0),
+                        "rope_theta: GPT-J's rotary embedding ignores it"),
+    "gemma_bidirectional": (lambda: _set(CASES["gemma"]().to_dict(), use_bidirectional_attention=True),
+                            "use_bidirectional_attention"),
+    # types that need a feature archspec lacks name it (not the generic "not one archspec maps")
+    "cohere_pending": (lambda: _set(_llama_config(), model_type="cohere"), "needs a multiplier on the logits"),
+    "gemma2_pending": (lambda: _set(_llama_config(), model_type="gemma2"), "soft-capping of the attention scores"),
+    "bloom_pending": (lambda: _set(_llama_config(), model_type="bloom"), "ALiBi positions"),
     "cross_attention": (lambda: _set(CASES["gpt2"]().to_dict(), add_cross_attention=True), "add_cross_attention"),
 }
 
@@ -433,9 +498,22 @@ def test_a_config_alone_gives_a_spec_and_refuses_to_overwrite(tmp_path, capsys):
     # a partial rotation with experts: only GLM rotates part of a head, and it has no experts
     ({"attention": {"n_heads": 4, "head_dim": 8, "positional": {"kind": "rope", "partial": 0.5}}, "ffn": _MOE},
      "model.attention.positional.partial: 0.5 cannot be expressed as mixtral"),
+    # block shapes no type has: no final norm, post-norm, a shape per layer, capped logits, (1 + w) without Gemma's
+    # embedding scale
+    ({"attention": {"n_heads": 4}, "final_norm": False}, "model.final_norm: false"),
+    ({"attention": {"n_heads": 4}, "block": {"norm_placement": "post"}},
+     "model.block.norm_placement: post cannot be expressed as llama"),
+    ({"attention": {"n_heads": 4}, "layers": {"p": {"select": [1], "block": {"parallel": True}}}},
+     "model.layers.block_1.block (layer 1): a block shape that differs by layer"),
+    ({"attention": {"n_heads": 4}, "logit_softcap": 30.0}, "model.logit_softcap: 30.0 cannot be expressed as llama"),
+    ({"attention": {"n_heads": 4}, "norm": {"kind": "rmsnorm", "unit_offset": True}},
+     "model.embedding_scale: false cannot be expressed as gemma"),
+    ({"attention": {"n_heads": 4}, "block": {"parallel": True}},
+     "model.block.parallel: true cannot be expressed as llama"),
 ], ids=["sinusoidal", "nope", "gpt2-without-norm-bias", "out-bias-only", "moe-capacity", "moe-z-loss", "moe-mlp-experts",
         "moe-ungated-shared-expert", "layer-norm-eps", "layer-heads", "layer-ffn-width", "layer-windows-differ",
-        "layer-global-local", "interleaved-with-qk-norm", "partial-with-experts"])
+        "layer-global-local", "interleaved-with-qk-norm", "partial-with-experts", "no-final-norm", "post-norm",
+        "shape-per-layer", "logit-softcap", "unit-offset-unscaled", "parallel-rmsnorm"])
 def test_export_refuses_what_hf_cannot_express(model, field, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -637,6 +715,27 @@ def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, 
     assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
 
 
+@pytest.mark.parametrize("case", ["gpt_neox", "gptj", "phi", "stablelm_parallel", "olmo2", "glm4", "gemma"])
+def test_greedy_generation_of_the_block_shape_types_equals_hf_generate(case, tmp_path, capsys):
+    """Parallel, shared-norm, output-norm, sandwich and (1 + w) blocks: KV-cached greedy decoding gives HF's tokens."""
+    hf, src = _hf_dir(tmp_path, case, seed=7)
+    with torch.no_grad():  # lively text: larger embeddings, sharper attention, larger sublayer outputs
+        hf.get_input_embeddings().weight.mul_(3.0)
+        for name, p in hf.named_parameters():
+            if p.ndim == 2 and any(k in name for k in ("q_proj", "k_proj", "query_key_value")):
+                p.mul_(4.0)
+            elif p.ndim == 2 and any(k in name for k in ("v_proj", "o_proj", "down_proj", "dense", "fc_out")):
+                p.mul_(3.0)
+    hf.save_pretrained(src)
+    _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
+    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
+                              pad_token_id=0)
+    got = ours.eval().generate(prompt, C - 5, temperature=0)
+    assert got.tolist() == want.tolist()
+    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+
+
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral", "ministral", "mixtral", "qwen2_moe",
                                   "qwen3_moe", "glm", "phi3"])
 def test_partial_rotary_factor_is_mapped_where_transformers_honours_it_and_refused_where_it_is_ignored(case, tmp_path,
@@ -795,3 +894,51 @@ def test_the_deepseek_v3_preset_exports_as_deepseek_v3_saying_what_training_sett
     assert (config["rope_interleave"], config["n_group"], config["topk_group"], config["routed_scaling_factor"],
             config["first_k_dense_replace"], config["kv_lora_rank"]) == (True, 4, 2, 2.5, 1, 64)
     transformers.DeepseekV3Config(**{k: v for k, v in config.items() if k != "model_type"})  # transformers takes it
+
+
+# Released configs of the block-shape types (their config.json fields that set sizes), with the model cards' sizes.
+_RELEASED_SHAPES = {
+    "pythia-160m": ({"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+                     "num_hidden_layers": 12, "max_position_embeddings": 2048, "rotary_pct": 0.25,
+                     "rotary_emb_base": 10000, "use_parallel_residual": True, "tie_word_embeddings": False,
+                     "vocab_size": 50304, "layer_norm_eps": 1e-5, "hidden_act": "gelu"}, 0.162),
+    "gpt-j-6b": ({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64,
+                  "vocab_size": 50400, "n_positions": 2048, "activation_function": "gelu_new",
+                  "layer_norm_epsilon": 1e-5, "n_inner": None, "tie_word_embeddings": False}, 6.05),
+    "phi-2": ({"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 32,
+               "num_key_value_heads": 32, "num_hidden_layers": 32, "partial_rotary_factor": 0.4, "vocab_size": 51200,
+               "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "hidden_act": "gelu_new",
+               "qk_layernorm": False, "tie_word_embeddings": False}, 2.78),
+    "stablelm-3b-4e1t": ({"model_type": "stablelm", "hidden_size": 2560, "intermediate_size": 6912,
+                          "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+                          "vocab_size": 50304, "partial_rotary_factor": 0.25, "max_position_embeddings": 4096,
+                          "layer_norm_eps": 1e-5, "use_qkv_bias": False, "hidden_act": "silu"}, 2.80),
+    "OLMo-2-1124-7B": ({"model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008,
+                        "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+                        "vocab_size": 100352, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                        "rope_theta": 500000, "attention_bias": False, "hidden_act": "silu"}, 7.30),
+    "gemma-2b": ({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_attention_heads": 8,
+                  "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 18, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}, 2.51),
+    "GLM-4-9B-0414": ({"model_type": "glm4", "hidden_size": 4096, "intermediate_size": 13696,
+                       "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 40,
+                       "vocab_size": 151552, "attention_bias": True, "partial_rotary_factor": 0.5,
+                       "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}, 9.40),
+}
+
+
+@pytest.mark.parametrize("name", list(_RELEASED_SHAPES))
+def test_released_block_shape_configs_import_with_their_published_sizes(name):
+    """Accounting of the imported spec = transformers' own parameter count for the same config (built on the meta
+    device) = the model card's size (to its rounding)."""
+    from archspec.accounting import param_breakdown
+    from archspec.hf import spec_from_config
+
+    data, billions = _RELEASED_SHAPES[name]
+    m = load_spec_dict(spec_from_config(data, f"{name}/config.json", "x")).model
+    parts, _ = param_breakdown(m)
+    config = transformers.AutoConfig.for_model(**data)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(parts.values()) == _numel(hf)
+    assert sum(parts.values()) == pytest.approx(billions * 1e9, abs=0.01e9 if billions < 1 else 0.06e9)

@@ -370,6 +370,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         *_merge_constants(ffn_cfgs),
         *([Const("EMBEDDING_SCALE", lit_float(math.sqrt(m.d_model)), "sqrt(D_MODEL): token embeddings are scaled by "
                  "it (model.embedding_scale)")] if m.embedding_scale == "sqrt_d_model" else []),
+        *([Const("LOGIT_SOFTCAP", lit_float(m.logit_softcap), "logits = cap · tanh(logits / cap), within (-cap, cap) "
+                 "(Gemma 2)")] if m.logit_softcap is not None else []),
         Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
     ]
@@ -390,6 +392,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         ba = b.attention
         layer_desc = (f"{ba.doc_summary()}, {b.norm.describe(m)}, "
                       f"{b.ffn.describe(m)}, {a.positional.describe(m)}, {ba.sparsity.describe(m)}")
+        if b.block != type(b.block)():  # the pre-norm sequential block is what every file said before
+            layer_desc += f", {b.block.describe()}"
     else:
         layer_desc = f"{a.positional.describe(m)}, {len(groups)} block configurations (see the Block classes)"
     summary = (
@@ -413,7 +417,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "model_methods": model_methods[0] if model_methods else "",
         "blocks": blocks,
         "layer_calls": layer_calls,
-        "final_norm": norm_cfgs[0].call("D_MODEL"),
+        "final_norm": norm_cfgs[0].call("D_MODEL") if m.final_norm else "",
+        "lm_head_bias": bool(m.lm_head_bias),
+        "logit_softcap": m.logit_softcap is not None,
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
@@ -426,10 +432,16 @@ _PART_BASES = ("Norm", "Attention", "FeedForward")
 def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int) -> tuple[list[dict], list]:
     """The Block classes (one per distinct triple of part classes, named by the parts that differ: `MoEBlock`,
     `WindowBlock`) and how each layer is built: [(constructor call, first layer, last layer)] in runs."""
-    keys = [tuple(c.cls for c in triple) for triple in parts]
+    shapes = [b.block for b, _ in groups]
+    keys = [(*(c.cls for c in triple), unit_json(shape)) for triple, shape in zip(parts, shapes)]
     distinct = list(dict.fromkeys(keys))
     differing = [c for c in range(3) if len({k[c] for k in distinct}) > 1]
-    names = {k: "".join(k[c].removesuffix(_PART_BASES[c]) for c in differing) + "Block" for k in distinct}
+    # The block's shape names it too (`PostNormBlock`, `ParallelBlock`); the pre-norm sequential block is plain
+    # `Block`, or `PreNormBlock` beside blocks of other shapes.
+    shape_of = dict(zip(keys, shapes))
+    mixed = len({k[3] for k in distinct}) > 1
+    names = {k: "".join(k[c].removesuffix(_PART_BASES[c]) for c in differing)
+             + (shape_of[k].label() or ("PreNorm" if mixed else "")) + "Block" for k in distinct}
     blocks, calls = {}, {}
     for (b, layers), triple, key in zip(groups, parts, keys):
         # The parts' constructor arguments become the block's; one that two parts share is told apart by its part.
@@ -448,6 +460,8 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
                for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("attention", "attn", triple[1], ()),
                                             ("ffn", "ffn", triple[2], ()))},
             "cache_class": b.attention.cache_class,
+            "placement": b.block.norm_placement, "parallel": b.block.parallel, "shared_norm": b.block.shared_norm,
+            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.input_norms, *b.block.output_norms)),
             "layers": [],
         })
         block["layers"] += layers

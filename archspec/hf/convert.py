@@ -19,7 +19,7 @@ import torch
 from archspec.errors import Caution, printable
 from archspec.hf.types import COMMON_INERT, EXPORT_ORDER, PENDING, TYPES
 from archspec.kinds import family
-from archspec.kinds.hf import HFConfig, HFType, HFUnsupported, HFWeight
+from archspec.kinds.hf import HFConfig, HFType, HFUnsupported, HFWeight, put_fact
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
 
@@ -64,6 +64,8 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         raise HFUnsupported(f"{source}: expected a JSON object, got {type(data).__name__}")
     hf = hf_type(data.get("model_type"), source)
     cfg = HFConfig(data, hf, source)
+    if hf.rewrite is not None:  # the type's own spellings (GPT-J's rotary_dim) in the common words units read
+        hf.rewrite[0](cfg)
     for check in hf.check:
         check(cfg)
     per_layer: dict[str, list[dict[str, Any]]] = {}
@@ -82,6 +84,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         "norm": units["norm"], "attention": attention, "ffn": units["ffn"],
         "tie_embeddings": cfg.take("tie", bool), "dropout": _dropout(cfg),
     }
+    model.update(_model_options(cfg))
     if groups:
         model["layers"] = groups
     unread = sorted(set(data) - cfg.taken - COMMON_INERT - hf.inert)
@@ -91,6 +94,53 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
             "with them may compute something else, so nothing was imported",
             [f"{k}: {printable(repr(data[k]), 80)}" for k in unread])
     return {"name": name, "model": model}
+
+
+def _model_options(cfg: HFConfig) -> dict[str, Any]:
+    """The model's own options the type fixes or its config says: the block's shape, an LM-head bias, the embedding
+    scale. Written only where they differ from the defaults, so a LLaMA file gives the spec it always gave."""
+    hf, out = cfg.hf, {}
+    parallel = cfg.fact("parallel")
+    block = {"norm_placement": hf.norm_placement} if hf.norm_placement != "pre" else {}
+    if parallel:
+        block.update(parallel=True, shared_norm=cfg.fact("shared_norm"))
+    if block:
+        out["block"] = block
+    if cfg.fact("lm_head_bias"):
+        out["lm_head_bias"] = True
+    if cfg.fact("embedding_scale"):
+        out["embedding_scale"] = "sqrt_d_model"
+    if "logit_softcap" in hf.keys:  # a type that caps its logits says by how much (null: not at all)
+        cap = cfg.take("logit_softcap", (int, float), default=None)
+        if cap is not None:
+            out["logit_softcap"] = float(cap)
+    return out
+
+
+def _shape_to_hf(m: ModelSpec, hf: HFType, out: dict[str, Any]) -> None:
+    """The model's own options into `out`, or refused by field where `hf` cannot say them."""
+    shapes = [b.block for b in m.blocks()]
+    for i, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise HFUnsupported(f"{_named(m, ('model', 'block'), i)}: a block shape that differs by layer: every "
+                                "transformers model type archspec writes has one for every layer")
+    shape = shapes[0]
+    if shape.norm_placement != hf.norm_placement:
+        raise HFUnsupported(f"model.block.norm_placement: {shape.norm_placement} cannot be expressed as "
+                            f"{hf.model_type} (its blocks are {hf.norm_placement}-norm)")
+    put_fact(out, hf, "parallel", shape.parallel, ("model", "block", "parallel"))
+    if shape.parallel:
+        put_fact(out, hf, "shared_norm", shape.shared_norm, ("model", "block", "shared_norm"))
+    if not m.final_norm:
+        raise HFUnsupported("model.final_norm: false cannot be expressed as any transformers model type archspec "
+                            f"writes ({hf.model_type} has a final norm)")
+    if m.logit_softcap is not None and "logit_softcap" not in hf.keys:
+        raise HFUnsupported(f"model.logit_softcap: {m.logit_softcap} cannot be expressed as {hf.model_type} (it does "
+                            "not cap its logits)")
+    if m.logit_softcap is not None:
+        out[hf.keys["logit_softcap"]] = m.logit_softcap
+    put_fact(out, hf, "lm_head_bias", m.lm_head_bias, ("model", "lm_head_bias"))
+    put_fact(out, hf, "embedding_scale", m.embedding_scale == "sqrt_d_model", ("model", "embedding_scale"))
 
 
 def _model_wide_and_groups(per_layer: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -134,9 +184,6 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: attention settings that differ "
                                 "by layer (heads, widths, biases, q/k norm): every transformers model type archspec "
                                 "writes has one for every layer")
-    if m.embedding_scale != "none":
-        raise HFUnsupported(f"model.embedding_scale: {m.embedding_scale}: no transformers model type archspec writes "
-                            "scales its token embeddings")
     for fam, path in _FAMILIES:
         for i, unit in enumerate(_layer_units(m, fam)):
             if unit.hf_block is None:
@@ -264,6 +311,9 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                 written.setdefault(key, (value, where))
         out.update({key: value for key, (value, _) in written.items()})
     m.attention.to_hf(m, out, hf)
+    _shape_to_hf(m, hf, out)
+    if hf.rewrite is not None:
+        hf.rewrite[1](m, out)
     return out
 
 
@@ -291,12 +341,18 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
     out += _prefixed(m.attention.positional.hf_weights(m, hf), "", base)
     for i, block in enumerate(m.blocks()):
         ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."
-        for our_name, role, unit in (("attn_norm", "attn_norm", block.norm), ("attn", "attn", block.attention),
-                                     ("ffn_norm", "ffn_norm", block.norm), ("ffn", "ffn", block.ffn)):
+        # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
+        norms = [(name, "attn_norm" if name == "norm" else name, block.norm)
+                 for name in (*block.block.input_norms, *block.block.output_norms)]
+        for our_name, role, unit in (*norms, ("attn", "attn", block.attention), ("ffn", "ffn", block.ffn)):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
-    out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")
+    if m.final_norm:
+        out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")
+    head = n.get("lm_head", "lm_head")
     if not m.tie_embeddings:
-        out.append(HFWeight("lm_head.weight", ("lm_head.weight",)))
+        out.append(HFWeight("lm_head.weight", (f"{head}.weight",)))
+    if m.lm_head_bias:
+        out.append(HFWeight("lm_head.bias", (f"{head}.bias",)))
     return out
 
 

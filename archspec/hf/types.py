@@ -445,14 +445,170 @@ DEEPSEEK_V3 = HFType(
     check=(_common_checks, _deepseek_checks),
 )
 
+# ── block shapes (issue 26): parallel blocks, norms after the sublayers, Gemma's (1 + w) norm ────────────────────
+
+_LN_KEYS = {**_LLAMA_KEYS, "norm_eps": "layer_norm_eps"}  # LLaMA's key names, a LayerNorm's epsilon
+del _LN_KEYS["head_dim"]  # head_dim = hidden_size / num_attention_heads in these types: no key of its own
+
+GPT_NEOX = HFType(  # GPT-NeoX / Pythia: LayerNorms, a quarter of each head rotated (half pairs), a GELU MLP
+    model_type="gpt_neox", architecture="GPTNeoXForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "rotary", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys={k: v for k, v in _LN_KEYS.items() if k != "n_kv_heads"},  # no GQA: K/V heads = query heads
+    defaults={"vocab_size": 50432, "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
+              "intermediate_size": 24576, "hidden_act": "gelu", "max_position_embeddings": 2048,
+              "layer_norm_eps": 1e-5, "tie_word_embeddings": False, "use_parallel_residual": True,
+              "attention_bias": True, "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "attention_dropout": 0.0,
+              "hidden_dropout": 0.0},
+    names={"base": "gpt_neox", "embed": "embed_in", "layers": "layers", "attn": "attention", "ffn": "mlp",
+           "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "final_norm": "final_layer_norm",
+           "qkv": "query_key_value", "o": "dense", "up": "dense_h_to_4h", "down": "dense_4h_to_h",
+           "lm_head": "embed_out"},
+    # use_parallel_residual: x + attn(ln1(x)) + mlp(ln2(x)), a norm each; the fused q/k/v rows grouped by head
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "norm_bias": True, "mlp_bias": True,
+           "partial_rotary": True, "parallel": "use_parallel_residual", "shared_norm": False, "qkv_per_head": True},
+    dropout_keys=("attention_dropout", "hidden_dropout"),
+    inert=frozenset({"classifier_dropout"}),  # the sequence-classification head's, absent from the causal LM
+    aliases={"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},  # older files' spellings
+    check=(_common_checks,),
+)
+
+
+def _gptj_read(cfg: HFConfig) -> None:
+    """GPT-J rotates the first rotary_dim dimensions of each head (in (2i, 2i + 1) pairs) at base 10000, fixed: its
+    rotary_dim read as the common partial_rotary_factor; rope keys it ignores are refused, not read."""
+    for key in ("rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor"):
+        if cfg.data.get(key) is not None:
+            raise cfg.refuse(key, "GPT-J's rotary embedding ignores it (base 10000, rotary_dim wide), so a model "
+                             "with it is not the one meant")
+    rotary = cfg.take("rotary_dim", int, default=None)
+    if rotary is None:
+        raise cfg.refuse("rotary_dim", "null: GPT-J then takes its rotary frequencies over n_embd rather than a "
+                         "head's width, which archspec's rope does not have")
+    head_dim = cfg.take("d_model", int) // cfg.take("n_heads", int)
+    if not 0 < rotary <= head_dim:
+        raise cfg.refuse("rotary_dim", f"{rotary}: expected 1..{head_dim} (a head's width)")
+    cfg.data["partial_rotary_factor"] = rotary / head_dim
+
+
+def _gptj_write(m, out: dict) -> None:
+    params = out.pop("rope_parameters")
+    for key in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
+        out.pop(key, None)
+    if params["rope_theta"] != 10000.0:
+        raise HFUnsupported(f"model.attention.positional.theta: {params['rope_theta']} cannot be expressed as gptj "
+                            "(its rotary base is always 10000)")
+    if params["rope_type"] != "default":
+        raise HFUnsupported(f"model.attention.positional.scaling: {params['rope_type']} cannot be expressed as gptj "
+                            "(its rotary embedding has no scaling)")
+    out["rotary_dim"] = round(params["partial_rotary_factor"] * m.attention.head_dim)
+
+
+GPTJ = HFType(  # GPT-J: parallel blocks from one LayerNorm, interleaved partial rope, a biased LM head
+    model_type="gptj", architecture="GPTJForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "rotary", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys=GPT2.keys,
+    defaults={"vocab_size": 50400, "n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16, "rotary_dim": 64,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False,
+              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    names={"base": "transformer", "embed": "wte", "layers": "h", "attn": "attn", "ffn": "mlp", "attn_norm": "ln_1",
+           "final_norm": "ln_f", "o": "out_proj", "up": "fc_in", "down": "fc_out"},
+    facts={"qkv_bias": False, "out_bias": False, "norm_bias": True, "mlp_bias": True, "partial_rotary": True,
+           "rope_interleaved": True, "parallel": True, "shared_norm": True, "lm_head_bias": True},
+    dropout_keys=("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+    rewrite=(_gptj_read, _gptj_write),
+    check=(_common_checks,),
+)
+
+PHI = HFType(  # Phi-1/1.5/2: parallel blocks from one LayerNorm, partial rope (half pairs), biases everywhere
+    model_type="phi", architecture="PhiForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "rotary", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys=_LN_KEYS,
+    defaults={"vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
+              "num_attention_heads": 32, "hidden_act": "gelu_new", "max_position_embeddings": 2048,
+              "layer_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 10000.0,
+              "partial_rotary_factor": 0.5, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0},
+    names={**_LLAMA_NAMES, "final_norm": "final_layernorm", "o": "dense", "up": "fc1", "down": "fc2"},
+    facts={"qkv_bias": True, "out_bias": True, "norm_bias": True, "mlp_bias": True, "partial_rotary": True,
+           "parallel": True, "shared_norm": True, "lm_head_bias": True},
+    dropout_keys=("resid_pdrop", "embd_pdrop", "attention_dropout"),
+    fixed={"qk_layernorm": False},
+    check=(_common_checks, _must_be("qk_layernorm", False, "a LayerNorm over each head's q and k, which archspec's "
+                                    "q/k norm (an RMSNorm) is not")),
+)
+
+STABLELM = HFType(  # StableLM: LayerNorms, partial rope, SwiGLU; parallel (one shared norm) by use_parallel_residual
+    model_type="stablelm", architecture="StableLmForCausalLM", blocks={**_LLAMA_BLOCKS, "norm": "layer_norm"},
+    keys=_LN_KEYS,
+    defaults={"vocab_size": 50304, "intermediate_size": 6912, "hidden_size": 2560, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 4096,
+              "layer_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_theta": 10000.0,
+              "partial_rotary_factor": 0.25, "use_qkv_bias": False, "use_parallel_residual": False,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0},
+    names=_LLAMA_NAMES,
+    facts={"qkv_bias": "use_qkv_bias", "out_bias": False, "norm_bias": True, "partial_rotary": True,
+           "parallel": "use_parallel_residual", "shared_norm": True},
+    dropout_keys=("hidden_dropout", "attention_dropout"),
+    fixed={"qk_layernorm": False},
+    check=(_common_checks, _must_be("qk_layernorm", False, "a LayerNorm over each head's q and k, which archspec's "
+                                    "q/k norm (an RMSNorm) is not")),
+)
+
+OLMO2 = HFType(  # OLMo 2: norms on the sublayers' outputs only, q/k RMSNorm over the whole projections
+    model_type="olmo2", architecture="Olmo2ForCausalLM", blocks=_LLAMA_BLOCKS,
+    keys={k: v for k, v in _LLAMA_KEYS.items() if k != "head_dim"},
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-5},
+    names={**_LLAMA_NAMES, "attn_post_norm": "post_attention_layernorm",
+           "ffn_post_norm": "post_feedforward_layernorm"},
+    norm_placement="output",
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "qk_norm": True, "qk_norm_projection": True},
+    dropout_keys=("attention_dropout",),
+    check=(_common_checks,),
+)
+
+GLM4 = HFType(  # GLM-4-0414: GLM's block with a norm after each sublayer too (sandwich)
+    model_type="glm4", architecture="Glm4ForCausalLM", blocks=_LLAMA_BLOCKS, keys=_LLAMA_KEYS,
+    defaults=GLM.defaults,
+    names={**GLM.names, "attn_post_norm": "post_self_attn_layernorm", "ffn_norm": "post_attention_layernorm",
+           "ffn_post_norm": "post_mlp_layernorm"},
+    norm_placement="sandwich",
+    facts=GLM.facts,
+    dropout_keys=("attention_dropout",),
+    check=(_common_checks,),
+)
+
+GEMMA = HFType(  # Gemma: RMSNorm with a (1 + w) gain, embeddings scaled by sqrt(hidden_size), GeGLU, tied
+    model_type="gemma", architecture="GemmaForCausalLM", blocks=_LLAMA_BLOCKS, keys=_LLAMA_KEYS,
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+              "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+              "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "tie_word_embeddings": True},
+    names=_LLAMA_NAMES,
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "norm_unit_offset": True,
+           "embedding_scale": True},
+    dropout_keys=("attention_dropout",),
+    check=(_common_checks, _must_be("use_bidirectional_attention", None, "archspec models are causal")),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)}
+                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
+                                                              GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
 # ministral (a pattern per layer); mixtral before qwen2_moe; the types with a rotary fraction last: phi3 (half pairs),
 # glm (interleaved); deepseek_v3 (latent attention) after them).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)
+# The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {
+    "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
+    "gemma2": "soft-capping of the attention scores (attn_logit_softcapping) and a query scale of its own "
+              "(query_pre_attn_scalar)",
+    "gemma3": "soft-capping of the attention scores and per-layer rope bases (rope_local_base_freq)",
+    "bloom": "ALiBi positions (an attention bias by distance) and a LayerNorm after the embeddings",
+    "falcon": "ALiBi positions or a separate K/V projection layout (new_decoder_architecture)",
+    "mpt": "ALiBi positions (an attention bias by distance)",
+}

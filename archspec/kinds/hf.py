@@ -38,9 +38,17 @@ class HFType:
     defaults: the value transformers uses when a key is absent from config.json (None: required).
     names: role → module name inside HF's model ("q": "q_proj", "attn_norm": "input_layernorm", ...).
     conv1d: weights stored (in, out), GPT-2's Conv1D, rather than nn.Linear's (out, in).
+    norm_placement: where the type's blocks put their norms (archspec.spec.layers.BlockShape: pre, post, sandwich,
+        output); whether its blocks are parallel, and share one input norm, are the facts "parallel" and "shared_norm".
     facts: yes/no properties units ask about ("qkv_bias", "out_bias", "qk_norm", "norm_bias", "mlp_bias",
         "partial_rotary": the rotary embedding honours partial_rotary_factor, "rope_interleaved": it rotates (2i, 2i + 1)
-        pairs, "default_rope_only": it has no frequency scaling archspec has): a config key (str) that holds it, or the value this type always has (bool). Absent: always False.
+        pairs, "default_rope_only": it has no frequency scaling archspec has; the model's: "parallel", "shared_norm",
+        "lm_head_bias", "embedding_scale" (sqrt(d_model)), "norm_unit_offset" (Gemma's (1 + w)), "qk_norm_projection"
+        (OLMo 2), "qkv_per_head" (GPT-NeoX's fused q/k/v rows grouped by head)): a config key (str) that holds it, or the
+        value this type always has (bool). Absent: always False.
+    rewrite: (read, write): this type's own spelling of what the units read and write: `read(cfg)` turns the file's
+        keys into the common ones before any unit reads (GPT-J's rotary_dim → partial_rotary_factor), `write(m, out)`
+        turns the written config into the type's (and refuses what it cannot say).
     inert: keys that do not change the function the model computes (ids, generation defaults, init scale, ...).
     check: extra config rules of this type: callables (HFConfig) → None that take their keys and may refuse.
     dropout_keys: the config's dropout rates (archspec has one, model.dropout).
@@ -54,6 +62,7 @@ class HFType:
     defaults: dict[str, Any]
     names: dict[str, str]
     conv1d: bool = False
+    norm_placement: str = "pre"
     facts: dict[str, str | bool] = field(default_factory=dict)
     inert: frozenset[str] = frozenset()
     check: tuple[Callable[["HFConfig"], None], ...] = ()
@@ -65,6 +74,7 @@ class HFType:
     # a config key counting decoder layers stored past num_hidden_layers that the type's model leaves out (DeepSeek-V3's
     # multi-token-prediction layers, num_nextn_predict_layers): their tensors are not imported, and the import says so
     left_out_layers: str | None = None
+    rewrite: tuple[Callable[["HFConfig"], None], Callable[[Any, dict[str, Any]], None]] | None = None
 
 
 class HFConfig:
@@ -149,6 +159,9 @@ class HFWeight:
     transpose: bool = False
     dim: int = 0
     stack: bool = False
+    # GPT-NeoX's fused q/k/v: HF's rows are grouped by head (head 0's q, k, v, then head 1's, ...), ours by part (every
+    # head's q, then k, then v); `per_head` is the number of heads, the parts are `sizes` (equal, one head each ×).
+    per_head: int = 0
 
     @property
     def our_names(self) -> tuple[str, ...]:
@@ -159,6 +172,8 @@ class HFWeight:
         import torch
 
         whole = torch.cat(list(tensors), dim=self.dim) if len(tensors) > 1 else tensors[0]
+        if self.per_head:
+            whole = self._regroup(whole, by_head=True)
         if self.stack:
             parts = whole.unbind(self.dim)
         else:
@@ -174,6 +189,10 @@ class HFWeight:
             whole = torch.stack(parts, dim=self.dim)
         else:
             whole = torch.cat(parts, dim=self.dim) if len(parts) > 1 else parts[0]
+        if self.per_head:
+            if whole.shape[0] != sum(self.sizes):
+                raise RuntimeError(f"expected {sum(self.sizes)} rows of q, k and v, got shape {tuple(whole.shape)}")
+            whole = self._regroup(whole, by_head=False)
         names = self.our_names
         if len(names) > 1:
             if whole.ndim <= self.dim or whole.shape[self.dim] != sum(self.sizes):
@@ -181,6 +200,14 @@ class HFWeight:
                                    f" got shape {tuple(whole.shape)}")
             return {n: p.contiguous() for n, p in zip(names, whole.split(list(self.sizes), dim=self.dim))}
         return {names[0]: whole.contiguous()}
+
+
+    def _regroup(self, whole: Any, by_head: bool) -> Any:
+        """Rows (parts, heads, width) ↔ (heads, parts, width): ours → HF's (by_head) or back."""
+        parts, heads = len(self.sizes), self.per_head
+        width = whole.shape[0] // (parts * heads)
+        shape = (parts, heads, width) if by_head else (heads, parts, width)
+        return whole.reshape(*shape, *whole.shape[1:]).transpose(0, 1).reshape(whole.shape).contiguous()
 
 
 def linear(ours: str, hf: str, bias: bool, conv1d: bool) -> list[HFWeight]:

@@ -10,6 +10,9 @@
         first:
           select: [0]                             # or an explicit list
           attention: {sparsity: {kind: dense}}
+        post:
+          select: [0]
+          block: {norm_placement: post}           # the block's shape (BlockShape) is a component too
 
 Rules (docs in the README):
 - A group's `norm`, `attention` or `ffn` is merged onto the model-wide component the way `--set` is: fields refine it;
@@ -29,15 +32,75 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
 
 from archspec.kinds import family, registry_version
-from archspec.kinds.base import Problem, Strict, identity_dump
+from archspec.kinds.base import Problem, Since, Strict, identity_dump
 
-COMPONENTS = ("norm", "attention", "ffn")  # the block components a group may set
+COMPONENTS = ("norm", "attention", "ffn", "block")  # the block components a group may set
 GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+
+NormPlacement = Literal["pre", "post", "sandwich", "output"]
+
+
+class BlockShape(Strict):
+    """How a block wires its norms and sublayers around the residual stream (`model.block`, or a layer group's).
+
+    norm_placement: `pre` x + f(norm(x)) (GPT-2, Llama) · `post` norm(x + f(x)) (GPT-1, the original Transformer) ·
+    `sandwich` x + norm2(f(norm1(x))) (Gemma 2/3, GLM-4) · `output` x + norm(f(x)), no input norm (OLMo 2).
+    parallel: attention and FFN read the same x and add to it together, x + attn(n1(x)) + ffn(n2(x)) (GPT-NeoX's
+    use_parallel_residual, GPT-J, Falcon, PaLM); shared_norm: one input norm feeds both (GPT-J, Phi, Falcon-7B)."""
+
+    norm_placement: Annotated[NormPlacement, Since("0.4")] = "pre"
+    parallel: Annotated[bool, Since("0.4")] = False
+    shared_norm: Annotated[bool, Since("0.4")] = False
+
+    def fill_defaults(self, m: Any) -> None:
+        return None
+
+    def problems(self, m: Any, path: tuple) -> list[Problem]:
+        out: list[Problem] = []
+        if self.shared_norm and not self.parallel:
+            out.append((path + ("shared_norm",), "only a parallel block shares its input norm: set parallel: true, "
+                        "or leave shared_norm out", self.shared_norm))
+        if self.parallel and self.norm_placement not in ("pre", "sandwich"):
+            # post and output put no norm in front of the sublayers, so the two branches would read the raw stream
+            # and a parallel block's one normed input (what NeoX, GPT-J, PaLM share) would not exist.
+            out.append((path + ("norm_placement",), "a parallel block normalises the input its two branches share: "
+                        f"must be pre or sandwich, got {self.norm_placement}", self.norm_placement))
+        return out
+
+    # ── what the block holds ──
+    @property
+    def input_norms(self) -> tuple[str, ...]:
+        """The block's norms in front of (pre, sandwich) or, post-norm, after the residual add of its sublayers."""
+        if self.norm_placement == "output":
+            return ()
+        return ("norm",) if self.parallel and self.shared_norm else ("attn_norm", "ffn_norm")
+
+    @property
+    def output_norms(self) -> tuple[str, ...]:
+        """The norms on a sublayer's output before it joins the residual stream (sandwich, output)."""
+        return ("attn_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
+
+    @property
+    def n_norms(self) -> int:
+        return len(self.input_norms) + len(self.output_norms)
+
+    def label(self) -> str:
+        """The block class's name part (`PostNormBlock`, `ParallelBlock`); "" for the pre-norm sequential block."""
+        if self.parallel:
+            return {"pre": "", "sandwich": "Sandwich"}[self.norm_placement] + (
+                "SharedNorm" if self.shared_norm else "") + "Parallel"
+        return {"pre": "", "post": "PostNorm", "sandwich": "SandwichNorm", "output": "OutputNorm"}[self.norm_placement]
+
+    def describe(self) -> str:
+        if self.parallel:
+            return ("parallel" + (" shared-norm" if self.shared_norm else "")
+                    + (" sandwich-norm" if self.norm_placement == "sandwich" else "") + " blocks")
+        return f"{self.norm_placement}-norm blocks"
 
 
 class LayerRange(Strict):
@@ -68,6 +131,8 @@ class LayerGroup(Strict):
     norm: dict[str, Any] | None = Field(None, description="fields merged onto model.norm for these layers")
     attention: dict[str, Any] | None = Field(None, description="fields merged onto model.attention (not positional)")
     ffn: dict[str, Any] | None = Field(None, description="fields merged onto model.ffn for these layers")
+    block: Annotated[dict[str, Any] | None, Since("0.4")] = Field(
+        None, description="fields merged onto model.block (norm placement, parallel) for these layers")
 
 
 @dataclass(frozen=True)
@@ -77,6 +142,7 @@ class BlockSpec:
     norm: Any
     attention: Any  # the layer's attention kind (archspec.kinds.attention)
     ffn: Any
+    block: Any = None  # the layer's BlockShape
 
     def key(self) -> str:
         return json.dumps([unit_json(getattr(self, c)) for c in COMPONENTS], sort_keys=True)
@@ -183,6 +249,8 @@ def _adapter(family_name: str, version: int) -> TypeAdapter:
 
 
 def _validate(component: str, data: dict) -> Any:
+    if component == "block":  # a plain class, not a family of kinds
+        return BlockShape.model_validate(data)
     return _adapter(component, registry_version()).validate_python(data)
 
 
@@ -226,7 +294,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
             problems.append((path + (c,), f"is empty: give {c} fields for the selected layers, or leave {c} out",
                              getattr(group, c)))
         if not empty and not any(getattr(group, c) for c in COMPONENTS):
-            problems.append((path, "sets nothing: give norm, attention or ffn fields for the selected layers", name))
+            problems.append((path, "sets nothing: give norm, attention, ffn or block fields for the selected "
+                             "layers", name))
 
     per_layer: dict[str, list[Any]] = {c: [base[c]] * m.n_layers for c in COMPONENTS}
     cache: dict[tuple[str, str], Any] = {}
@@ -327,4 +396,6 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
             if c == "attention":
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}
+    if not wide["block"]:  # the pre-norm sequential block (a Since field at its default): not written, as before
+        del wide["block"]
     return wide, groups

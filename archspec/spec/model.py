@@ -14,11 +14,11 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, mo
 
 from archspec.kinds import family
 from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
-from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
+from archspec.kinds.base import Since, Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
-from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
-                                  user_dict)
+from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockShape, BlockSpec, LayerGroup, canonical_layers,
+                                  resolve, user_dict)
 from archspec.spec.legacy import note, migrate_spec
 from archspec.data.base import rebuild_order as rebuild_data_order
 from archspec.spec.train import DataSpec, TrainSpec
@@ -48,9 +48,17 @@ class ModelSpec(Strict):
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
     embedding_scale: Literal["none", "sqrt_d_model"] = "none"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # The block's shape: where its norms sit and whether attention and FFN run in parallel (archspec.spec.layers).
+    block: Annotated[BlockShape, Since("0.4")] = Field(default_factory=BlockShape)
+    # No norm before the head: post-norm blocks end normed already (GPT-1). With post-norm and final_norm true the
+    # last block's output is normed twice, which is allowed (a second norm of a normed vector only rescales it).
+    final_norm: Annotated[bool, Since("0.4")] = True
+    lm_head_bias: Annotated[bool, Since("0.4")] = False  # a bias on the logits (GPT-J, Phi)
+    # Gemma 2: logits = cap · tanh(logits / cap), bounding them to (-cap, cap); null: no capping.
+    logit_softcap: Annotated[float | None, Since("0.4")] = Field(None, gt=0, le=1e4)
     layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
         default_factory=dict,
-        description="per-layer overrides: {name: {select: [i, ...] | {start, stop, step}, norm/attention/ffn: "
+        description="per-layer overrides: {name: {select: [i, ...] | {start, stop, step}, norm/attention/ffn/block: "
                     "fields merged onto the model-wide component}}")
 
     _blocks: list[BlockSpec] | None = PrivateAttr(None)
@@ -86,12 +94,12 @@ class ModelSpec(Strict):
         data.pop("layers", None)
         if self.layers and not self._layer_problems:
             wide, groups = canonical_layers(self, self._blocks)
+            data.update(wide)
+            if "block" not in wide:  # every layer's block is the default one (canonical_layers leaves it out)
+                data.pop("block", None)
             if groups:
-                data.update(wide)
                 data["attention"]["positional"] = identity_dump(self.attention.positional)
                 data["layers"] = groups
-            else:
-                data.update(wide)
         return data
 
     # ── per layer ──

@@ -27,7 +27,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
         checked: set[int] = set()
         for block, layers in m.block_groups():
             for c, unit, wide in (("attention", block.attention, att), ("norm", block.norm, m.norm),
-                                  ("ffn", block.ffn, m.ffn), ("attention", block.attention.sparsity, att.sparsity)):
+                                  ("ffn", block.ffn, m.ffn), ("attention", block.attention.sparsity, att.sparsity),
+                                  ("block", block.block, m.block)):
                 if unit is wide or id(unit) in checked:
                     continue
                 checked.add(id(unit))
@@ -40,6 +41,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
                     out += unit.problems(m, where)
                 else:  # a kind reports at the path it is given
                     out += unit.problems(m, where + (("sparsity",) if unit is block.attention.sparsity else ()))
+    out += m.block.problems(m, ("model", "block"))  # shared_norm without parallel; parallel with post/output
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
         out += unit.problems(m, path)
 

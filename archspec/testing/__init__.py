@@ -29,13 +29,13 @@ from archspec.testing.assertions import assert_causal, module_active_params
 from archspec.testing.introspect import field_at, leaves, union_members
 from archspec.testing.mutations import MUTATIONS, invalid_spec_cases, invalid_spec_dicts
 from archspec.testing.strategies import (ATTENTION_KINDS, CORPUS_KINDS, FFN_KINDS, NORM_KINDS, POSITIONAL_KINDS, SPARSITY_KINDS,
-                                         TOKENIZER_KINDS, attentions, corpora, divisors, ffns, layer_groups,
+                                         TOKENIZER_KINDS, attentions, block_shapes, corpora, divisors, ffns, layer_groups,
                                          model_dicts, names, norms, positionals, selections, shuffled, sparsities,
                                          spec_dicts, tokenizers, train_dicts, valid_specs)
 
 __all__ = [
     "field_values", "fields_of", "names", "norms", "positionals", "sparsities", "ffns", "attentions", "model_dicts",
-    "corpora", "tokenizers", "train_dicts", "spec_dicts", "valid_specs", "invalid_spec_cases", "invalid_spec_dicts",
+    "block_shapes", "corpora", "tokenizers", "train_dicts", "spec_dicts", "valid_specs", "invalid_spec_cases", "invalid_spec_dicts",
     "MUTATIONS", "selections", "layer_groups", "NORM_KINDS", "POSITIONAL_KINDS", "SPARSITY_KINDS", "FFN_KINDS",
     "CORPUS_KINDS", "TOKENIZER_KINDS", "ATTENTION_KINDS", "union_members", "field_at", "leaves", "shuffled", "divisors",
     "assert_causal", "module_active_params",

@@ -201,6 +201,19 @@ def _rule_width(draw, data, spec):
     return ("model", "attention", "head_dim")
 
 
+def _rule_shared_norm_without_parallel(draw, data, spec):
+    block = data["model"].setdefault("block", {})
+    block.update(shared_norm=True, parallel=False)  # any placement: a sequential block has no shared norm
+    return ("model", "block", "shared_norm")
+
+
+def _rule_parallel_placement(draw, data, spec):
+    block = data["model"].setdefault("block", {})
+    block.update(parallel=True, norm_placement=draw(st.sampled_from(["post", "output"])))
+    block.pop("shared_norm", None)
+    return ("model", "block", "norm_placement")
+
+
 def _rule_seq_len(draw, data, spec):
     ctx = spec.model.context_length
     set_at(data, ("train", "seq_len"), ctx + draw(st.integers(1, 10**6)))
@@ -234,6 +247,8 @@ _MODEL_MUTATIONS: dict[str, Callable] = {
     "rule_kv_heads": _rule_kv_heads,
     "rule_heads_divide_d_model": _rule_heads_divide_d_model,
     "rule_width": _rule_width,
+    "rule_shared_norm_without_parallel": _rule_shared_norm_without_parallel,
+    "rule_parallel_placement": _rule_parallel_placement,
 }
 _RECIPE_RULES: dict[str, Callable] = {
     "rule_seq_len": _rule_seq_len,

@@ -195,12 +195,34 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     for bias in ("bias", "qkv_bias", "out_bias"):
         if draw(st.booleans()):
             out[bias] = draw(st.booleans())
-    if draw(st.booleans()):  # q/k norm: absent, null, or on with its own eps
-        out["qk_norm"] = draw(st.one_of(st.none(), st.builds(dict), st.floats(1e-8, 0.1).map(lambda e: {"eps": e})))
+    if draw(st.booleans()):  # q/k norm: absent, null, or on with its own eps, per head or over the projection
+        out["qk_norm"] = draw(st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+            "eps": st.floats(1e-8, 0.1), "scope": st.sampled_from(["head", "projection"])})))
     if positional or draw(st.booleans()):  # {} is the default member with its defaults: written or not
         out["positional"] = positional
     if draw(st.booleans()):
         out["sparsity"] = draw(sparsities(context_length, sparsity_kinds))
+    return out
+
+
+# ── the block's shape ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@st.composite
+def block_shapes(draw) -> dict:
+    """`block:` dicts (archspec.spec.layers.BlockShape) under its rules: shared_norm only with parallel, a parallel
+    block pre- or sandwich-norm. Each field written or left at its default."""
+    parallel = draw(st.booleans())
+    placements = ["pre", "sandwich"] if parallel else ["pre", "post", "sandwich", "output"]
+    out: dict[str, Any] = {}
+    placement = draw(st.sampled_from(placements))
+    if placement != "pre" or draw(st.booleans()):
+        out["norm_placement"] = placement
+    if parallel or draw(st.booleans()):
+        out["parallel"] = parallel
+    shared = parallel and draw(st.booleans())
+    if shared or draw(st.booleans()):
+        out["shared_norm"] = shared
     return out
 
 
@@ -229,6 +251,10 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
         "tie_embeddings": st.booleans(),
         "embedding_scale": st.sampled_from(["none", "sqrt_d_model"]),
         "dropout": dropout if dropout is not None else st.just(0.0),
+        "block": block_shapes(),
+        "final_norm": st.booleans(),
+        "lm_head_bias": st.booleans(),
+        "logit_softcap": st.one_of(st.none(), st.floats(0.5, 50.0)),
     }
     out.update(draw(st.fixed_dictionaries({}, optional=optional)))
     if per_layer and out["n_layers"] > 1 and draw(st.booleans()):
@@ -267,7 +293,7 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
     names = draw(st.permutations(["a", "wide", "g-1", "mix_2"]))
     if draw(st.booleans()):
         group: dict[str, Any] = {"select": draw(selections(n_layers))}
-        parts = draw(st.sampled_from([("ffn",), ("norm",), ("ffn", "norm")]))
+        parts = draw(st.sampled_from([("ffn",), ("norm",), ("ffn", "norm"), ("block",), ("ffn", "block")]))
         if "ffn" in parts:
             # kind written: fields merge onto the model-wide FFN, which may be another kind
             ffn = draw(ffns(d_model, ffn_kinds, max_hidden))
@@ -276,6 +302,9 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
             group["ffn"] = ffn or {"kind": family("ffn").default, "hidden_dim": draw(st.integers(1, max_hidden))}
         if "norm" in parts:
             group["norm"] = {"kind": family("norm").default, **draw(norms(norm_kinds, d_model))}
+        if "block" in parts:  # every field written: merged onto the model-wide shape, a left-out one would inherit
+            shape = draw(block_shapes())
+            group["block"] = {"norm_placement": "pre", "parallel": False, "shared_norm": False, **shape}
         out[names[0]] = group
     default_kind = family("attention").default
     kind = (attention or {}).get("kind", default_kind)

@@ -19,10 +19,15 @@ Sparsity = family("sparsity").union()
 
 
 class QKNorm(Strict):
-    """An RMSNorm over each head's q and k (HEAD_DIM wide, one weight per dimension shared by all heads), applied
-    before the rotation: it bounds the attention logits (Qwen3, OLMo 2, Gemma 3)."""
+    """An RMSNorm over q and k, applied before the rotation: it bounds the attention logits. scope `head`: over each
+    head (HEAD_DIM wide, one weight per dimension shared by all heads: Qwen3, Gemma 3); `projection`: over the whole
+    projection (N_HEADS·HEAD_DIM of q, N_KV_HEADS·HEAD_DIM of k, one weight each: OLMo 2)."""
 
     eps: float = Field(1e-6, gt=0, le=0.1)
+    scope: Annotated[Literal["head", "projection"], Since("0.4")] = "head"
+
+    def params(self, q_width: int, kv_width: int, head_dim: int) -> int:
+        return q_width + kv_width if self.scope == "projection" else 2 * head_dim
 
 
 @register
@@ -115,7 +120,8 @@ class AttentionSpec(AttentionKind):
     def params(self, d_model: int) -> int:
         weights = d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model
         biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
-        return weights + biases + (2 * self.head_dim if self.qk_norm else 0)
+        return weights + biases + (self.qk_norm.params(self.q_width, self.kv_width, self.head_dim) if self.qk_norm
+                                   else 0)
 
     def projection_flops(self, d_model: int) -> int:
         return 2 * (d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model)
@@ -151,12 +157,14 @@ class AttentionSpec(AttentionKind):
             Const("HEAD_DIM", lit_int(self.head_dim)),
             Const("QKV_BIAS", lit_bool(self.qkv_bias), "bias on the q, k, v projections"),
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
-        ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k")]
+        ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k"
+                    if self.qk_norm.scope == "head" else "RMSNorm over the whole q and k projections")]
              if self.qk_norm else [])
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
-                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None}
+                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
+                "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection"}
 
     # ── testing ──
     @classmethod
@@ -190,6 +198,8 @@ class AttentionSpec(AttentionKind):
                "qkv_bias": cfg.fact("qkv_bias"), "out_bias": cfg.fact("out_bias")}
         if cfg.fact("qk_norm"):
             out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
+            if cfg.fact("qk_norm_projection"):  # OLMo 2: over all heads' q and k at once
+                out["qk_norm"]["scope"] = "projection"
         return out
 
     def to_hf(self, m: Any, out: dict[str, Any], hf: Any, path: tuple[str, ...] = ()) -> None:
@@ -205,6 +215,8 @@ class AttentionSpec(AttentionKind):
         put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
         put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
         put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))
+        if self.qk_norm is not None:
+            put_fact(out, hf, "qk_norm_projection", self.qk_norm.scope == "projection", (*path, "qk_norm", "scope"))
         if self.qk_norm is not None and self.qk_norm.eps != out.get(hf.keys["norm_eps"]):
             raise HFUnsupported(f"model.attention.qk_norm.eps: {self.qk_norm.eps} cannot be expressed as "
                                 f"{hf.model_type} (its q/k norm uses {hf.keys['norm_eps']}, here "
@@ -213,7 +225,12 @@ class AttentionSpec(AttentionKind):
     def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:  # noqa: D417
         """Our fused qkv_proj is HF's c_attn (GPT-2, Conv1D) or its q_proj, k_proj, v_proj stacked by rows."""
         names = hf.names
-        if "qkv" in names:
+        if "qkv" in names and hf.facts.get("qkv_per_head"):  # GPT-NeoX: rows by head, (q, k, v) within each
+            sizes, heads = (self.q_width, self.kv_width, self.kv_width), self.n_heads
+            out = [HFWeight("qkv_proj.weight", (f"{names['qkv']}.weight",), sizes, per_head=heads)]
+            if self.qkv_bias:
+                out.append(HFWeight("qkv_proj.bias", (f"{names['qkv']}.bias",), sizes, per_head=heads))
+        elif "qkv" in names:
             out = linear("qkv_proj", names["qkv"], self.qkv_bias, hf.conv1d)
         else:
             sizes = (self.q_width, self.kv_width, self.kv_width)
