@@ -328,6 +328,9 @@ class PositionalKind(KindUnit):
     # (a learned or sinusoidal table). With windowed attention, such a model meets nothing new past context_length;
     # its template must then compute positions past the table (see SparsityKind.max_lookback).
     relative: ClassVar[bool] = False
+    # Keyword arguments the attention kernels take from this kind, naming a local its `attention_qk` hook sets
+    # (ALiBi: ", alibi=alibi", its head slopes, a bias on the scores); "": positions never reach the scores as a bias.
+    score_args: ClassVar[str] = ""
 
     @classmethod
     def head_dim_step(cls, fields: dict[str, Any]) -> int:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from archspec.kinds import family
+from archspec.kinds.attention.scores import score_strategy
 from archspec.kinds.introspect import field_values, fields_of
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec
@@ -197,6 +198,7 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
             out[bias] = draw(st.booleans())
     if draw(st.booleans()):  # q/k norm: absent, null, or on with its own eps
         out["qk_norm"] = draw(st.one_of(st.none(), st.builds(dict), st.floats(1e-8, 0.1).map(lambda e: {"eps": e})))
+    out.update(score_strategy(draw))  # softcap and scale: absent, null or drawn
     if positional or draw(st.booleans()):  # {} is the default member with its defaults: written or not
         out["positional"] = positional
     if draw(st.booleans()):

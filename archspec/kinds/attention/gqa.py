@@ -11,6 +11,7 @@ from pydantic import Field
 
 from archspec.kinds.base import (AttentionKind, Const, Since, Strict, bind, family, lit_bool, lit_float, lit_int,
                                  register)
+from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
 
@@ -26,7 +27,7 @@ class QKNorm(Strict):
 
 
 @register
-class AttentionSpec(AttentionKind):
+class AttentionSpec(ScoreOptions, AttentionKind):
     # Written or omitted: specs from before attention had kinds have no `kind`, and keep their hashes (Since).
     kind: Annotated[Literal["gqa"], Since("0.4")] = "gqa"
     n_heads: int = Field(8, ge=1, le=MAX_HEADS)
@@ -152,11 +153,12 @@ class AttentionSpec(AttentionKind):
             Const("QKV_BIAS", lit_bool(self.qkv_bias), "bias on the q, k, v projections"),
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
         ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k")]
-             if self.qk_norm else [])
+             if self.qk_norm else []) + self.score_constants()
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
-                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None}
+                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
+                **self.score_context()}
 
     # ── testing ──
     @classmethod
@@ -173,7 +175,7 @@ class AttentionSpec(AttentionKind):
                    "n_kv_heads": draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0]))}
             if draw(st.booleans()):
                 out["bias"] = draw(st.booleans())
-            return out
+            return {**out, **score_strategy(draw)}
 
         return draw()
 
