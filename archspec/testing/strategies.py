@@ -294,8 +294,10 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
                                                                  "rotary_width": wide.rotary_width}))}
             if draw(st.booleans()):
                 group_att["sparsity"] = draw(sparsity)
-        out[names[1]] = {"select": draw(selections(n_layers)), "attention": group_att}
+        out[names[1]] = _positions_off(draw, {"select": draw(selections(n_layers)), "attention": group_att},
+                                       n_layers, attention)
     elif wants_attention:
+        wide = attention
         grouped = [k for k in divisors(n_heads)]
         attention = draw(st.fixed_dictionaries({}, optional={
             "n_kv_heads": st.sampled_from(grouped),
@@ -304,8 +306,24 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
             "qkv_bias": st.booleans(),
             "out_bias": st.booleans(),
         }))
-        out[names[1]] = {"select": draw(selections(n_layers)), "attention": attention or {"qkv_bias": True}}
+        out[names[1]] = _positions_off(draw, {"select": draw(selections(n_layers)),
+                                              "attention": attention or {"qkv_bias": True}}, n_layers, wide)
     return out
+
+
+def _positions_off(draw, group: dict, n_layers: int, attention: dict | None) -> dict:
+    """Sometimes switch positions off for the group's layers (NoPE layers, SmolLM3), where the model's positional
+    kind allows it (acts inside attention) and the group leaves some layer its positions."""
+    from archspec.spec.layers import LayerRange, layer_indices
+
+    positional = (attention or {}).get("positional") or {}
+    kind = family("positional").members[positional.get("kind", family("positional").default)]
+    select = group["select"]
+    chosen = layer_indices(LayerRange(**select) if isinstance(select, dict) else select, n_layers, ())[0]
+    if kind.in_attention and len(chosen) < n_layers and draw(st.booleans()):
+        off = next(k for k, cls in family("positional").members.items() if cls.inert)
+        group["attention"] = {**group["attention"], "positional": {"kind": off}}
+    return group
 
 
 # ── the training recipe ──────────────────────────────────────────────────────────────────────────────────────────

@@ -22,6 +22,7 @@ class AlibiPositional(PositionalKind):
     kind: Literal["alibi"] = "alibi"  # a per-head linear bias on the attention scores (BLOOM, MPT)
     relative = True  # the bias depends on the offset alone
     score_args = ", alibi=alibi"
+    in_attention = True  # a layer group may switch it off (its layers then take no bias)
 
     def describe(self, m) -> str:
         return "ALiBi attention biases"
