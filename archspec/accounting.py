@@ -74,7 +74,8 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         "position": m.attention.positional.params(m),
         "attention": sum(b.attention.params(d) for b in blocks),
         "ffn": sum(b.ffn.params(d) for b in blocks),
-        "norm": sum(2 * b.norm.params(d) for b in blocks) + m.norm.params(d),  # two per block, plus the final norm
+        # two per block, plus the final norm (and the embeddings' norm)
+        "norm": sum(2 * b.norm.params(d) for b in blocks) + m.norm.params(d) * (2 if m.embedding_norm else 1),
         "lm_head": 0 if m.tie_embeddings else m.vocab_size * d,
     }
     parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}

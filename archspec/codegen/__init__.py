@@ -394,6 +394,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     tied = "tied" if m.tie_embeddings else "untied"
     if m.embedding_scale == "sqrt_d_model":
         tied += " sqrt(d_model)-scaled"
+    if m.embedding_norm:
+        tied += " normalised"
     if len(groups) == 1:
         b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
         ba = b.attention
@@ -426,6 +428,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
+        "embedding_norm": m.embedding_norm,
     }
 
 

@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, mo
 
 from archspec.kinds import family
 from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
-from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
+from archspec.kinds.base import Since, Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
@@ -47,6 +47,8 @@ class ModelSpec(Strict):
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
     embedding_scale: Literal["none", "sqrt_d_model"] = "none"
+    # A norm of the model's norm kind right after the token embeddings (BLOOM's word_embeddings_layernorm).
+    embedding_norm: Annotated[bool, Since("0.4")] = False
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
         default_factory=dict,

@@ -230,6 +230,7 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
         "ffn": ffns(d_model, ffn_kinds, max_hidden),
         "tie_embeddings": st.booleans(),
         "embedding_scale": st.sampled_from(["none", "sqrt_d_model"]),
+        "embedding_norm": st.booleans(),
         "dropout": dropout if dropout is not None else st.just(0.0),
     }
     out.update(draw(st.fixed_dictionaries({}, optional=optional)))
