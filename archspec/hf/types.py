@@ -445,14 +445,61 @@ DEEPSEEK_V3 = HFType(
     check=(_common_checks, _deepseek_checks),
 )
 
+# ── bloom: ALiBi, a LayerNorm after the embeddings, q/k/v fused per head, a 4·hidden tanh-GELU MLP, biases ──────
+
+BLOOM_CONTEXT = 2048  # BLOOM's training sequence length (BigScience, arXiv:2211.05100, table 3)
+
+
+def _bloom_context(cfg: HFConfig) -> None:
+    """BloomConfig has no context length (ALiBi has no position table): archspec reads `seq_length` when a config has
+    it (archspec writes it), else takes BLOOM's training length and says so."""
+    if cfg.data.get("seq_length") is None:
+        import warnings
+
+        from archspec.errors import Caution
+
+        warnings.warn(Caution(f"{cfg.source}: bloom configs have no context length (ALiBi needs no position table); "
+                              f"model.context_length set to {BLOOM_CONTEXT}, the length BLOOM was trained at: the "
+                              "longest sequence the imported model accepts (change it with --set "
+                              "model.context_length=N; nothing is sized by it)"))
+
+
+BLOOM = HFType(
+    model_type="bloom", architecture="BloomForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "alibi", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys={"vocab_size": "vocab_size", "context_length": "seq_length", "d_model": "hidden_size", "n_layers": "n_layer",
+          "n_heads": "n_head", "norm_eps": "layer_norm_epsilon", "tie": "tie_word_embeddings"},
+    # BloomConfig's defaults; the MLP is always 4 · hidden_size wide with BLOOM's tanh GELU (no config key)
+    defaults={"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8, "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+              "seq_length": BLOOM_CONTEXT, "activation": "gelu_pytorch_tanh"},
+    names={"base": "transformer", "embed": "word_embeddings", "embed_norm": "word_embeddings_layernorm", "layers": "h",
+           "attn": "self_attention", "ffn": "mlp", "attn_norm": "input_layernorm",
+           "ffn_norm": "post_attention_layernorm", "final_norm": "ln_f", "qkv": "query_key_value", "o": "dense",
+           "up": "dense_h_to_4h", "down": "dense_4h_to_h"},
+    facts={"qkv_bias": True, "out_bias": True, "norm_bias": True, "mlp_bias": True, "embedding_norm": True,
+           "qkv_per_head": True},
+    dropout_keys=("hidden_dropout", "attention_dropout"),
+    fixed={"apply_residual_connection_post_layernorm": False},
+    aliases={"n_embed": "hidden_size", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    # pretraining_tp / slow_but_exact: Megatron's tensor-parallel slicing of the same matmuls; the rest: kernel
+    # choices of the original Megatron-DeepSpeed configs (fp32 softmax, fused masking), the same function
+    inert=frozenset({"pretraining_tp", "slow_but_exact", "attention_softmax_in_fp32", "masked_softmax_fusion",
+                     "bias_dropout_fusion", "skip_bias_add", "skip_bias_add_qkv", "offset_alibi", "unk_token_id"}),
+    check=(_common_checks, _bloom_context,
+           _must_be("apply_residual_connection_post_layernorm", False, "archspec's blocks add the residual before "
+                    "the norm's input, not its output")),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)}
+                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3, BLOOM)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
 # ministral (a pattern per layer); mixtral before qwen2_moe; the types with a rotary fraction last: phi3 (half pairs),
 # glm (interleaved); deepseek_v3 (latent attention) after them).
-EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3)
+EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
+                BLOOM)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {}

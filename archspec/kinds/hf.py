@@ -149,6 +149,9 @@ class HFWeight:
     transpose: bool = False
     dim: int = 0
     stack: bool = False
+    # HF's one fused tensor grouped by head (BLOOM's query_key_value: rows (heads, parts, width)) where ours is
+    # grouped by part (our qkv_proj: (parts, heads, width)); `per_head` = (parts, heads). Along dim 0.
+    per_head: tuple[int, int] | None = None
 
     @property
     def our_names(self) -> tuple[str, ...]:
@@ -159,6 +162,9 @@ class HFWeight:
         import torch
 
         whole = torch.cat(list(tensors), dim=self.dim) if len(tensors) > 1 else tensors[0]
+        if self.per_head is not None:  # (parts, heads, width, ...) → (heads, parts, width, ...)
+            parts, heads = self.per_head
+            whole = whole.reshape(parts, heads, -1, *whole.shape[1:]).transpose(0, 1).reshape(whole.shape)
         if self.stack:
             parts = whole.unbind(self.dim)
         else:
@@ -174,6 +180,11 @@ class HFWeight:
             whole = torch.stack(parts, dim=self.dim)
         else:
             whole = torch.cat(parts, dim=self.dim) if len(parts) > 1 else parts[0]
+        if self.per_head is not None:  # HF's (heads, parts, width, ...) → ours (parts, heads, width, ...)
+            parts, heads = self.per_head
+            if whole.shape[0] % (parts * heads):
+                raise RuntimeError(f"expected rows in {heads} heads of {parts} parts, got shape {tuple(whole.shape)}")
+            whole = whole.reshape(heads, parts, -1, *whole.shape[1:]).transpose(0, 1).reshape(whole.shape)
         names = self.our_names
         if len(names) > 1:
             if whole.ndim <= self.dim or whole.shape[self.dim] != sum(self.sizes):

@@ -5,6 +5,7 @@ macros fill it in."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -204,6 +205,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             elif value != implied:
                 raise HFUnsupported(f"{'.'.join((*path, field))}: {value} cannot be expressed as {hf.model_type} "
                                     f"(it has {implied})")
+        self.scores_to_hf(hf, path)
         put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
         put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
         put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))
@@ -217,6 +219,8 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         names = hf.names
         if "qkv" in names:
             out = linear("qkv_proj", names["qkv"], self.qkv_bias, hf.conv1d)
+            if hf.facts.get("qkv_per_head"):  # BLOOM: each head's q, k, v rows together
+                out = [dataclasses.replace(w, per_head=(3, self.n_heads)) for w in out]
         else:
             sizes = (self.q_width, self.kv_width, self.kv_width)
             parts = tuple(names.get(p, f"{p}_proj") for p in "qkv")

@@ -46,6 +46,15 @@ class ScoreOptions(Strict):
         return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias),
                 "sdpa_scale": ", scale=ATTN_SCALE" if self.scale is not None else ""}
 
+    def scores_to_hf(self, hf: Any, path: tuple[str, ...]) -> None:
+        """Export: the model types archspec writes cap no scores and scale them by 1/sqrt(head_dim)."""
+        from archspec.kinds.hf import HFUnsupported
+
+        for field in ("softcap", "scale"):
+            if getattr(self, field) is not None:
+                raise HFUnsupported(f"{'.'.join((*path, field))}: {getattr(self, field)} cannot be expressed as "
+                                    f"{hf.model_type} (its attention has no {'cap' if field == 'softcap' else 'other scale'})")
+
     def describe_scores(self) -> str:
         parts = ([f"scores capped at {self.softcap:g}"] if self.softcap is not None else []) + (
             [f"softmax scale {self.scale:g}"] if self.scale is not None else [])
