@@ -274,6 +274,8 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                 written.setdefault(key, (value, where))
         out.update({key: value for key, (value, _) in written.items()})
     m.attention.to_hf(m, out, hf)
+    if hf.finish is not None:
+        hf.finish(out)
     return out
 
 

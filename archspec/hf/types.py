@@ -491,15 +491,86 @@ BLOOM = HFType(
                     "the norm's input, not its output")),
 )
 
+# ── mpt: ALiBi (alibi_bias_max 8: BLOOM's slopes), a fused Wqkv, no biases anywhere, a 4·d_model GELU MLP ────────
+# transformers' MptModel reads attn_config's softmax_scale, clip_qkv, alibi_bias_max and attn_pdrop (the attention's
+# and the blocks' dropout) and hardcodes the rest: keys it reads nowhere must hold the values it hardcodes, or the
+# original model they describe would compute something else.
+
+_MPT_ATTN_KEYS = ("attn_type", "attn_pdrop", "attn_impl", "clip_qkv", "softmax_scale", "prefix_lm", "qk_ln",
+                  "attn_uses_sequence_id", "alibi", "alibi_bias_max")
+_MPT_HARDCODED = {"expansion_ratio": (4, "transformers' MPT MLP is always 4 · d_model wide"),
+                  "no_bias": (True, "transformers' MPT has no biases"),
+                  "logit_scale": (None, "transformers' MPT does not scale its logits")}
+_MPT_ATTN_FIXED = {"alibi": (True, "transformers' MPT always adds ALiBi"),
+                   "alibi_bias_max": (8, "archspec's ALiBi slopes are alibi_bias_max 8's (BLOOM's)"),
+                   "clip_qkv": (None, "archspec does not clamp q, k, v"), "qk_ln": (False, "transformers' MPT has none"),
+                   "prefix_lm": (False, "archspec models are causal"),
+                   "attn_uses_sequence_id": (False, "archspec attends across the whole window"),
+                   "attn_type": ("multihead_attention", "transformers' MPT is multi-head")}
+
+
+def _mpt_attn_config(cfg: HFConfig) -> None:
+    """attn_config's fields onto the top level (prefixed), where the units read them (softmax_scale, attn_pdrop)."""
+    raw = cfg.data.get("attn_config")
+    cfg.mark("attn_config")
+    if raw is not None and not isinstance(raw, dict):
+        raise cfg.refuse("attn_config", f"expected a mapping, got {raw!r}")
+    # a saved MptAttentionConfig carries every config's bookkeeping too (ids, output switches, is_encoder_decoder)
+    attn = {k: v for k, v in (raw or {}).items()
+            if k not in COMMON_INERT and not (k in ("is_encoder_decoder", "add_cross_attention") and v is False)}
+    unknown = sorted(set(attn) - set(_MPT_ATTN_KEYS))
+    if unknown:
+        raise cfg.refuse("attn_config", f"{', '.join(unknown)}: archspec does not map them")
+    for key, (value, why) in _MPT_ATTN_FIXED.items():
+        if attn.get(key, value) != value:
+            raise cfg.refuse("attn_config", f"{key}: {attn[key]!r}: {why}")
+    for key in _MPT_ATTN_KEYS:
+        if key in attn:
+            cfg.data[f"attn_config.{key}"] = attn[key]
+    for key, (value, why) in _MPT_HARDCODED.items():
+        _must_be(key, value, why)(cfg)
+
+
+def _nest_mpt_attn_config(out: dict) -> None:
+    attn = {k.removeprefix("attn_config."): out.pop(k) for k in list(out) if k.startswith("attn_config.")}
+    if attn.get("attn_pdrop") == 0:
+        attn["attn_pdrop"] = 0  # MptAttentionConfig declares it an int (and refuses 0.0)
+    out["attn_config"] = {"attn_type": "multihead_attention", "alibi": True, "alibi_bias_max": 8, "clip_qkv": None,
+                          "qk_ln": False, "prefix_lm": False, "attn_uses_sequence_id": False, **attn}
+
+
+MPT = HFType(
+    model_type="mpt", architecture="MptForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "alibi", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys={"vocab_size": "vocab_size", "context_length": "max_seq_len", "d_model": "d_model", "n_layers": "n_layers",
+          "n_heads": "n_heads", "norm_eps": "layer_norm_epsilon", "tie": "tie_word_embeddings",
+          "attn_scale": "attn_config.softmax_scale"},
+    defaults={"vocab_size": 50368, "d_model": 2048, "n_layers": 24, "n_heads": 16, "max_seq_len": 2048,
+              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "attn_config.attn_pdrop": 0.0,
+              "activation": "gelu"},
+    names={"base": "transformer", "embed": "wte", "layers": "blocks", "attn": "attn", "ffn": "ffn",
+           "attn_norm": "norm_1", "ffn_norm": "norm_2", "final_norm": "norm_f", "qkv": "Wqkv", "o": "out_proj",
+           "up": "up_proj", "down": "down_proj"},
+    facts={},  # no biases: q/k/v, output, norms, MLP
+    dropout_keys=("attn_config.attn_pdrop",),
+    fixed={"no_bias": True, "expansion_ratio": 4, "learned_pos_emb": False},
+    # read by no transformers MPT module: the original code's switches (learned_pos_emb: transformers' MPT has no
+    # position table), its init and device, the dropout rates transformers replaces by attn_pdrop, attn_impl (kernel)
+    inert=frozenset({"learned_pos_emb", "init_device", "embedding_fraction", "norm_type", "resid_pdrop", "emb_pdrop",
+                     "attn_config.attn_impl"}),
+    check=(_common_checks, _mpt_attn_config),
+    finish=_nest_mpt_attn_config,
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
-                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3, BLOOM)}
+                                                              QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3, BLOOM, MPT)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
 # ministral (a pattern per layer); mixtral before qwen2_moe; the types with a rotary fraction last: phi3 (half pairs),
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                BLOOM)
+                BLOOM, MPT)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {}

@@ -65,6 +65,8 @@ class HFType:
     # a config key counting decoder layers stored past num_hidden_layers that the type's model leaves out (DeepSeek-V3's
     # multi-token-prediction layers, num_nextn_predict_layers): their tensors are not imported, and the import says so
     left_out_layers: str | None = None
+    # export: the written config → as the type nests it (MPT's attn_config); the type's `check` undoes it on import
+    finish: Callable[[dict[str, Any]], None] | None = None
 
 
 class HFConfig:

@@ -193,7 +193,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                "qkv_bias": cfg.fact("qkv_bias"), "out_bias": cfg.fact("out_bias")}
         if cfg.fact("qk_norm"):
             out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
-        return out
+        return {**out, **cls.scores_from_hf(cfg)}
 
     def to_hf(self, m: Any, out: dict[str, Any], hf: Any, path: tuple[str, ...] = ()) -> None:
         path = ("model", "attention")
@@ -205,7 +205,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             elif value != implied:
                 raise HFUnsupported(f"{'.'.join((*path, field))}: {value} cannot be expressed as {hf.model_type} "
                                     f"(it has {implied})")
-        self.scores_to_hf(hf, path)
+        self.scores_to_hf(out, hf, path)
         put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
         put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
         put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))

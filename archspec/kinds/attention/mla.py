@@ -197,7 +197,7 @@ class MLASpec(ScoreOptions, AttentionKind):
         if self.norm_eps != 1e-6:
             raise HFUnsupported(f"model.attention.norm_eps: {self.norm_eps} cannot be expressed as {hf.model_type} "
                                 "(its latent norms use 1e-6)")
-        self.scores_to_hf(hf, ("model", "attention"))
+        self.scores_to_hf(out, hf, ("model", "attention"))
         out[keys["n_heads"]] = self.n_heads
         if "n_kv_heads" in keys:
             out[keys["n_kv_heads"]] = self.n_heads

@@ -46,12 +46,26 @@ class ScoreOptions(Strict):
         return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias),
                 "sdpa_scale": ", scale=ATTN_SCALE" if self.scale is not None else ""}
 
-    def scores_to_hf(self, hf: Any, path: tuple[str, ...]) -> None:
-        """Export: the model types archspec writes cap no scores and scale them by 1/sqrt(head_dim)."""
+    @staticmethod
+    def scores_from_hf(cfg: Any) -> dict[str, Any]:
+        """Import: softcap and scale from the config keys of roles `attn_softcap` and `attn_scale`, where the model
+        type has them (MPT's attn_config.softmax_scale); null there means ours."""
+        out = {}
+        for field, role in (("softcap", "attn_softcap"), ("scale", "attn_scale")):
+            if role in cfg.hf.keys:
+                value = cfg.take(role, (float, type(None)), default=None)
+                if value is not None:
+                    out[field] = value
+        return out
+
+    def scores_to_hf(self, out: dict[str, Any], hf: Any, path: tuple[str, ...]) -> None:
+        """Export: written where the model type has the key; else refused unless off (no cap, 1/sqrt(head_dim))."""
         from archspec.kinds.hf import HFUnsupported
 
-        for field in ("softcap", "scale"):
-            if getattr(self, field) is not None:
+        for field, role in (("softcap", "attn_softcap"), ("scale", "attn_scale")):
+            if role in hf.keys:
+                out[hf.keys[role]] = getattr(self, field)
+            elif getattr(self, field) is not None:
                 raise HFUnsupported(f"{'.'.join((*path, field))}: {getattr(self, field)} cannot be expressed as "
                                     f"{hf.model_type} (its attention has no {'cap' if field == 'softcap' else 'other scale'})")
 
