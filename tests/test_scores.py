@@ -213,3 +213,16 @@ def test_hostile_softcap_and_scale_exit_2_naming_the_field(field, value, capsys,
     assert "Traceback" not in err
     problems = [line.strip() for line in err.strip().splitlines()[1:]]
     assert len(problems) == 1 and problems[0].startswith(f"model.attention.{field}: "), err
+
+
+def test_the_memory_plan_counts_the_materialised_scores_of_the_manual_path_only():
+    from archspec.memory import _attention_saved
+
+    plain = tiny_spec("m", attention={"n_heads": 4})
+    capped = tiny_spec("m", attention={"n_heads": 4, "softcap": 5.0})
+    window = tiny_spec("m", attention={"n_heads": 4, "softcap": 5.0, "sparsity": WINDOW[0]})
+    T = 16
+    assert _attention_saved(capped.model, T, 4, "cuda") > _attention_saved(plain.model, T, 4, "cuda")
+    assert _attention_saved(capped.model, T, 4, "cuda") >= 4 * T * (3 * 4 + 4)  # rows of T scores per head
+    assert _attention_saved(window.model, T, 4, "cpu") == _attention_saved(
+        tiny_spec("m", attention={"n_heads": 4, "sparsity": WINDOW[0]}).model, T, 4, "cpu")

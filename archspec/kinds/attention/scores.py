@@ -46,6 +46,14 @@ class ScoreOptions(Strict):
         return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias),
                 "sdpa_scale": ", scale=ATTN_SCALE" if self.scale is not None else ""}
 
+    def score_mod_kept_bytes(self, m: Any, seq_len: int, mm: int) -> int | None:
+        """Per token, what a dense layer on the score_mod path keeps for backward (archspec.memory): its q, k, v and
+        output, and per query head a row of seq_len scores three times in fp32 (scaled, capped or biased, masked) and
+        once as probabilities in the matmul dtype; None where the layer keeps SDPA."""
+        if not self.score_context()["score_mod"] or self.sparsity.blockwise_kept_bytes(m, mm) is not None:
+            return None  # SDPA, or a sparse pattern (its blockwise path and FlexAttention recompute the scores)
+        return self.attention_io_elements() * mm + self.n_heads * seq_len * (3 * 4 + mm)
+
     @staticmethod
     def scores_from_hf(cfg: Any) -> dict[str, Any]:
         """Import: softcap and scale from the config keys of roles `attn_softcap` and `attn_scale`, where the model
