@@ -35,6 +35,11 @@ VARIANTS = [
                              "qk_rope_head_dim": 8, "v_head_dim": 16}}},
     {"model": {"attention": {"kind": "mla", "n_heads": 2, "q_lora_rank": 20, "kv_lora_rank": 16,
                              "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 24}}},
+    # issue 26: capped and ALiBi scores (the dense path leaves SDPA: its matmuls are counted the same), the norm
+    # after the embeddings, a scale
+    {"model": {"attention": {"softcap": 30.0, "positional": {"kind": "alibi"}}, "embedding_norm": True,
+               "norm": {"kind": "layernorm"}}},
+    {"model": {"attention": {"scale": 0.2, "softcap": 5.0}}},
 ]
 
 
