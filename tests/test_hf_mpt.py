@@ -12,6 +12,7 @@ from archspec.hf import config_from_spec, spec_from_config, state_from_hf, state
 from archspec.hf.types import TYPES
 from archspec.kinds.hf import HFUnsupported
 from archspec.spec import load_spec_dict, model_hash
+from tests.test_hf_bloom import assert_greedy_equal
 from tests.test_hf_equivalence import _load_exactly, _randomise
 
 transformers = pytest.importorskip("transformers")
@@ -50,12 +51,7 @@ def test_mpt_logits_match_transformers(n_heads, scale):
 
 
 def test_mpt_greedy_generation_equals_transformers():
-    ours, hf = _pair(_mpt_spec(6, scale=0.5), seed=3)
-    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        mine = ours.generate(prompt, 20, temperature=0)
-        theirs = hf.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert torch.equal(mine, theirs)
+    assert_greedy_equal(*_pair(_mpt_spec(6, scale=0.5), seed=3))
 
 
 def test_mpt_config_and_weights_round_trip_exactly():

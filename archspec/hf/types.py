@@ -29,6 +29,15 @@ COMMON_INERT = frozenset({
 })
 
 
+def _caution(text: str) -> None:
+    """What an import chose or left out, said on stderr (archspec.errors.Caution)."""
+    import warnings
+
+    from archspec.errors import Caution
+
+    warnings.warn(Caution(text), stacklevel=3)
+
+
 def _must_be(key: str, value, why: str):
     def check(cfg: HFConfig) -> None:
         got = cfg.take(key, default=value)
@@ -400,14 +409,10 @@ def _place_deepseek_ffn(out: dict, words: list[str]) -> None:
 def _deepseek_checks(cfg: HFConfig) -> None:
     mtp = cfg.take("num_nextn_predict_layers", int, default=0)
     if mtp:
-        import warnings
-
-        from archspec.errors import Caution
-
-        warnings.warn(Caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
-                              f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
-                              "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
-                              "head, and transformers' DeepseekV3ForCausalLM builds none either"))
+        _caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
+                 f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
+                 "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
+                 "head, and transformers' DeepseekV3ForCausalLM builds none either")
 
 
 DEEPSEEK_V3 = HFType(
@@ -454,14 +459,9 @@ def _bloom_context(cfg: HFConfig) -> None:
     """BloomConfig has no context length (ALiBi has no position table): archspec reads `seq_length` when a config has
     it (archspec writes it), else takes BLOOM's training length and says so."""
     if cfg.data.get("seq_length") is None:
-        import warnings
-
-        from archspec.errors import Caution
-
-        warnings.warn(Caution(f"{cfg.source}: bloom configs have no context length (ALiBi needs no position table); "
-                              f"model.context_length set to {BLOOM_CONTEXT}, the length BLOOM was trained at: the "
-                              "longest sequence the imported model accepts (change it with --set "
-                              "model.context_length=N; nothing is sized by it)"))
+        _caution(f"{cfg.source}: bloom configs have no context length (ALiBi needs no position table); "
+                 f"model.context_length set to {BLOOM_CONTEXT}, the length BLOOM was trained at: the longest sequence "
+                 "the imported model accepts (change it with --set model.context_length=N; nothing is sized by it)")
 
 
 BLOOM = HFType(
