@@ -226,3 +226,17 @@ def test_the_memory_plan_counts_the_materialised_scores_of_the_manual_path_only(
     assert _attention_saved(capped.model, T, 4, "cuda") >= 4 * T * (3 * 4 + 4)  # rows of T scores per head
     assert _attention_saved(window.model, T, 4, "cpu") == _attention_saved(
         tiny_spec("m", attention={"n_heads": 4, "sparsity": WINDOW[0]}).model, T, 4, "cpu")
+
+
+def test_a_layer_group_may_cap_its_layers_alone(tmp_path):
+    spec = tiny_spec("pl", vocab_size=61, context_length=24, d_model=32, n_layers=3,
+                     attention={"n_heads": 4, "n_kv_heads": 2},
+                     layers={"capped": {"select": [1], "attention": {"softcap": 0.5, "scale": 0.4}}})
+    assert [b.attention.softcap for b in spec.model.blocks()] == [None, 0.5, None]
+    gen = generate(spec, out_dir=tmp_path)
+    assert gen.source.count("score_mod_attention(") == 1 and "ATTN_SOFTCAP = 0.5" in gen.source
+    torch.manual_seed(0)
+    model = gen.Model().eval()
+    with torch.no_grad():
+        model.blocks[1].attn.qkv_proj.weight.mul_(10)
+    assert_cached_pieces_match_full_forward(model, 61, 24)
