@@ -75,7 +75,9 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         "attention": sum(b.attention.params(d) for b in blocks),
         "ffn": sum(b.ffn.params(d) for b in blocks),
         # each block's norms (two, pre- or post-norm; four, sandwich; one, a shared-norm parallel block), the final
-        "norm": sum(b.block.n_norms * b.norm.params(d) for b in blocks) + (m.norm.params(d) if m.final_norm else 0),
+        # norm and the embeddings' norm
+        "norm": sum(b.block.n_norms * b.norm.params(d) for b in blocks)
+        + m.norm.params(d) * (int(m.final_norm) + int(m.embedding_norm)),
         "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
     }
     parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}

@@ -117,6 +117,9 @@ def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -
     own = a.sparsity.blockwise_kept_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
     if own is not None:
         return own
+    manual = a.score_mod_kept_bytes(m, seq_len, mm) if hasattr(a, "score_mod_kept_bytes") else None
+    if manual is not None:  # capped or biased scores: materialised (archspec.runtime.scores), not SDPA
+        return manual
     if m.dropout > 0 and device == "cpu":
         # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
         # dropout and the mask, and an output copy for the projection.

@@ -45,6 +45,14 @@ VARIANTS = [
                "lm_head_bias": True}},
     {"model": {"block": {"norm_placement": "output"}, "attention": {"qk_norm": {"scope": "projection"}}}},
     {"model": {"block": {"parallel": True, "norm_placement": "sandwich"}}},
+    # issue 26: capped and ALiBi scores (the dense path leaves SDPA: its matmuls are counted the same), the norm
+    # after the embeddings, a scale
+    {"model": {"attention": {"softcap": 30.0, "positional": {"kind": "alibi"}}, "embedding_norm": True,
+               "norm": {"kind": "layernorm"}}},
+    {"model": {"attention": {"scale": 0.2, "softcap": 5.0}}},
+    # both halves: a sandwich block with an embedding norm, capped scores and capped logits
+    {"model": {"block": {"norm_placement": "sandwich"}, "embedding_norm": True, "logit_softcap": 20.0,
+               "attention": {"softcap": 10.0, "positional": {"kind": "alibi"}}}},
 ]
 
 

@@ -160,8 +160,9 @@ def test_canonical_form_round_trips():
     ({"g": {"select": [0]}}, "model.layers.g", "sets nothing"),
     ({"g": {"select": [0], "ffn": {"activation": "bogus"}}}, "model.layers.g.ffn.activation", "'silu'"),
     ({"g": {"select": [0], "ffn": {"kind": "mlp", "activation": "sigmoid"}}}, "model.layers.g.ffn.activation", "gelu"),
-    ({"g": {"select": [0], "attention": {"positional": {"kind": "none"}}}}, "model.layers.g.attention.positional",
-     "model-wide"),
+    # positions may be switched off per layer (tests/test_layer_positions.py), not changed
+    ({"g": {"select": [0], "attention": {"positional": {"kind": "rope", "theta": 500.0}}}},
+     "model.layers.g.attention.positional", "shared by every layer"),
     ({"g": {"select": [0], "attention": {"n_kv_heads": 3}}}, "model.layers.g.attention.n_kv_heads", "must divide"),
     ({"a": {"select": [0, 1], "ffn": {"hidden_dim": 8}}, "b": {"select": {"start": 1}, "ffn": {"hidden_dim": 16}}},
      "model.layers.a.ffn.hidden_dim", "also selected by group 'b'"),

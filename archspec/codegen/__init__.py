@@ -337,13 +337,20 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, dict(gqa=False)),
                              lambda u: u.constants(m), "", sparsity_layers)
 
+    def own_positions(att: Any) -> bool:
+        return unit_json(att.positional) == unit_json(a.positional)
+
     def render_attention(att: Any) -> Part:
         ctx = att.template_context(m)
         # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it; under its own
         # names (SLIDING_WINDOW): the pattern object a configuration uses is one of its refs.
         sparsity = _unit_part(att.sparsity, m, ctx)
         pattern = next((name for name, called in _objects(sparsity.body) if called == "SparsePattern"), "")
-        body = _render_unit(f"unit:{type(att).template_path()}", (), {"unit": att, **ctx, "positional": positional,
+        # A layer with positions off (a layer group's positional) takes the model's block arguments (the shared
+        # tables), and applies its own kind's hooks inside attention (none: nothing).
+        layer_positional = positional if own_positions(att) else Part(positional.body, {
+            **_unit_part(att.positional, m).hooks, **{h: positional.hooks[h] for h in ("block_params", "block_args")}})
+        body = _render_unit(f"unit:{type(att).template_path()}", (), {"unit": att, **ctx, "positional": layer_positional,
                                                                      "sparsity": sparsity, "pattern": pattern,
                                                                      "cache_class": att.cache_class}).body
         return Part(body, {})
@@ -354,7 +361,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         in_file = _objects(sparsity_cfgs[sparsities.index(att.sparsity)].part.body)
         return {name: (actual, kind) for (name, kind), (actual, _) in zip(own, in_file)}
 
-    attention_cfgs = _configs(attentions, [att.class_label() for att in attentions], render_attention,
+    labels = [("" if own_positions(att) else type(att.positional).class_prefix()) + att.class_label()
+              for att in attentions]
+    attention_cfgs = _configs(attentions, labels, render_attention,
                               lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention),
                               [pattern_refs(att) for att in attentions])
 
@@ -387,6 +396,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     tied = "tied" if m.tie_embeddings else "untied"
     if m.embedding_scale == "sqrt_d_model":
         tied += " sqrt(d_model)-scaled"
+    if m.embedding_norm:
+        tied += " normalised"
     if len(groups) == 1:
         b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
         ba = b.attention
@@ -423,6 +434,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
+        "embedding_norm": m.embedding_norm,
     }
 
 
@@ -485,7 +497,8 @@ def _layer_list(layers: list[int]) -> str:
 
 
 _IMPORT_MARK = "# <archspec.runtime imports>"
-_KERNELS = {"sparse_attention": "sparse attention", "grouped_mm": "the MoE grouped GEMM"}
+_KERNELS = {"sparse_attention": "sparse attention", "score_mod_attention": "attention with modified scores",
+            "grouped_mm": "the MoE grouped GEMM"}
 
 
 def _runtime_import(text: str) -> tuple[str, str]:

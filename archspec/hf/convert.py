@@ -64,7 +64,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         raise HFUnsupported(f"{source}: expected a JSON object, got {type(data).__name__}")
     hf = hf_type(data.get("model_type"), source)
     cfg = HFConfig(data, hf, source)
-    if hf.rewrite is not None:  # the type's own spellings (GPT-J's rotary_dim) in the common words units read
+    if hf.rewrite is not None and hf.rewrite[0] is not None:  # the type's own spellings in the words units read
         hf.rewrite[0](cfg)
     for check in hf.check:
         check(cfg)
@@ -85,6 +85,8 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         "tie_embeddings": cfg.take("tie", bool), "dropout": _dropout(cfg),
     }
     model.update(_model_options(cfg))
+    if cfg.fact("embedding_norm"):  # BLOOM's word_embeddings_layernorm
+        model["embedding_norm"] = True
     if groups:
         model["layers"] = groups
     unread = sorted(set(data) - cfg.taken - COMMON_INERT - hf.inert)
@@ -184,6 +186,10 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: attention settings that differ "
                                 "by layer (heads, widths, biases, q/k norm): every transformers model type archspec "
                                 "writes has one for every layer")
+    for i, block in enumerate(m.blocks()):
+        if block.attention.positional.model_dump() != m.attention.positional.model_dump():
+            raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: positions switched off for some layers: "
+                                "no transformers model type archspec writes does that")
     for fam, path in _FAMILIES:
         for i, unit in enumerate(_layer_units(m, fam)):
             if unit.hf_block is None:
@@ -284,6 +290,10 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
             i = next(i for i, w in enumerate(words) if w != wide)
             raise HFUnsupported(f"{_named(m, path, i)}: HF's {words[i]!r} here, {wide!r} in the other layers: "
                                 f"{hf.model_type} has one {fam} for every layer")
+    if m.embedding_norm != bool(hf.facts.get("embedding_norm")):
+        raise HFUnsupported(f"model.embedding_norm: {str(m.embedding_norm).lower()} cannot be expressed as "
+                            f"{hf.model_type} (it {'always has' if hf.facts.get('embedding_norm') else 'has no'} norm "
+                            "after its token embeddings)")
     k = hf.keys
     out: dict[str, Any] = {"model_type": hf.model_type, "architectures": [hf.architecture], **hf.fixed,
                            k["vocab_size"]: m.vocab_size, k["context_length"]: m.context_length,
@@ -312,7 +322,7 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
         out.update({key: value for key, (value, _) in written.items()})
     m.attention.to_hf(m, out, hf)
     _shape_to_hf(m, hf, out)
-    if hf.rewrite is not None:
+    if hf.rewrite is not None and hf.rewrite[1] is not None:
         hf.rewrite[1](m, out)
     return out
 
@@ -338,6 +348,8 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
     n = hf.names
     base = f"{n['base']}."
     out = [HFWeight("tok_emb.weight", (f"{base}{n['embed']}.weight",))]
+    if m.embedding_norm:
+        out += _prefixed(m.norm.hf_weights(m, hf), "tok_norm.", f"{base}{n['embed_norm']}.")
     out += _prefixed(m.attention.positional.hf_weights(m, hf), "", base)
     for i, block in enumerate(m.blocks()):
         ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."

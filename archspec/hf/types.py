@@ -29,6 +29,15 @@ COMMON_INERT = frozenset({
 })
 
 
+def _caution(text: str) -> None:
+    """What an import chose or left out, said on stderr (archspec.errors.Caution)."""
+    import warnings
+
+    from archspec.errors import Caution
+
+    warnings.warn(Caution(text), stacklevel=3)
+
+
 def _must_be(key: str, value, why: str):
     def check(cfg: HFConfig) -> None:
         got = cfg.take(key, default=value)
@@ -400,14 +409,10 @@ def _place_deepseek_ffn(out: dict, words: list[str]) -> None:
 def _deepseek_checks(cfg: HFConfig) -> None:
     mtp = cfg.take("num_nextn_predict_layers", int, default=0)
     if mtp:
-        import warnings
-
-        from archspec.errors import Caution
-
-        warnings.warn(Caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
-                              f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
-                              "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
-                              "head, and transformers' DeepseekV3ForCausalLM builds none either"))
+        _caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
+                 f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
+                 "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
+                 "head, and transformers' DeepseekV3ForCausalLM builds none either")
 
 
 DEEPSEEK_V3 = HFType(
@@ -590,9 +595,122 @@ GEMMA = HFType(  # Gemma: RMSNorm with a (1 + w) gain, embeddings scaled by sqrt
     check=(_common_checks, _must_be("use_bidirectional_attention", None, "archspec models are causal")),
 )
 
+# ── bloom: ALiBi, a LayerNorm after the embeddings, q/k/v fused per head, a 4·hidden tanh-GELU MLP, biases ──────
+
+BLOOM_CONTEXT = 2048  # BLOOM's training sequence length (BigScience, arXiv:2211.05100, table 3)
+
+
+def _bloom_context(cfg: HFConfig) -> None:
+    """BloomConfig has no context length (ALiBi has no position table): archspec reads `seq_length` when a config has
+    it (archspec writes it), else takes BLOOM's training length and says so."""
+    if cfg.data.get("seq_length") is None:
+        _caution(f"{cfg.source}: bloom configs have no context length (ALiBi needs no position table); "
+                 f"model.context_length set to {BLOOM_CONTEXT}, the length BLOOM was trained at: the longest sequence "
+                 "the imported model accepts (change it with --set model.context_length=N; nothing is sized by it)")
+
+
+BLOOM = HFType(
+    model_type="bloom", architecture="BloomForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "alibi", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys={"vocab_size": "vocab_size", "context_length": "seq_length", "d_model": "hidden_size", "n_layers": "n_layer",
+          "n_heads": "n_head", "norm_eps": "layer_norm_epsilon", "tie": "tie_word_embeddings"},
+    # BloomConfig's defaults; the MLP is always 4 · hidden_size wide with BLOOM's tanh GELU (no config key)
+    defaults={"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8, "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+              "seq_length": BLOOM_CONTEXT, "activation": "gelu_pytorch_tanh"},
+    names={"base": "transformer", "embed": "word_embeddings", "embed_norm": "word_embeddings_layernorm", "layers": "h",
+           "attn": "self_attention", "ffn": "mlp", "attn_norm": "input_layernorm",
+           "ffn_norm": "post_attention_layernorm", "final_norm": "ln_f", "qkv": "query_key_value", "o": "dense",
+           "up": "dense_h_to_4h", "down": "dense_4h_to_h"},
+    facts={"qkv_bias": True, "out_bias": True, "norm_bias": True, "mlp_bias": True, "embedding_norm": True,
+           "qkv_per_head": True},
+    dropout_keys=("hidden_dropout", "attention_dropout"),
+    fixed={"apply_residual_connection_post_layernorm": False},
+    aliases={"n_embed": "hidden_size", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+    # pretraining_tp / slow_but_exact: Megatron's tensor-parallel slicing of the same matmuls; the rest: kernel
+    # choices of the original Megatron-DeepSpeed configs (fp32 softmax, fused masking), the same function
+    inert=frozenset({"pretraining_tp", "slow_but_exact", "attention_softmax_in_fp32", "masked_softmax_fusion",
+                     "bias_dropout_fusion", "skip_bias_add", "skip_bias_add_qkv", "offset_alibi", "unk_token_id"}),
+    check=(_common_checks, _bloom_context,
+           _must_be("apply_residual_connection_post_layernorm", False, "archspec's blocks add the residual before "
+                    "the norm's input, not its output")),
+)
+
+# ── mpt: ALiBi (alibi_bias_max 8: BLOOM's slopes), a fused Wqkv, no biases anywhere, a 4·d_model GELU MLP ────────
+# transformers' MptModel reads attn_config's softmax_scale, clip_qkv, alibi_bias_max and attn_pdrop (the attention's
+# and the blocks' dropout) and hardcodes the rest: keys it reads nowhere must hold the values it hardcodes, or the
+# original model they describe would compute something else.
+
+_MPT_ATTN_KEYS = ("attn_type", "attn_pdrop", "attn_impl", "clip_qkv", "softmax_scale", "prefix_lm", "qk_ln",
+                  "attn_uses_sequence_id", "alibi", "alibi_bias_max")
+_MPT_HARDCODED = {"expansion_ratio": (4, "transformers' MPT MLP is always 4 · d_model wide"),
+                  "no_bias": (True, "transformers' MPT has no biases"),
+                  "logit_scale": (None, "transformers' MPT does not scale its logits")}
+_MPT_ATTN_FIXED = {"alibi": (True, "transformers' MPT always adds ALiBi"),
+                   "alibi_bias_max": (8, "archspec's ALiBi slopes are alibi_bias_max 8's (BLOOM's)"),
+                   "clip_qkv": (None, "archspec does not clamp q, k, v"), "qk_ln": (False, "transformers' MPT has none"),
+                   "prefix_lm": (False, "archspec models are causal"),
+                   "attn_uses_sequence_id": (False, "archspec attends across the whole window"),
+                   "attn_type": ("multihead_attention", "transformers' MPT is multi-head")}
+
+
+def _mpt_attn_config(cfg: HFConfig) -> None:
+    """attn_config's fields onto the top level (prefixed), where the units read them (softmax_scale, attn_pdrop)."""
+    raw = cfg.data.get("attn_config")
+    cfg.mark("attn_config")
+    if raw is not None and not isinstance(raw, dict):
+        raise cfg.refuse("attn_config", f"expected a mapping, got {raw!r}")
+    # a saved MptAttentionConfig carries every config's bookkeeping too (ids, output switches, is_encoder_decoder)
+    attn = {k: v for k, v in (raw or {}).items()
+            if k not in COMMON_INERT and not (k in ("is_encoder_decoder", "add_cross_attention") and v is False)}
+    unknown = sorted(set(attn) - set(_MPT_ATTN_KEYS))
+    if unknown:
+        raise cfg.refuse("attn_config", f"{', '.join(unknown)}: archspec does not map them")
+    for key, (value, why) in _MPT_ATTN_FIXED.items():
+        if attn.get(key, value) != value:
+            raise cfg.refuse("attn_config", f"{key}: {attn[key]!r}: {why}")
+    for key in _MPT_ATTN_KEYS:
+        if key in attn:
+            cfg.data[f"attn_config.{key}"] = attn[key]
+    for key, (value, why) in _MPT_HARDCODED.items():
+        _must_be(key, value, why)(cfg)
+
+
+def _nest_mpt_attn_config(m, out: dict) -> None:
+    attn = {k.removeprefix("attn_config."): out.pop(k) for k in list(out) if k.startswith("attn_config.")}
+    if attn.get("attn_pdrop") == 0:
+        attn["attn_pdrop"] = 0  # MptAttentionConfig declares it an int (and refuses 0.0)
+    out["attn_config"] = {"attn_type": "multihead_attention", "alibi": True, "alibi_bias_max": 8, "clip_qkv": None,
+                          "qk_ln": False, "prefix_lm": False, "attn_uses_sequence_id": False, **attn}
+
+
+MPT = HFType(
+    model_type="mpt", architecture="MptForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "alibi", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys={"vocab_size": "vocab_size", "context_length": "max_seq_len", "d_model": "d_model", "n_layers": "n_layers",
+          "n_heads": "n_heads", "norm_eps": "layer_norm_epsilon", "tie": "tie_word_embeddings",
+          "attn_scale": "attn_config.softmax_scale"},
+    defaults={"vocab_size": 50368, "d_model": 2048, "n_layers": 24, "n_heads": 16, "max_seq_len": 2048,
+              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True, "attn_config.attn_pdrop": 0.0,
+              "activation": "gelu"},
+    names={"base": "transformer", "embed": "wte", "layers": "blocks", "attn": "attn", "ffn": "ffn",
+           "attn_norm": "norm_1", "ffn_norm": "norm_2", "final_norm": "norm_f", "qkv": "Wqkv", "o": "out_proj",
+           "up": "up_proj", "down": "down_proj"},
+    facts={},  # no biases: q/k/v, output, norms, MLP
+    dropout_keys=("attn_config.attn_pdrop",),
+    fixed={"no_bias": True, "expansion_ratio": 4, "learned_pos_emb": False},
+    # read by no transformers MPT module: the original code's switches (learned_pos_emb: transformers' MPT has no
+    # position table), its init and device, the dropout rates transformers replaces by attn_pdrop, attn_impl (kernel)
+    inert=frozenset({"learned_pos_emb", "init_device", "embedding_fraction", "norm_type", "resid_pdrop", "emb_pdrop",
+                     "attn_config.attn_impl"}),
+    check=(_common_checks, _mpt_attn_config),
+    rewrite=(None, _nest_mpt_attn_config),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                                                              GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA)}
+                                                              GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
+                                                              BLOOM, MPT)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -600,15 +718,13 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, BLOOM, MPT)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {
     "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
-    "gemma2": "soft-capping of the attention scores (attn_logit_softcapping) and a query scale of its own "
-              "(query_pre_attn_scalar)",
-    "gemma3": "soft-capping of the attention scores and per-layer rope bases (rope_local_base_freq)",
-    "bloom": "ALiBi positions (an attention bias by distance) and a LayerNorm after the embeddings",
-    "falcon": "ALiBi positions or a separate K/V projection layout (new_decoder_architecture)",
-    "mpt": "ALiBi positions (an attention bias by distance)",
+    "gemma2": "its mapping (soft-capping, query_pre_attn_scalar, sandwich norms and alternating windows each exist "
+              "as archspec options, but the type is not mapped yet)",
+    "gemma3": "per-layer rope bases (rope_local_base_freq)",
+    "falcon": "its mapping (ALiBi, rope and parallel blocks exist; the type is not mapped yet)",
 }

@@ -328,6 +328,13 @@ class PositionalKind(KindUnit):
     # (a learned or sinusoidal table). With windowed attention, such a model meets nothing new past context_length;
     # its template must then compute positions past the table (see SparsityKind.max_lookback).
     relative: ClassVar[bool] = False
+    # Keyword arguments the attention kernels take from this kind, naming a local its `attention_qk` hook sets
+    # (ALiBi: ", alibi=alibi", its head slopes, a bias on the scores); "": positions never reach the scores as a bias.
+    score_args: ClassVar[str] = ""
+    # Per layer (archspec.spec.layers): a layer group may switch positions off (to an `inert` kind: none) where the
+    # model's kind acts inside each layer's attention (`in_attention`: rope, alibi), not on the embeddings.
+    in_attention: ClassVar[bool] = False
+    inert: ClassVar[bool] = False
 
     @classmethod
     def head_dim_step(cls, fields: dict[str, Any]) -> int:

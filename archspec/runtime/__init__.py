@@ -11,7 +11,8 @@ from __future__ import annotations
 from archspec.runtime.cache import KVCache, LatentCache, causal_mask
 from archspec.runtime.generation import next_token_probs, sample_next, stream
 from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
+from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 
 __all__ = ["KVCache", "LatentCache", "causal_mask", "next_token_probs", "sample_next", "stream", "grouped_mm", "grouped_mm_usable",
-           "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention"]
+           "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention"]

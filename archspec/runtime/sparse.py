@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from archspec.runtime.scores import alibi_bias, capped, score_mod_attention
+
 
 class SparsePattern:
     """Which keys each query sees: `mask_mod` decides; `n_global` leading positions may be seen from anywhere (later
@@ -59,15 +61,17 @@ class RollingKVCache:
         self.pos.index_copy_(0, slots, positions)
         self.length, self.oldest = end, max(self.oldest, end - self.ring)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+               softcap: float | None = None, alibi: torch.Tensor | None = None) -> torch.Tensor:
         """This step's q (B, N_HEADS, T, D) and k, v (B, N_KV_HEADS, T, D), positions `length` onwards: store k, v and
-        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new."""
+        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new (scale, softcap, alibi:
+        as sparse_attention's; ALiBi's bias from each slot's absolute position, so cached == full)."""
         start, T = self.length, q.size(2)
         end = start + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
         if start == 0:  # prefill: positions 0..T-1, as in training (the sparse fast path)
-            y = sparse_attention(q, k, v, self.pattern)  # (B, N_HEADS, T, D)
+            y = sparse_attention(q, k, v, self.pattern, scale=scale, softcap=softcap, alibi=alibi)  # (B, N_HEADS, T, D)
             self._store(k, v)
             return y
         # The first query sees keys from start - reach + 1 on (and the globals). When this step's writes evict none of
@@ -81,15 +85,21 @@ class RollingKVCache:
             kv_pos = torch.cat([self.pos, torch.arange(start, end, device=q.device)])  # (slots + T,)
         q_idx = torch.arange(start, end, device=q.device)[:, None]  # (T, 1)
         mask = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, keys); empty slots out
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
+        if softcap is None and alibi is None:
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                               enable_gqa=q.size(1) != k.size(1))
+        else:
+            y = score_mod_attention(q, keys, values, mask, q_pos=q_idx[:, 0], k_pos=kv_pos, scale=scale,
+                                    softcap=softcap, alibi=alibi)
         if not write_first:
             self._store(k, v)
         return y  # (B, N_HEADS, T, D)
 
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store this step's k, v (B, heads, T, ·), positions `length` onwards, and return what a query of this step
         may see: the slots before the write and the new positions, (B, heads, slots + T, ·) each, with the (T,
-        slots + T) mask of which each query sees (the pattern's predicate; empty slots never)."""
+        slots + T) mask of which each query sees (the pattern's predicate; empty slots never) and each key's
+        position (slots + T,) (-1: empty)."""
         start, end = self.length, self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
@@ -98,7 +108,7 @@ class RollingKVCache:
         q_idx = torch.arange(start, end, device=k.device)[:, None]  # (T, 1)
         visible = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, slots + T)
         self._store(k, v)
-        return keys, values, visible
+        return keys, values, visible, kv_pos
 
     def truncate(self, length: int) -> None:
         """Forget the positions from `length` on (speculative decoding drops rejected drafts). The ring must still hold
@@ -125,11 +135,12 @@ class RollingLatentCache(RollingKVCache):
                  rollback: int = 0, device=None, dtype=None) -> None:
         super().__init__(pattern, batch_size, 1, max_len, latent_dim, rollback, device, dtype, v_dim=rope_dim)
 
-    def extend(self, latent: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def extend(self, latent: torch.Tensor, k_pe: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """This step's latents (B, T, latent) and rope keys (B, 1, T, rope) → the visible ones', (B, S, latent) and
-        (B, 1, S, rope), and the (T, S) mask (see RollingKVCache.extend)."""
-        latents, k_pes, visible = super().extend(latent[:, None], k_pe)
-        return latents[:, 0], k_pes, visible
+        (B, 1, S, rope), the (T, S) mask and the keys' positions (see RollingKVCache.extend)."""
+        latents, k_pes, visible, kv_pos = super().extend(latent[:, None], k_pe)
+        return latents[:, 0], k_pes, visible, kv_pos
 
 
 _TILE_BIASES: dict = {}  # (pattern, T, chunk, query heads per K/V head, dtype, device) → each chunk's additive mask
@@ -199,10 +210,12 @@ class BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")  # backward then runs under the autocast state forward ran under
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                dropout_p: float) -> torch.Tensor:
+                dropout_p: float, scale: float | None = None, softcap: float | None = None,
+                alibi: torch.Tensor | None = None) -> torch.Tensor:
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)  # Dv: the values' width (multi-head latent attention's may differ)
-        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        G, C, P = H // kv_heads, pattern.chunk, min(pattern.n_global, T)
+        scale = D**-0.5 if scale is None else scale
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)  # one matrix per K/V head
         # (B, N_HEADS, T, D) laid out as (B, T, N_HEADS, D): the caller's transpose back to (B, T, N_HEADS·D) for the
@@ -218,26 +231,25 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 k_tile = torch.cat([keys[:, :P], k_tile], dim=1)  # (B·N_KV_HEADS, globals + band, D)
                 v_tile = torch.cat([values[:, :P], v_tile], dim=1)
-            scores = torch.baddbmm(biases[i], q_tile, k_tile.transpose(1, 2), alpha=scale)  # (B·N_KV, G·rows, keys)
-            probs = scores.softmax(dim=-1)
+            probs = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows)[0]
             if dropout_p > 0.0:
                 keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
                 probs = probs.mul_(keep).div_(1.0 - dropout_p)
                 masks.append(keep)
             out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, Dv)
             y[:, :, start:start + rows] = out.view(B, H, rows, Dv)
-        ctx.pattern, ctx.dropout_p = pattern, dropout_p
-        ctx.save_for_backward(q, k, v, y, *masks)
+        ctx.pattern, ctx.dropout_p, ctx.scale, ctx.softcap = pattern, dropout_p, scale, softcap
+        ctx.save_for_backward(q, k, v, y, alibi, *masks)
         return y  # (B, N_HEADS, T, D)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy: torch.Tensor):
-        q, k, v, y, *masks = ctx.saved_tensors
-        pattern, dropout_p = ctx.pattern, ctx.dropout_p
+        q, k, v, y, alibi, *masks = ctx.saved_tensors
+        pattern, dropout_p, scale, softcap = ctx.pattern, ctx.dropout_p, ctx.scale, ctx.softcap
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)
-        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        G, C, P = H // kv_heads, pattern.chunk, min(pattern.n_global, T)
         keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)
         # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs); that row sum is Σ_D dy ∘ y (dropout included)
         delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
@@ -257,7 +269,7 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 k_tile = torch.cat([keys[:, :P], k_tile], dim=1)
                 v_tile = torch.cat([values[:, :P], v_tile], dim=1)
-            probs = torch.baddbmm(biases[i], q_tile, k_tile.transpose(1, 2), alpha=scale).softmax(dim=-1)
+            probs, slope = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows)
             dprobs = torch.bmm(dy_tile, v_tile.transpose(1, 2))  # (B·N_KV_HEADS, G·rows, keys)
             if dropout_p > 0.0:
                 keep = masks[i]
@@ -266,6 +278,8 @@ class BlockwiseAttention(torch.autograd.Function):
             else:
                 dv_tile = torch.bmm(probs.transpose(1, 2), dy_tile)  # (B·N_KV_HEADS, keys, D)
             dscores = dprobs.sub_(delta_tile).mul_(probs)  # (B·N_KV_HEADS, G·rows, keys)
+            if slope is not None:  # through the cap: d(cap · tanh(s / cap))/ds = 1 − tanh²(s / cap)
+                dscores = dscores.mul_(slope)
             dq[:, :, start:start + rows] = torch.bmm(dscores, k_tile).view(B, H, rows, D)
             dk_tile = torch.bmm(dscores.transpose(1, 2), q_tile)  # (B·N_KV_HEADS, keys, D)
             dkeys[:, first:end].add_(dk_tile[:, P:], alpha=scale)
@@ -273,17 +287,44 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 dkeys[:, :P].add_(dk_tile[:, :P], alpha=scale)
                 dvalues[:, :P].add_(dv_tile[:, :P])
-        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def _tile_probs(q_tile: torch.Tensor, k_tile: torch.Tensor, bias: torch.Tensor, scale: float, softcap: float | None,
+                alibi: torch.Tensor | None, pattern: SparsePattern, T: int, start: int, rows: int):
+    """One tile's probabilities (B·N_KV_HEADS, G·rows, keys), and, under a cap, the cap's slope at each score
+    (1 − tanh², for backward; else None). Without a cap or ALiBi, one fused baddbmm as before."""
+    if softcap is None and alibi is None:
+        return torch.baddbmm(bias, q_tile, k_tile.transpose(1, 2), alpha=scale).softmax(dim=-1), None
+    scores = torch.bmm(q_tile, k_tile.transpose(1, 2)).mul_(scale)  # (B·N_KV_HEADS, G·rows, keys)
+    slope = None
+    if softcap is not None:
+        tanh = torch.tanh(scores / softcap)
+        scores, slope = tanh * softcap, 1.0 - tanh * tanh
+    scores = scores + bias
+    if alibi is not None:
+        first, end = chunk_keys(pattern, T, start, rows)
+        k_pos = torch.cat([torch.arange(min(pattern.n_global, T), device=q_tile.device),
+                           torch.arange(first, end, device=q_tile.device)])
+        q_pos = torch.arange(start, start + rows, device=q_tile.device)
+        H = alibi.numel()
+        tile = alibi_bias(alibi, q_pos, k_pos).to(scores.dtype)  # (N_HEADS, rows, keys)
+        kv_heads = H * rows // q_tile.size(1)
+        scores = (scores.view(-1, kv_heads, *scores.shape[1:]) + tile.reshape(kv_heads, -1, tile.size(-1))
+                  ).view(scores.shape)
+    return scores.softmax(dim=-1), slope
 
 
 # A compiled graph calls it eagerly (a graph break): compiled, its chunk loop would be unrolled, compile time growing
 # with T (a 2-block mistral-like-tiny at T = 1024: 136 s to compile, 48 ms a step; with the break 12 s and 33 ms).
 @torch.compiler.disable
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                        dropout_p: float = 0.0) -> torch.Tensor:
+                        dropout_p: float = 0.0, scale: float | None = None, softcap: float | None = None,
+                        alibi: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D) over only the keys each chunk of
-    queries can see, in plain PyTorch on any device (see BlockwiseAttention)."""
-    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p)
+    queries can see, in plain PyTorch on any device (see BlockwiseAttention); scale, softcap and alibi as in
+    archspec.runtime.scores."""
+    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p, scale, softcap, alibi)
 
 
 def flex_block_mask(pattern: SparsePattern, T: int, device: torch.device):
@@ -316,9 +357,28 @@ def flex_attention_fn():
 logit_observers: list = []
 
 
+def flex_score_mod(softcap: float | None, alibi: torch.Tensor | None):
+    """FlexAttention's `score_mod` for a cap and ALiBi slopes (None when neither: no score_mod at all). FlexAttention
+    has applied the scale already; then, as everywhere (archspec.runtime.scores), the cap and the bias."""
+    if softcap is None and alibi is None:
+        return None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = torch.tanh(score / softcap) * softcap
+        if alibi is not None:
+            score = score + alibi[h] * (kv_idx - q_idx)
+        return score
+
+    return score_mod
+
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                     dropout_p: float = 0.0) -> torch.Tensor:
-    """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows.
+                     dropout_p: float = 0.0, *, scale: float | None = None, softcap: float | None = None,
+                     alibi: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows;
+    `scale` (default 1/sqrt(D)), `softcap` and `alibi` (N_HEADS slopes) change the scores as
+    archspec.runtime.scores says, on every path.
 
     On CUDA: FlexAttention, whose kernels skip the blocks the block mask rules out (forward and backward). Elsewhere,
     and with attention dropout (FlexAttention has none): the blockwise path, which trains on any device
@@ -330,5 +390,6 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
             observe(q, k, visible)
     if q.is_cuda and dropout_p == 0.0 and flex_attention is not None:
         mask = flex_block_mask(pattern, q.size(2), q.device)
-        return flex_attention_fn()(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)
-    return blockwise_attention(q, k, v, pattern, dropout_p)
+        return flex_attention_fn()(q, k, v, score_mod=flex_score_mod(softcap, alibi), block_mask=mask, scale=scale,
+                                   enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)
+    return blockwise_attention(q, k, v, pattern, dropout_p, scale, softcap, alibi)

@@ -17,7 +17,9 @@
 Rules (docs in the README):
 - A group's `norm`, `attention` or `ffn` is merged onto the model-wide component the way `--set` is: fields refine it;
   a different `kind` starts from that kind's defaults. Positional settings are model-wide (position tables and
-  rotary angles are shared by every layer), so a group may not set `attention.positional`.
+  rotary angles are shared by every layer): a group may only switch positions off for its layers
+  (`attention: {positional: {kind: none}}`, SmolLM3's NoPE layers) where the model's kind acts inside each layer's
+  attention (rope, alibi: `PositionalKind.in_attention`), and not in every layer (then the model has none).
 - Groups may overlap. Where they do, they may not disagree: two groups that set the same field of the same layer
   to different values are an error at both paths. Group order never matters (YAML order is not part of a hash).
 - The canonical form (and so the hash) is a function of the resolved per-layer model alone: group names and how
@@ -129,7 +131,8 @@ Selection = Annotated[
 class LayerGroup(Strict):
     select: Selection = Field(description="an explicit list of layer indices, or {start, stop, step}")
     norm: dict[str, Any] | None = Field(None, description="fields merged onto model.norm for these layers")
-    attention: dict[str, Any] | None = Field(None, description="fields merged onto model.attention (not positional)")
+    attention: dict[str, Any] | None = Field(None, description="fields merged onto model.attention (positional: only "
+                                             "{kind: none}, positions off for these layers)")
     ffn: dict[str, Any] | None = Field(None, description="fields merged onto model.ffn for these layers")
     block: Annotated[dict[str, Any] | None, Since("0.4")] = Field(
         None, description="fields merged onto model.block (norm placement, parallel) for these layers")
@@ -286,9 +289,7 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
         selected[name], errs = layer_indices(group.select, m.n_layers, path + ("select",))
         problems += errs
         if group.attention is not None and "positional" in group.attention:
-            problems.append((path + ("attention", "positional"), "positional settings are model-wide (position "
-                             "tables and rotary angles are shared by every layer): set model.attention.positional",
-                             group.attention["positional"]))
+            problems += _layer_positional_problems(m, path + ("attention", "positional"), group.attention["positional"])
         empty = [c for c in COMPONENTS if c in group.model_fields_set and not getattr(group, c)]
         for c in empty:  # `ffn:` with nothing under it (null or {}): blamed where it is written
             problems.append((path + (c,), f"is empty: give {c} fields for the selected layers, or leave {c} out",
@@ -322,12 +323,13 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                                                  "overlapping groups may not disagree", val))
                         continue
                     flat[key] = (value, name)
-            if c == "attention":
-                flat.pop(("positional",), None)
+            positional = {}
+            if c == "attention":  # a group's positional (positions off) replaces the model's for its layers only
+                positional = {k[1:]: v for k, (v, _) in flat.items() if k[0] == "positional" and k[1:]}
                 flat = {k: v for k, v in flat.items() if k[0] != "positional"}
             merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
-            if c == "attention" and "positional" in base_user:  # positions are model-wide, whatever the layer's kind
-                merged["positional"] = base_user["positional"]
+            if c == "attention" and ("positional" in base_user or positional):  # else: the default, as model-wide
+                merged["positional"] = merge(base_user.get("positional", {}), _unflatten(positional))
             ck = (c, json.dumps(_str_keys(merged), sort_keys=True, default=repr))
             if ck not in cache:
                 try:
@@ -348,6 +350,11 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                                          e.get("input")))
             if cache[ck] is not None:
                 per_layer[c][i] = cache[ck]
+    wide_positional = unit_json(m.attention.positional)
+    if not problems and all(unit_json(a.positional) != wide_positional for a in per_layer["attention"]):
+        name = next(n for n in sorted(m.layers) if "positional" in (m.layers[n].attention or {}))
+        problems.append((("model", "layers", name, "attention", "positional"), "switches positions off in every "
+                         "layer: write model.attention.positional instead", m.layers[name].attention["positional"]))
     if problems:
         return [uniform] * m.n_layers, problems
     # One object per distinct configuration, so equal layers share their specs.
@@ -357,6 +364,27 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
         b = BlockSpec(**{c: per_layer[c][i] for c in COMPONENTS})
         blocks.append(distinct.setdefault(b.key(), b))
     return blocks, []
+
+
+def _layer_positional_problems(m: Any, path: tuple, value: Any) -> list[Problem]:
+    """A group's `attention.positional`: the model's own (nothing changes), or positions off (an `inert` kind, e.g.
+    none) under a kind that acts inside each layer's attention; anything else would need tables of its own."""
+    wide = m.attention.positional
+    try:
+        unit = _validate("positional", merge(user_dict(wide), value) if isinstance(value, dict) else value)
+    except ValidationError:
+        return []  # reported where the layer's merged attention is validated, at this path
+    if unit_json(unit) == unit_json(wide) or (type(unit).inert and type(wide).in_attention):
+        return []
+    off = [k for k, cls in family("positional").members.items() if cls.inert]
+    inside = [k for k, cls in family("positional").members.items() if cls.in_attention]
+    if not type(unit).inert:
+        why = (f"a layer group may only switch positions off ({{kind: {' | '.join(off)}}}): position tables and "
+               "rotary angles are the model's, shared by every layer; set model.attention.positional")
+    else:
+        why = (f"positions cannot be switched off per layer under {wide.kind}: it acts on the embeddings, not inside "
+               f"each layer's attention (only {', '.join(inside)} can be)")
+    return [(path, why, value)]
 
 
 def _keep_overrides(full: Any, dropped: Any, wide: Any) -> Any:
@@ -385,6 +413,11 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         keys = [unit_json(v) for v in values]
         counts = Counter(keys)
         top = max(counts.values())
+        if c == "attention":  # the model-wide attention has the model's positions (layers may switch them off)
+            wide_positional = unit_json(m.attention.positional)
+            own = {k for k, v in zip(keys, values) if unit_json(v.positional) == wide_positional}
+            top = max(counts[k] for k in own)
+            counts = Counter({k: n for k, n in counts.items() if k in own})
         # The model-wide norm is also the final norm, so it stays model-wide whatever the layers use.
         base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
         # identity_dump: a field added later (Since) at its default leaves a layer group's hash as it was too
@@ -393,7 +426,7 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         for n, k in enumerate(order, 1):
             unit = values[keys.index(k)]
             dump = _keep_overrides(unit.model_dump(mode="json"), identity_dump(unit), wide[c])
-            if c == "attention":
+            if c == "attention" and unit_json(unit.positional) == unit_json(m.attention.positional):
                 dump.pop("positional", None)
             groups[f"{c}_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]), c: dump}
     if not wide["block"]:  # the pre-norm sequential block (a Since field at its default): not written, as before

@@ -47,6 +47,8 @@ class ModelSpec(Strict):
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
     embedding_scale: Literal["none", "sqrt_d_model"] = "none"
+    # A norm of the model's norm kind right after the token embeddings (BLOOM's word_embeddings_layernorm).
+    embedding_norm: Annotated[bool, Since("0.4")] = False
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # The block's shape: where its norms sit and whether attention and FFN run in parallel (archspec.spec.layers).
     block: Annotated[BlockShape, Since("0.4")] = Field(default_factory=BlockShape)

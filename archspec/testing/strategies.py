@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from archspec.kinds import family
+from archspec.kinds.attention.scores import score_strategy
 from archspec.kinds.introspect import field_values, fields_of
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec
@@ -198,6 +199,7 @@ def attentions(draw, d_model: int = 64, context_length: int = 32, *, max_heads: 
     if draw(st.booleans()):  # q/k norm: absent, null, or on with its own eps, per head or over the projection
         out["qk_norm"] = draw(st.one_of(st.none(), st.fixed_dictionaries({}, optional={
             "eps": st.floats(1e-8, 0.1), "scope": st.sampled_from(["head", "projection"])})))
+    out.update(score_strategy(draw))  # softcap and scale: absent, null or drawn
     if positional or draw(st.booleans()):  # {} is the default member with its defaults: written or not
         out["positional"] = positional
     if draw(st.booleans()):
@@ -250,6 +252,7 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
         "ffn": ffns(d_model, ffn_kinds, max_hidden),
         "tie_embeddings": st.booleans(),
         "embedding_scale": st.sampled_from(["none", "sqrt_d_model"]),
+        "embedding_norm": st.booleans(),
         "dropout": dropout if dropout is not None else st.just(0.0),
         "block": block_shapes(),
         "final_norm": st.booleans(),
@@ -321,8 +324,10 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
                                                                  "rotary_width": wide.rotary_width}))}
             if draw(st.booleans()):
                 group_att["sparsity"] = draw(sparsity)
-        out[names[1]] = {"select": draw(selections(n_layers)), "attention": group_att}
+        out[names[1]] = _positions_off(draw, {"select": draw(selections(n_layers)), "attention": group_att},
+                                       n_layers, attention)
     elif wants_attention:
+        wide = attention
         grouped = [k for k in divisors(n_heads)]
         attention = draw(st.fixed_dictionaries({}, optional={
             "n_kv_heads": st.sampled_from(grouped),
@@ -331,8 +336,24 @@ def layer_groups(draw, n_layers: int, d_model: int, context_length: int, n_heads
             "qkv_bias": st.booleans(),
             "out_bias": st.booleans(),
         }))
-        out[names[1]] = {"select": draw(selections(n_layers)), "attention": attention or {"qkv_bias": True}}
+        out[names[1]] = _positions_off(draw, {"select": draw(selections(n_layers)),
+                                              "attention": attention or {"qkv_bias": True}}, n_layers, wide)
     return out
+
+
+def _positions_off(draw, group: dict, n_layers: int, attention: dict | None) -> dict:
+    """Sometimes switch positions off for the group's layers (NoPE layers, SmolLM3), where the model's positional
+    kind allows it (acts inside attention) and the group leaves some layer its positions."""
+    from archspec.spec.layers import LayerRange, layer_indices
+
+    positional = (attention or {}).get("positional") or {}
+    kind = family("positional").members[positional.get("kind", family("positional").default)]
+    select = group["select"]
+    chosen = layer_indices(LayerRange(**select) if isinstance(select, dict) else select, n_layers, ())[0]
+    if kind.in_attention and len(chosen) < n_layers and draw(st.booleans()):
+        off = next(k for k, cls in family("positional").members.items() if cls.inert)
+        group["attention"] = {**group["attention"], "positional": {"kind": off}}
+    return group
 
 
 # ── the training recipe ──────────────────────────────────────────────────────────────────────────────────────────

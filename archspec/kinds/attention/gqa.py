@@ -11,6 +11,7 @@ from pydantic import Field
 
 from archspec.kinds.base import (AttentionKind, Const, Since, Strict, bind, family, lit_bool, lit_float, lit_int,
                                  register)
+from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
 
@@ -31,7 +32,7 @@ class QKNorm(Strict):
 
 
 @register
-class AttentionSpec(AttentionKind):
+class AttentionSpec(ScoreOptions, AttentionKind):
     # Written or omitted: specs from before attention had kinds have no `kind`, and keep their hashes (Since).
     kind: Annotated[Literal["gqa"], Since("0.4")] = "gqa"
     n_heads: int = Field(8, ge=1, le=MAX_HEADS)
@@ -159,12 +160,13 @@ class AttentionSpec(AttentionKind):
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
         ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k"
                     if self.qk_norm.scope == "head" else "RMSNorm over the whole q and k projections")]
-             if self.qk_norm else [])
+             if self.qk_norm else []) + self.score_constants()
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
                 "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
-                "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection"}
+                "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection",
+                **self.score_context()}
 
     # ── testing ──
     @classmethod
@@ -181,7 +183,7 @@ class AttentionSpec(AttentionKind):
                    "n_kv_heads": draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0]))}
             if draw(st.booleans()):
                 out["bias"] = draw(st.booleans())
-            return out
+            return {**out, **score_strategy(draw)}
 
         return draw()
 
@@ -200,7 +202,7 @@ class AttentionSpec(AttentionKind):
             out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
             if cfg.fact("qk_norm_projection"):  # OLMo 2: over all heads' q and k at once
                 out["qk_norm"]["scope"] = "projection"
-        return out
+        return {**out, **cls.scores_from_hf(cfg)}
 
     def to_hf(self, m: Any, out: dict[str, Any], hf: Any, path: tuple[str, ...] = ()) -> None:
         path = ("model", "attention")
@@ -212,6 +214,7 @@ class AttentionSpec(AttentionKind):
             elif value != implied:
                 raise HFUnsupported(f"{'.'.join((*path, field))}: {value} cannot be expressed as {hf.model_type} "
                                     f"(it has {implied})")
+        self.scores_to_hf(out, hf, path)
         put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
         put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
         put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))
@@ -225,7 +228,7 @@ class AttentionSpec(AttentionKind):
     def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:  # noqa: D417
         """Our fused qkv_proj is HF's c_attn (GPT-2, Conv1D) or its q_proj, k_proj, v_proj stacked by rows."""
         names = hf.names
-        if "qkv" in names and hf.facts.get("qkv_per_head"):  # GPT-NeoX: rows by head, (q, k, v) within each
+        if "qkv" in names and hf.facts.get("qkv_per_head"):  # GPT-NeoX, BLOOM: rows by head, (q, k, v) in each
             sizes, heads = (self.q_width, self.kv_width, self.kv_width), self.n_heads
             out = [HFWeight("qkv_proj.weight", (f"{names['qkv']}.weight",), sizes, per_head=heads)]
             if self.qkv_bias:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from archspec.kinds.base import AttentionKind, Const, Since, bind, family, lit_float, lit_int, register
+from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH
 
@@ -25,7 +26,7 @@ Sparsity = family("sparsity").union()
 
 
 @register
-class MLASpec(AttentionKind):
+class MLASpec(ScoreOptions, AttentionKind):
     kind: Literal["mla"] = "mla"
     prefix = "Latent"
     rotary_field = "qk_rope_head_dim"
@@ -153,14 +154,15 @@ class MLASpec(AttentionKind):
             Const("HEAD_DIM", lit_int(self.rotary_width), "= QK_ROPE_HEAD_DIM: the width positions are applied to"),
             Const("LATENT_NORM_EPS", lit_float(self.norm_eps), "RMSNorm of the latents"),
         ] + ([Const("SOFTMAX_MSCALE", lit_float(self.softmax_mscale), "yarn: the softmax scale times "
-                    "yarn_mscale(factor, mscale_all_dim)² (DeepSeek-V3)")] if self.softmax_mscale != 1.0 else [])
+                    "yarn_mscale(factor, mscale_all_dim)² (DeepSeek-V3)")] if self.softmax_mscale != 1.0 else []
+        ) + self.score_constants()
 
     def describe(self, m: Any) -> str:
         return "multi-head latent attention"
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"gqa": False, "q_lora": self.q_lora_rank is not None, "mscale": self.softmax_mscale != 1.0,
-                "rolling": self.sparsity.cache_class != "KVCache"}
+                "rolling": self.sparsity.cache_class != "KVCache", **self.score_context()}
 
     # ── HF transformers interop (archspec.kinds.hf): transformers' deepseek_v3 ──
     hf_block = "latent_attention"
@@ -195,6 +197,7 @@ class MLASpec(AttentionKind):
         if self.norm_eps != 1e-6:
             raise HFUnsupported(f"model.attention.norm_eps: {self.norm_eps} cannot be expressed as {hf.model_type} "
                                 "(its latent norms use 1e-6)")
+        self.scores_to_hf(out, hf, ("model", "attention"))
         out[keys["n_heads"]] = self.n_heads
         if "n_kv_heads" in keys:
             out[keys["n_kv_heads"]] = self.n_heads
@@ -234,7 +237,7 @@ class MLASpec(AttentionKind):
                 out["q_lora_rank"] = draw(st.one_of(st.none(), st.integers(1, 24)))
             if draw(st.booleans()):
                 out["norm_eps"] = draw(st.floats(1e-8, 0.1))
-            return out
+            return {**out, **score_strategy(draw)}
 
         return draw()
 

@@ -9,7 +9,7 @@ from pydantic import Field
 from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import KEEPS_OUTPUT, MLP_NAMES, MLPActivation, call
-from archspec.kinds.hf import linear, put_fact
+from archspec.kinds.hf import HFUnsupported, linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -55,8 +55,18 @@ class MLPSpec(FFNKind):
                 "activation": activations.from_hf(cfg, get_args(MLPActivation))}
 
     def to_hf(self, m, out, hf, path):
-        out[hf.keys["ffn_hidden"]] = self.hidden_dim
-        out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        # A type without the key fixes the value (BLOOM: 4 · hidden_size, tanh GELU): the spec must have it.
+        if "ffn_hidden" in hf.keys:
+            out[hf.keys["ffn_hidden"]] = self.hidden_dim
+        elif self.hidden_dim != 4 * m.d_model:
+            raise HFUnsupported(f"{'.'.join((*path, 'hidden_dim'))}: {self.hidden_dim} cannot be expressed as "
+                                f"{hf.model_type} (its MLP is always 4 · d_model = {4 * m.d_model} wide)")
+        if "activation" in hf.keys:
+            out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        elif activations.FROM_HF.get(hf.defaults.get("activation")) != self.activation:
+            raise HFUnsupported(f"{'.'.join((*path, 'activation'))}: {self.activation} cannot be expressed as "
+                                f"{hf.model_type} (its MLP's activation is always "
+                                f"{activations.FROM_HF.get(hf.defaults.get('activation'))})")
         put_fact(out, hf, "mlp_bias", self.bias, (*path, "bias"))
 
     def hf_weights(self, m, hf):

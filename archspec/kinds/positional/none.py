@@ -11,6 +11,8 @@ from archspec.kinds.base import PositionalKind, register
 class NoPositional(PositionalKind):
     kind: Literal["none"] = "none"  # NoPE: causal masking alone carries position
     relative = True  # nothing absolute: a windowed NoPE model can run past its context
+    inert = True  # what a layer group writes to switch positions off for its layers (SmolLM3's NoPE layers)
+    prefix = "NoPE"  # such a layer's attention class: NoPEAttention
 
     def describe(self, m) -> str:
         return "no positional encoding (NoPE)"

@@ -143,6 +143,7 @@ class RopePositional(PositionalKind):
 
     head_dim_multiple = 2  # rotates pairs of dimensions
     relative = True  # q·k depends on the offset alone; angles past the table are computed when asked for
+    in_attention = True  # applied in each layer's attention: a layer group may switch it off
 
     @classmethod
     def head_dim_step(cls, fields: dict[str, Any]) -> int:

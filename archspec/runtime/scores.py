@@ -1,0 +1,55 @@
+"""Attention whose scores are changed before the softmax: a softmax scale other than 1/sqrt(head_dim), tanh
+soft-capping (Gemma 2: scores ← cap · tanh(scores / cap)) and ALiBi's per-head linear bias (Press et al., 2022:
+scores + slope_h · (key position − query position)). SDPA applies none of the last two, so a layer that uses them
+takes `score_mod_attention`, which materialises the scores (only such layers: the others keep SDPA). The sparse
+paths (archspec.runtime.sparse) apply the same three in their tiles and in FlexAttention's `score_mod`; the order is
+everywhere the one here: scale, then cap, then the bias and the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def alibi_bias(alibi: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """ALiBi's bias: slope_h · (k_pos − q_pos) (≤ 0 for every visible key), (heads, queries, keys) in fp32."""
+    offsets = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (queries, keys)
+    return alibi.to(torch.float32)[:, None, None] * offsets  # (heads, queries, keys)
+
+
+def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """cap · tanh(scores / cap): scores bounded to (−cap, cap), nearly unchanged well inside (Gemma 2)."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
+def score_mod_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                        q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+                        dropout_p: float = 0.0, scale: float | None = None, softcap: float | None = None,
+                        alibi: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, H, T, D), k (B, H_kv, S, D), v (B, H_kv, S, Dv) → (B, H, T, Dv); H_kv divides H (GQA: each K/V head
+    serves H // H_kv query heads, never copied).
+
+    Scores are q·k · scale (default 1/sqrt(D)), capped at ±softcap, plus alibi[h] · (k_pos − q_pos), then masked
+    and softmaxed in fp32. `mask` (T, S), True where a query sees a key; None: causal, the T queries being the last T
+    of the S positions (q_pos and k_pos then default to those positions)."""
+    B, H, T, D = q.shape
+    H_kv, S = k.size(1), k.size(2)
+    G = H // H_kv
+    if q_pos is None:
+        q_pos = torch.arange(S - T, S, device=q.device)
+    if k_pos is None:
+        k_pos = torch.arange(S, device=q.device)
+    if mask is None:
+        mask = k_pos[None, :] <= q_pos[:, None]  # (T, S): causal, aligned bottom-right
+    scale = D**-0.5 if scale is None else scale
+    scores = torch.matmul(q.view(B, H_kv, G, T, D), k[:, :, None].transpose(-1, -2)) * scale  # (B, H_kv, G, T, S)
+    scores = capped(scores.float(), softcap)
+    if alibi is not None:
+        scores = scores + alibi_bias(alibi, q_pos, k_pos).view(H_kv, G, T, S)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1).to(q.dtype)  # (B, H_kv, G, T, S)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, dropout_p)
+    y = torch.matmul(probs, v[:, :, None])  # (B, H_kv, G, T, Dv)
+    return y.view(B, H, T, v.size(-1))
