@@ -439,8 +439,8 @@ REFUSED = {
                             "use_bidirectional_attention"),
     # types that need a feature archspec lacks name it (not the generic "not one archspec maps")
     "cohere_pending": (lambda: _set(_llama_config(), model_type="cohere"), "needs a multiplier on the logits"),
-    "gemma2_pending": (lambda: _set(_llama_config(), model_type="gemma2"), "soft-capping of the attention scores"),
-    "bloom_pending": (lambda: _set(_llama_config(), model_type="bloom"), "ALiBi positions"),
+    "gemma2_pending": (lambda: _set(_llama_config(), model_type="gemma2"), "the type is not mapped yet"),
+    "falcon_pending": (lambda: _set(_llama_config(), model_type="falcon"), "the type is not mapped yet"),
     "cross_attention": (lambda: _set(CASES["gpt2"]().to_dict(), add_cross_attention=True), "add_cross_attention"),
 }
 
