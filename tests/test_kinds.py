@@ -51,9 +51,13 @@ def test_no_model_kind_is_named_outside_its_unit(path):
         # is MistralConfig's) is an HF field there, not our kind; `"ffn": "mlp"` names transformers' module
         # (model.layers.N.mlp), not our FFN kind.
         from transformers import MistralConfig, Qwen2Config
+        from transformers.models.mpt.configuration_mpt import MptAttentionConfig
 
-        source = source.replace('"ffn": "mlp"', "")
-        hf_vocabulary = {w for w in _BUILTIN_KINDS for c in (MistralConfig(), Qwen2Config()) if hasattr(c, w)}
+        # BLOOM's attention output projection is the module `dense` (transformer.h.N.self_attention.dense); MPT's
+        # attn_config has an `alibi` switch, transformers' word for that building block too
+        source = source.replace('"ffn": "mlp"', "").replace('"o": "dense"', "")
+        hf_vocabulary = {w for w in _BUILTIN_KINDS for c in (MistralConfig(), Qwen2Config(), MptAttentionConfig())
+                         if hasattr(c, w)}
     words = "|".join(sorted(_BUILTIN_KINDS - {"none"} - hf_vocabulary))
     hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']", source)]
     assert not hits, f"{path.name} names model kinds {hits}: that knowledge belongs in the kind's unit"
@@ -333,7 +337,7 @@ def test_every_drawn_spec_validates_against_the_schema(raw):
     {"norm": {"bias": True}},                     # omitted kind means rmsnorm, which has no bias
     {"ffn": {"activation": "gelu_fast"}},
     {"attention": {"qkv_bias": 1}},
-    {"attention": {"positional": {"kind": "alibi"}}},
+    {"attention": {"positional": {"kind": "wobble"}}},  # no such kind (alibi, the example before, is one now)
 ])
 def test_the_schema_refuses_what_archspec_refuses(model):
     raw = {"name": "bad", "model": model}

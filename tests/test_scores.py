@@ -142,6 +142,10 @@ def test_flex_attention_score_mod_equals_the_reference(opts, tmp_path):
     ref = reference(q, k, v, _visible(pattern), scale=opts.get("scale"), softcap=opts.get("softcap"), slopes=slopes)
     torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
     assert sparse.flex_score_mod(None, None) is None  # nothing to modify: no score_mod at all
+    # one function object per setting: the compiled flex_attention guards on it (a new one would recompile)
+    same = None if slopes is None else slopes.clone()
+    assert sparse.flex_score_mod(opts.get("softcap"), slopes) is sparse.flex_score_mod(opts.get("softcap"), same)
+    assert sparse.flex_score_mod(9.0, slopes) is not sparse.flex_score_mod(opts.get("softcap"), slopes)
 
 
 # ── generated models: cached == full, every path ───────────────────────────────────────────────────────────────

@@ -357,11 +357,28 @@ def flex_attention_fn():
 logit_observers: list = []
 
 
+_SCORE_MODS: dict = {}  # (softcap, slopes' values, device) → score_mod: one function object per setting (see below)
+
+
 def flex_score_mod(softcap: float | None, alibi: torch.Tensor | None):
     """FlexAttention's `score_mod` for a cap and ALiBi slopes (None when neither: no score_mod at all). FlexAttention
-    has applied the scale already; then, as everywhere (archspec.runtime.scores), the cap and the bias."""
+    has applied the scale already; then, as everywhere (archspec.runtime.scores), the cap and the bias.
+
+    Outside a compiled graph the compiled flex_attention guards on the score_mod object, so each setting keeps one
+    (a new closure per call would recompile every call, then fall back to eager); inside one the graph traces it."""
     if softcap is None and alibi is None:
         return None
+    if torch.compiler.is_compiling():
+        return _make_score_mod(softcap, alibi)
+    key = (softcap, None if alibi is None else (tuple(alibi.tolist()), str(alibi.device)))
+    if key not in _SCORE_MODS:
+        if len(_SCORE_MODS) >= 64:
+            _SCORE_MODS.clear()
+        _SCORE_MODS[key] = _make_score_mod(softcap, alibi)
+    return _SCORE_MODS[key]
+
+
+def _make_score_mod(softcap: float | None, alibi: torch.Tensor | None):
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if softcap is not None:
