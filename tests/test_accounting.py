@@ -50,7 +50,10 @@ VARIANTS = [
     {"model": {"attention": {"softcap": 30.0, "positional": {"kind": "alibi"}}, "embedding_norm": True,
                "norm": {"kind": "layernorm"}}},
     {"model": {"attention": {"scale": 0.2, "softcap": 5.0}}},
-    # both halves: a sandwich block with an embedding norm, capped scores and capped logits
+    # both halves: an embedding norm without a final norm (the model's norm, not the absent final one, on the
+    # embeddings: a Hypothesis find of the merge)
+    {"model": {"embedding_norm": True, "final_norm": False, "block": {"parallel": True, "shared_norm": True}}},
+    # a sandwich block with an embedding norm, capped scores and capped logits
     {"model": {"block": {"norm_placement": "sandwich"}, "embedding_norm": True, "logit_softcap": 20.0,
                "attention": {"softcap": 10.0, "positional": {"kind": "alibi"}}}},
 ]

@@ -429,6 +429,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "blocks": blocks,
         "layer_calls": layer_calls,
         "final_norm": norm_cfgs[0].call("D_MODEL") if m.final_norm else "",
+        "model_norm": norm_cfgs[0].call("D_MODEL"),  # the model-wide norm, e.g. on the embeddings
         "lm_head_bias": bool(m.lm_head_bias),
         "logit_softcap": m.logit_softcap is not None,
         "tie_embeddings": bool(m.tie_embeddings),
