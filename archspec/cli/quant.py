@@ -15,7 +15,7 @@ from archspec.console import echo
 @click.option("--scheme", required=True, metavar="int8|int4",
               help="int8: torchao's weight-only INT8, one scale per output row (needs archspec[quant]); int4: "
                    "group-wise asymmetric min-max, two values per byte.")
-@click.option("--group-size", type=int, default=None, metavar="G",
+@click.option("--group-size", type=click.IntRange(1, 1 << 16), default=None, metavar="G",
               help="int4: weights per scale along the input width [default: the largest of 128, 64, 32 that divides "
                    "every quantized layer's input width].")
 @click.option("--embeddings", is_flag=True,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.quant.weights import (
     GROUP_SIZES,
     SCHEMES,
@@ -77,7 +77,7 @@ def quant_plan(model: nn.Module, spec, scheme: str, group_size: int | None = Non
     """What `scheme` quantizes in this model and at which group size; a UserError for a scheme, group size or layer
     that cannot be (never a layer skipped silently)."""
     if scheme not in SCHEMES:
-        raise UserError(f"--scheme: expected one of {', '.join(SCHEMES)}, got {scheme!r}")
+        raise UserError(f"--scheme: expected one of {', '.join(SCHEMES)}, got {printable(repr(scheme), 60)}")
     names, kept = _unit_weights(model, spec)
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = params.get(EMBEDDING) is not None and params.get(EMBEDDING) is params.get(HEAD)
