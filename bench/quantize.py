@@ -1,9 +1,9 @@
 """Quantization and low-precision training on the CPU: what `archspec quantize` gives, and fp16 with loss scaling.
 
     ARCHSPEC_HOME=/tmp/q-home ARCHSPEC_CACHE=/tmp/q-cache ARCHSPEC_REGISTRY=sqlite:////tmp/q.db \
-        .venv/bin/python bench/quantize.py --steps 200 --work-dir /tmp/q-bench [--json]
+        .venv/bin/python bench/quantize.py --steps 200 --moe-steps 100 --work-dir /tmp/q-bench [--json]
 
-1. size/loss: llama-like-tiny and mixtral-like-tiny trained `--steps` through the shared loop (`archspec train`,
+1. size/loss: llama-like-tiny and mixtral-like-tiny trained `--steps` (`--moe-steps`) through the shared loop (`archspec train`,
    their own recipes otherwise), then `archspec quantize --scheme int8` and `--scheme int4` (default group size;
    mixtral-like-tiny's expert width 176 takes none of 128/64/32, so its int4 is at --group-size 16): the model's
    bytes before/after (its whole stored state: the fp32 embedding and head are kept) and over the quantized weights
@@ -58,9 +58,10 @@ def trained(spec: str, steps: int, work: Path, *sets: str) -> tuple[str, Path]:
     return info["run_id"], run_dir
 
 
-def size_and_loss(steps: int, work: Path) -> list[dict]:
+def size_and_loss(steps: int, moe_steps: int, work: Path) -> list[dict]:
     rows = []
     for spec, int4_group in (("llama-like-tiny", None), ("mixtral-like-tiny", 16)):
+        steps = moe_steps if spec.startswith("mixtral") else steps
         run_id, run_dir = trained(spec, steps, work)
         for scheme in ("int8", "int4"):
             args = ["quantize", run_id, "--scheme", scheme, "--json"]
@@ -123,6 +124,7 @@ def fp16_vs_fp32(steps: int, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--moe-steps", type=int, default=None, help="mixtral-like-tiny's steps [default: --steps]")
     ap.add_argument("--fp16-steps", type=int, default=30)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -132,7 +134,7 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.processor()
               or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__}
-    report["size_loss"] = rows = size_and_loss(args.steps, args.work_dir)
+    report["size_loss"] = rows = size_and_loss(args.steps, args.moe_steps or args.steps, args.work_dir)
     llama = {r["scheme"]: r["checkpoint"] for r in rows if r["spec"] == "llama-like-tiny"}
     run_dir = Path(llama["int8"]).parent
     report["decode"] = decode(run_dir, llama, args.new_tokens, args.repeats)
