@@ -134,7 +134,14 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
     if quantize:
         from archspec.quant.model import apply_plan, quant_plan
 
-        plan = quant_plan(model, spec, quantize)
+        try:
+            plan = quant_plan(model, spec, quantize)
+        except UserError as e:  # no default group size: `archspec quantize --group-size` makes a file to sample
+            if "none of the group sizes" not in str(e):
+                raise
+            raise UserError(f"--quantize {quantize}: {str(e).split('; pass --group-size')[0]}; write a checkpoint "
+                            f"with `archspec quantize SOURCE --scheme {quantize} --group-size G` and sample that") \
+                from None
         apply_plan(model, plan)
         what += f", quantized to {quantize}" + (f" (group size {plan.group_size})" if plan.group_size else "")
     return Loaded(spec, model, generated.module, tokenizer, what)
