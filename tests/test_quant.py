@@ -71,10 +71,12 @@ def test_int4_linear_kernel_matches_its_unpacked_arithmetic(out_features, group)
     linear = nn.Linear(128, out_features)
     q = quantize_int4(linear.weight, group)
     module = Int4Linear(q, linear.bias)
-    x = torch.randn(3, 5, 128)
-    reference = x @ q.dequantize().T + linear.bias
-    assert torch.allclose(module(x), reference, atol=1e-4, rtol=1e-4)
-    assert module.kernel_usable(x) == (out_features % 16 == 0 and group in (32, 64, 128))
+    for x in (torch.randn(1, 1, 128), torch.randn(3, 5, 128)):  # one token (the kernel's case) and a batch
+        reference = x @ q.dequantize().T + linear.bias
+        assert torch.allclose(module(x), reference, atol=1e-4, rtol=1e-4)
+    one = torch.randn(1, 1, 128)
+    assert module.kernel_usable(one) == (out_features % 16 == 0 and group in (32, 64, 128))
+    assert not module.kernel_usable(torch.randn(2, 1, 128))
     assert "_kernel" not in dict(module.state_dict())  # the kernel's layout is made on use, never stored
 
 

@@ -7,8 +7,9 @@ weights (MoE experts) keep the same parts (`Int8Tensor.from_hp`, per row) and ar
 int4: group-wise asymmetric min-max (archspec's own; torchao 0.18 has no CPU int4 path that packs): each run of
 `group_size` weights along the input width gets a scale (max - min) / 15 and its minimum, q = round((w - min) / scale)
 in 0..15, w ≈ q · scale + min. Two values are packed per byte (low nibble: the even column). On the CPU an
-`Int4Linear` runs aten's `_weight_int4pack_mm_for_cpu` (tinygemm's layout, repacked once when first used: not
-stored); elsewhere, or where the kernel's shape rules fail (out features a multiple of 16), it unpacks and multiplies.
+`Int4Linear` decoding one token runs aten's `_weight_int4pack_mm_for_cpu` (tinygemm's layout, repacked once when first
+used: not stored); with more rows (a prompt, an evaluation batch: the kernel is far slower there, KERNEL_MAX_ROWS),
+elsewhere, or where the kernel's shape rules fail (out features a multiple of 16), it unpacks and multiplies.
 No GPTQ/AWQ calibration: torchao's GPTQ is a CUDA-only prototype.
 
 Every quantized weight is a `QWeight`: its scheme, shape and plain tensors (`parts`), which is what a quantized
@@ -31,6 +32,10 @@ SCHEMES = ("int8", "int4")
 GROUP_SIZES = (128, 64, 32)  # int4's default: the largest that divides every quantized weight's input width
 INT4_LEVELS = 15  # 4 bits: 0..15
 KERNEL_GROUPS = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu takes
+# Rows (tokens) up to which the int4 kernel runs: measured on this 2-core CPU (torch 2.13, 128 → 352 features, one
+# thread) it takes 0.09 ms for one row but 9.9 ms for 16 and 600 ms for 1024, where unpacking and an fp32 matmul take
+# 1.4 and 14 ms: the kernel is for decoding one token at a time.
+KERNEL_MAX_ROWS = 1
 
 
 def torchao():
@@ -153,6 +158,7 @@ class Int4Linear(nn.Module):
 
     def kernel_usable(self, x: torch.Tensor) -> bool:
         return (x.device.type == "cpu" and x.dtype == torch.float32 and self.out_features % 16 == 0
+                and x.numel() // self.in_features <= KERNEL_MAX_ROWS
                 and self.group_size in KERNEL_GROUPS and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"))
 
     def _kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
