@@ -85,6 +85,9 @@ def quant_plan(model: nn.Module, spec, scheme: str, group_size: int | None = Non
         names += [HEAD] + ([] if tied else [EMBEDDING])  # a tied pair: the head's quantized matrix embeds too
     else:
         kept.update({EMBEDDING: "embedding (--embeddings quantizes it)", HEAD: "output head (--embeddings)"})
+    for name in [n for n in names if params[n].shape[-1] < 2]:  # one scale per weight: nothing to save (and
+        names.remove(name)  # torchao's per-row int8 cannot reshape it); kept, and said so in the record
+        kept[name] = "input width 1: a scale per weight would save nothing"
     if not names:
         raise UserError("this model has no weight its units let quantization store in low precision")
     widths = {n: params[n].shape[-1] for n in names}
