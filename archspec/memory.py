@@ -88,7 +88,8 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
     t = spec.train
     parallel = getattr(t, "parallel", None)
     ac = getattr(t, "activation_checkpointing", None)
-    bf16 = t.precision == "bf16" or (t.precision == "auto" and device == "cuda")
+    # 16-bit activations: bf16, fp16 autocast, and fp8 (its float8 linears inside bf16 autocast)
+    bf16 = t.precision in ("bf16", "fp16", "fp8") or (t.precision == "auto" and device == "cuda")
     setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
                   grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
                   checkpointing=getattr(ac, "kind", "none"), checkpoint_every=getattr(ac, "k", 1), bf16=bf16)

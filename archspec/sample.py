@@ -24,7 +24,7 @@ from archspec import codegen
 from archspec.errors import UserError, printable
 from archspec.runtime import next_token_probs as probs_of
 from archspec.spec import Spec, load_spec, load_spec_dict
-from archspec.train.checkpoint import FILENAME, WEIGHTS_FORMAT, load_any
+from archspec.train.checkpoint import FILENAME, QUANTIZED_FORMAT, WEIGHTS_FORMAT, load_any
 from archspec.train.tokenizer import Tokenizer, checkpoint_tokenizer
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -74,11 +74,14 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
 
 
 def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = "fp32", seed: int = 0,
-               registry_url: str | None = None, overrides: tuple[str, ...] = ()) -> Loaded:
-    """The model and tokenizer SOURCE names (see `resolve_source`): a training checkpoint, or a weights checkpoint
-    (`archspec import-hf --checkpoint`: the model and its transformers tokenizer files). A bare spec gets random
-    weights drawn with `seed` (a smoke test of the spec); its tokenizer is the one its recipe asks for."""
+               registry_url: str | None = None, overrides: tuple[str, ...] = (), quantize: str | None = None) -> Loaded:
+    """The model and tokenizer SOURCE names (see `resolve_source`): a training checkpoint, a weights checkpoint
+    (`archspec import-hf --checkpoint`: the model and its transformers tokenizer files), or a quantized checkpoint
+    (`archspec quantize`). A bare spec gets random weights drawn with `seed` (a smoke test of the spec); its tokenizer
+    is the one its recipe asks for. `quantize` (int8 | int4): the weights quantized here, as `archspec quantize`
+    would (its default group size; the embedding and head kept)."""
     kind, path = resolve_source(source, registry_url)
+    quantized = None
     if kind == "spec":
         spec = load_spec(path, overrides)
         generated = codegen.generate(spec, write=False)
@@ -97,12 +100,23 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
             raise UserError(f"{path}: the checkpoint's spec is not valid here: {e}", e.problems) from None
         generated = codegen.generate(spec, write=False)
         model = generated.Model()
-        try:
-            model.load_state_dict(state["model"])
-        except (RuntimeError, KeyError) as e:
-            raise UserError(f"{path}: model weights do not fit the spec they were saved with",
-                            str(e).strip().splitlines()[:10]) from None
-        if weights_only:
+        if state["format"] == QUANTIZED_FORMAT:
+            from archspec.quant.run import load_quantized_model
+
+            quantized = load_quantized_model(model, spec, state, str(path))
+        else:
+            try:
+                model.load_state_dict(state["model"])
+            except (RuntimeError, KeyError) as e:
+                raise UserError(f"{path}: model weights do not fit the spec they were saved with",
+                                str(e).strip().splitlines()[:10]) from None
+        if quantized is not None:
+            files = state.get("tokenizer_files") or {}
+            tokenizer = (_weights_tokenizer(path, files) if files
+                         else _checkpoint_tokenizer(path, state, spec))
+            what = (f"{quantized.scheme} checkpoint {path}" + (f" (group size {quantized.group_size})"
+                                                              if quantized.group_size else ""))
+        elif weights_only:
             tokenizer = _weights_tokenizer(path, state["tokenizer"])
             what = f"weights checkpoint {path}" + (f" (from {state['source']})" if state["source"] != str(path) else "")
         else:
@@ -111,7 +125,25 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
     if tokenizer.vocab_size > spec.model.vocab_size:
         raise UserError(f"{what}: the {tokenizer.kind} tokenizer has {tokenizer.vocab_size} ids but the model only "
                         f"{spec.model.vocab_size}")
+    if (quantized is not None or quantize) and dtype != "fp32":
+        raise UserError(f"--dtype {dtype}: a quantized model keeps its int8/int4 weights and computes in fp32; "
+                        "pass --dtype fp32")
+    if quantized is not None and quantize:
+        raise UserError(f"--quantize {quantize}: {path} is quantized already ({quantized.scheme})")
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
+    if quantize:
+        from archspec.quant.model import apply_plan, quant_plan
+
+        try:
+            plan = quant_plan(model, spec, quantize)
+        except UserError as e:  # no default group size: `archspec quantize --group-size` makes a file to sample
+            if "none of the group sizes" not in str(e):
+                raise
+            raise UserError(f"--quantize {quantize}: {str(e).split('; pass --group-size')[0]}; write a checkpoint "
+                            f"with `archspec quantize SOURCE --scheme {quantize} --group-size G` and sample that") \
+                from None
+        apply_plan(model, plan)
+        what += f", quantized to {quantize}" + (f" (group size {plan.group_size})" if plan.group_size else "")
     return Loaded(spec, model, generated.module, tokenizer, what)
 
 

@@ -121,6 +121,7 @@ def base_invocations(w) -> dict[tuple[str, ...], list[str]]:
         ("probe",): ["probe", run, "--task", "mqar", "--pairs", "2", "--examples", "2", "--no-record", "--registry", url,
                      "--device", "cpu"],
         ("scaling",): ["scaling", "fz", "--registry", url],
+        ("quantize",): ["quantize", run, "--scheme", "int8", "--no-record", "--registry", url],
         ("ui",): ["ui", "--registry", url, "--check", "--port", str(w["port"])],  # --check: never serves
     }
 

@@ -133,7 +133,8 @@ def device_words(device_type: str, precision: str) -> tuple[str, str]:
     """The tags a run on this device type in this recipe precision records (`device`'s type, `precision`)."""
     if precision == "auto":
         precision = "bf16" if device_type == "cuda" else "fp32"
-    return device_type, {"fp32": "float32", "bf16": "bfloat16"}[precision]
+    # the loop's `precision` tag (archspec.train.loop.Trainer.run_info): fp8 runs record float8
+    return device_type, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8"}[precision]
 
 
 def measured_runs(registry, device_type: str, precision: str) -> list[Measured]:

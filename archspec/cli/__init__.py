@@ -38,6 +38,7 @@ _SUBCOMMANDS = [
     ("archspec.cli.sample", ["sample"]),
     ("archspec.cli.probe", ["probe"]),
     ("archspec.cli.scaling", ["scaling"]),
+    ("archspec.cli.quant", ["quantize"]),
     ("archspec.cli.ui", ["ui"]),
 ]
 
@@ -68,6 +69,9 @@ SHORT_HELP = {
              "`archspec runs list --where \"probe.accuracy > 0.5\"`, `archspec runs show RUN`.",
     "scaling": "Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where "
                "selects.",
+    "quantize": "Quantize a run's weights to int8 or int4 (weight-only), write the quantized checkpoint beside the "
+                "run's own (with its digest) and record an evaluation of the run: bytes before and after, validation "
+                "loss before and after on the run's own validation set.",
     "ui": "Browse the registry: runs (filters as `runs list --where`), curves, a run's spec, accounting and generated "
           "code, runs side by side, and each sweep's report. Read-only: nothing is written to the registry.",
 }

@@ -29,6 +29,9 @@ DEFAULT_NEW_TOKENS = 200
 @device_option
 @click.option("--dtype", type=click.Choice(("auto", "fp32", "bf16")), default="auto", show_default=True,
               help="Weights and KV cache; auto: bf16 on a CUDA device with bf16, else fp32.")
+@click.option("--quantize", type=click.Choice(("int8", "int4")), default=None,
+              help="Quantize the weights before generating, as `archspec quantize` does (needs archspec[quant] for "
+                   "int8); a quantized checkpoint is read as it is.")
 @click.option("--draft", metavar="RUN_OR_CHECKPOINT",
               help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies.")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True,
@@ -37,7 +40,8 @@ DEFAULT_NEW_TOKENS = 200
 @registry_option
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
 def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
-               top_p: float | None, seed: int, device: str, dtype: str, draft: str | None, draft_tokens: int,
+               top_p: float | None, seed: int, device: str, dtype: str, quantize: str | None, draft: str | None,
+               draft_tokens: int,
                overrides: tuple[str, ...], registry_url: str | None, quiet: bool) -> None:
     """Generate text from a run (its id, run directory or checkpoint), a weights checkpoint (import-hf), or a bare
     SPEC with random weights.
@@ -63,9 +67,10 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     from archspec.train.distributed import resolve_device
 
     dev = resolve_device(device)
-    if dtype == "auto":
-        dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry_url, overrides=overrides)
+    if dtype == "auto":  # a quantized model computes in fp32
+        dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() and not quantize else "fp32"
+    loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry_url, overrides=overrides,
+                        quantize=quantize)
     idx = encode_prompt(loaded.tokenizer, prompt, dev)
     past_context = past_context_refusal(loaded.spec.model) is None  # every layer windowed, relative positions
     if max_new_tokens is None:  # not asked for: the default, or as many as fit in the context

@@ -201,6 +201,14 @@ class KindUnit(Strict):
         shows the notes (archspec.spec.legacy). The unit clears its old field itself."""
         return {}, []
 
+    # weight quantization (archspec.quant)
+    def quantized_weights(self, module: "torch.nn.Module") -> list[str]:
+        """The parameters of this unit's module (names inside it) that weight-only quantization may store in int8 or
+        int4. Default: none (norms and positions stay as trained); attention and FFN kinds quantize their matrices,
+        and a kind keeps what must stay precise by overriding (MoE: its router). `archspec quantize` asks each
+        layer's units, and says what they kept in the evaluation it records."""
+        return []
+
     # codegen
     def constants(self, m: "ModelSpec") -> list[Const]:
         return []
@@ -298,6 +306,11 @@ class KindUnit(Strict):
         this rule is broken, and returns the field path the problem must be reported at (None: the case does not
         apply to this spec; `data` is then dropped). `draw` is Hypothesis's."""
         return {}
+
+
+def _matrices(module) -> list[str]:
+    """Weight matrices: ≥ 2-D parameters, biases aside (stacked experts' biases are 2-D)."""
+    return [name for name, p in module.named_parameters() if p.ndim >= 2 and "bias" not in name.rsplit(".", 1)[-1]]
 
 
 class NormKind(KindUnit):
@@ -413,6 +426,10 @@ class AttentionKind(KindUnit):
     family: ClassVar[str] = "attention"
     rotary_field: ClassVar[str] = "head_dim"
 
+    def quantized_weights(self, module: "torch.nn.Module") -> list[str]:
+        """Every matrix (≥ 2-D parameter) of the module: projections (see KindUnit)."""
+        return _matrices(module)
+
     def fill_defaults(self, d_model: int) -> None:  # type: ignore[override]  (takes d_model: see ModelSpec)
         """Defaults that depend on d_model (written into the spec so explicit and omitted forms hash alike)."""
 
@@ -431,6 +448,10 @@ class FFNKind(KindUnit):
     to Model, e.g. `auxiliary_losses` for a kind with auxiliary losses)."""
 
     family: ClassVar[str] = "ffn"
+
+    def quantized_weights(self, module: "torch.nn.Module") -> list[str]:
+        """Every matrix (≥ 2-D parameter) of the module: projections, stacked experts (see KindUnit)."""
+        return _matrices(module)
 
     def params(self, d_model: int) -> int:
         raise NotImplementedError

@@ -52,6 +52,9 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     t = spec.train
     if t.seq_len is not None and t.seq_len > m.context_length:
         out.append((("train", "seq_len"), f"must be at most model.context_length ({m.context_length}), got {t.seq_len}", t.seq_len))
+    if t.fp8_scaling != "tensorwise" and t.precision != "fp8":
+        out.append((("train", "fp8_scaling"), f"applies to train.precision fp8 only (got precision {t.precision}); "
+                    "leave it out or set precision: fp8", t.fp8_scaling))
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)

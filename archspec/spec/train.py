@@ -100,7 +100,12 @@ class TrainSpec(_Strict):
     eval_tokens: int = Field(65_536, ge=1, le=1 << 30, description="target tokens in the fixed validation set "
                              "(whole windows of seq_len, spread over the validation split; at most the split)")
     checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # auto: bf16 autocast on CUDA, fp32 on CPU. fp16: autocast fp16 with dynamic loss scaling (torch.amp.GradScaler;
+    # an overflowed step is skipped). fp8: torchao's float8 training of the quantizable linears (archspec.quant's
+    # units decide which) on a CUDA device with FP8 (compute capability ≥ 8.9), bf16 autocast for the rest.
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = "auto"
+    fp8_scaling: Annotated[Literal["tensorwise", "rowwise"], Since("0.4")] = Field(
+        "tensorwise", description="precision fp8: one scale per tensor, or per row (torchao's float8 recipes)")
     compile: bool = True  # torch.compile per block; `archspec train --no-compile` overrides it
     parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
     activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)

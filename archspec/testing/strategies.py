@@ -394,8 +394,11 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
             st.sampled_from([{}, {"kind": "none"}, {"kind": "full"}]),
             st.integers(1, 4096).map(lambda k: {"kind": "every_k", "k": k})),
         "log_to": st.lists(st.sampled_from(get_args(LogSink)), unique=True),
+        "fp8_scaling": None,  # drawn below: only with precision fp8
     }
     out = dict(draw(fields_of(TrainSpec, overrides)))
+    if out.get("precision") == "fp8" and draw(st.booleans()):
+        out["fp8_scaling"] = draw(field_values(fields["fp8_scaling"]))
     if steps is not None:
         out["steps"] = steps
     if eff_steps < fields["warmup_steps"].default or draw(st.booleans()):

@@ -45,6 +45,9 @@ FILENAME = "checkpoint.pt"
 REQUIRED = ("spec_hash", "spec", "step", "model", "optimizer", "rng", "data")
 WEIGHTS_FORMAT = "archspec-weights/1"  # a weights checkpoint: the model alone (import-hf, export-hf, sample)
 WEIGHTS_REQUIRED = ("spec_hash", "spec", "model", "tokenizer")
+# A quantized checkpoint (`archspec quantize`, archspec.quant): int8/int4 weights, read by `archspec sample` alone.
+QUANTIZED_FORMAT = "archspec-quantized/1"
+QUANTIZED_REQUIRED = ("spec_hash", "spec", "model", "quant", "source")
 
 
 class CheckpointWriteError(UserError):
@@ -178,7 +181,16 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return _training_state(path, _read(path))
 
 
+def _not_quantized(path: Path, state: Any, use: str) -> None:
+    if isinstance(state, dict) and state.get("format") == QUANTIZED_FORMAT:
+        source = state.get("source") if isinstance(state.get("source"), str) else "the run's own checkpoint"
+        raise UserError(f"{path}: a quantized checkpoint (int8/int4 weights, no optimizer state) cannot be {use}: "
+                        f"rounded weights cannot take gradient steps or be read as full precision; use the "
+                        f"full-precision checkpoint it was made from ({printable(source, 200)})")
+
+
 def _training_state(path: Path, state: Any) -> dict[str, Any]:
+    _not_quantized(path, state, "resumed")
     if isinstance(state, dict) and state.get("format") == WEIGHTS_FORMAT:
         raise UserError(f"{path}: a weights checkpoint (model only, no optimizer or data position) cannot be resumed; "
                         "start a run from it with `archspec train SPEC --init-from` instead")
@@ -582,10 +594,39 @@ def load_any(path: str | os.PathLike) -> dict[str, Any]:
     state = _read(path)
     if isinstance(state, dict) and state.get("format") == WEIGHTS_FORMAT:
         return _weights_state(path, state)
+    if isinstance(state, dict) and state.get("format") == QUANTIZED_FORMAT:
+        return _quantized_state(path, state)
     return _training_state(path, state)
 
 
+def save_quantized(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    """Atomically write a quantized checkpoint (with its content digest): spec_hash, spec, model (plain tensors: the
+    quantized parts), quant (archspec.quant.QuantPlan.to_json), source, tokenizer state or files, run_id."""
+    save_checkpoint(Path(path), state, fmt=QUANTIZED_FORMAT)
+
+
+def _quantized_state(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    missing = [k for k in QUANTIZED_REQUIRED if k not in state]
+    if missing:
+        raise UserError(f"{path}: incomplete quantized checkpoint, missing {', '.join(missing)}")
+    _check_digest(path, state)
+    problems = _model_problems(state)
+    if not isinstance(state["quant"], dict):
+        problems.append(f"quant: expected a mapping, got {_show(state['quant'])}")
+    if "tokenizer" in state and state["tokenizer"] is not None:
+        problems += tokenizer_state_problems(state["tokenizer"])
+    files = state.get("tokenizer_files", {})
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        problems.append("tokenizer_files: expected a mapping of file names to text")
+    if problems:
+        raise UserError(f"{path}: malformed quantized checkpoint ({len(problems)} problem"
+                        f"{'s' * (len(problems) > 1)})", problems)
+    _check_finite(path, state["model"], "model")
+    return state
+
+
 def _weights_state(path: Path, state: Any) -> dict[str, Any]:
+    _not_quantized(path, state, "exported or trained from")
     if not isinstance(state, dict) or state.get("format") != WEIGHTS_FORMAT:
         raise UserError(f"{path}: not an archspec checkpoint (expected format {WEIGHTS_FORMAT!r} or {FORMAT!r})")
     missing = [k for k in WEIGHTS_REQUIRED if k not in state]

@@ -73,6 +73,7 @@ from archspec.train.logger import (
     repeat_id,
 )
 from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
+from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar, eval_line
 from archspec.train.run_dir import default_run_dir
@@ -126,8 +127,10 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     bf16 run it hundreds of times slower)."""
     if precision == "fp32":
         return None
-    if precision == "bf16":
+    if precision in ("bf16", "fp8"):  # fp8: the float8 linears (archspec.quant.precision) inside bf16 autocast
         return torch.bfloat16
+    if precision == "fp16":
+        return torch.float16
     return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
 
 
@@ -196,7 +199,10 @@ class Trainer:
         self.world = world or init_world(device)
         self.device = self.world.device
         reset_peak_memory(self.device)
+        check_precision(self.recipe.precision, self.device, self.recipe.parallel.kind, self.world.distributed)
         self.amp_dtype = autocast_dtype(self.recipe.precision, self.device)
+        self.scaler = loss_scaler(self.recipe.precision, self.device)  # fp16: dynamic loss scaling
+        self.skipped_steps = 0  # fp16: steps whose gradients overflowed, skipped
         self.amp_dtype_autocast = self.amp_dtype
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
@@ -230,6 +236,8 @@ class Trainer:
                             f"another run); this repeat, run {self.run_id}, needs a directory of its own: pass another "
                             "--run-dir, or none for runs/<name>-<run id>")
         self.generated, self.model = self._build_model()
+        self.fp8_linears = (convert_fp8(self.model, spec, self.recipe.fp8_scaling)
+                            if self.recipe.precision == "fp8" else [])
         # torchtitan's order: checkpointing, then compile, then sharding; the optimizer holds the sharded parameters.
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
         self.compiled = self._should_compile(compile)
@@ -382,6 +390,14 @@ class Trainer:
             restore_modules(path, state, self.model, self.optimizer)
         self.data.sampler.load_state_dict(state["data"])
         self.step = self.saved_step = int(state["step"])
+        scaler_state = state.get("grad_scaler")
+        if self.scaler is not None and isinstance(scaler_state, dict):  # fp16: the scale carries on where it was
+            scaler_state = dict(scaler_state)
+            self.skipped_steps = int(scaler_state.pop("skipped_steps", 0))
+            try:
+                self.scaler.load_state_dict(scaler_state)
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise UserError(f"{path}: grad_scaler: not a loss scaler's state ({e})") from None
         per_rank = state["rng"]
         set_rng_state(per_rank[self.world.rank] if len(per_rank) == self.world.size else per_rank[0])
 
@@ -394,7 +410,8 @@ class Trainer:
             spec_accounting={**self.build.spec_accounting.to_dict(), "seq_len": self.spec.model.context_length},
             data_hash=self.data.data_hash, seed=self.recipe.seed, recipe=self.build.recipe,
             code_version=code_version(), host=socket.gethostname(),
-            tags={"device": str(self.device), "precision": str(self.amp_dtype or torch.float32).replace("torch.", ""),
+            tags={"device": str(self.device), "precision": "float8" if self.fp8_linears else
+                  str(self.amp_dtype or torch.float32).replace("torch.", ""),
                   "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
                   "parallel": "fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"),
                   "activation_checkpointing": f"{len(self.checkpointed)}/{len(self.model.blocks)} blocks",
@@ -439,7 +456,10 @@ class Trainer:
             if hasattr(self.model, "after_micro_batch"):  # state a model keeps over a step's training forwards
                 self.model.after_micro_batch()
             total = loss + sum(aux.values()) if aux else loss
-            (total / accum).backward()
+            if self.scaler is not None:  # fp16: the scaled loss, so small gradients stay above fp16's smallest
+                self.scaler.scale(total / accum).backward()
+            else:
+                (total / accum).backward()
         return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}
 
     def train_step(self) -> StepStats:
@@ -459,6 +479,8 @@ class Trainer:
             for name, value in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + value
         probed = self.stability is not None and self.evaluates_at(self.step + 1)
+        if self.scaler is not None:  # fp16: true gradients before norms and clipping (records any inf/NaN found)
+            self.scaler.unscale_(self.optimizer)
         if probed:  # the step before an evaluation: per-layer gradient norms (before clipping) and the update's
             self.stability.before_update()
         grad_norm = self._clip_gradients()  # the same on every rank: DDP averaged the gradients
@@ -466,18 +488,25 @@ class Trainer:
         losses = self.world.mean(torch.stack([loss_sum, *aux_sums.values()]) / accum)
         loss_value, *aux_values, grad_norm = torch.cat([losses, grad_norm.reshape(1).float()]).tolist()
         aux_stats = dict(zip(aux_sums, aux_values))
-        self._check_finite(loss_value + sum(aux_values), grad_norm)
+        # fp16: overflowed gradients are the loss scale's to handle (the step is skipped); a non-finite loss is not
+        overflow = self.scaler is not None and not math.isfinite(grad_norm)
+        self._check_finite(loss_value + sum(aux_values), 0.0 if overflow else grad_norm)
         with deferred_interrupts():  # never half an update: a signal now is raised once the step is whole
-            self.optimizer.step()
-            if probed:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # skipped when unscale_ found inf/NaN gradients
+                self.scaler.update()  # halves the scale after an overflow, grows it after enough clean steps
+                self.skipped_steps += overflow
+            else:
+                self.optimizer.step()
+            if probed and not overflow:
                 self.stability.after_update()
-            if hasattr(self.model, "after_optimizer_step"):  # updates outside the gradient (every rank alike)
+            if hasattr(self.model, "after_optimizer_step") and not overflow:  # updates outside the gradient
                 self.model.after_optimizer_step(self.world.all_sum)
             self.optimizer.zero_grad(set_to_none=True)
             self._sync()
             self.step += 1
             self.step_start = None
-        return StepStats(loss_value, aux_stats, grad_norm, lr, time.perf_counter() - t0)
+        return StepStats(loss_value, aux_stats, math.nan if overflow else grad_norm, lr, time.perf_counter() - t0)
 
     def _check_finite(self, loss: float, grad_norm: float) -> None:
         if not math.isfinite(loss):
@@ -558,6 +587,8 @@ class Trainer:
                 "world_size": self.world.size, **({"init_from": self.init_digest} if self.init_digest else {}),
                 **{k: v for k, v in modules.items() if v is not None},
                 "tokenizer": tokenizer_state(self.data.tokenizer),
+                **({"grad_scaler": {**self.scaler.state_dict(), "skipped_steps": self.skipped_steps}}
+                   if self.scaler is not None else {}),
             })
             for old in self.run_dir.glob("checkpoint-step*.dcp"):  # superseded sharded states of this run
                 if old.name != modules.get("sharded"):
@@ -626,13 +657,16 @@ class Trainer:
     def _announce(self) -> None:
         acc = self.build.accounting
         d = self.data.describe()
-        precision = "bf16 autocast" if self.amp_dtype else "fp32"
+        precision = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + loss scaling"}.get(
+            self.amp_dtype, "fp32")
+        if self.fp8_linears:
+            precision = f"fp8 ({self.recipe.fp8_scaling}) in {len(self.fp8_linears)} linears, bf16 autocast"
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
                           f"{self.device} {precision} × {self.world.size} · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
                           f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every "
                           f"{self.recipe.eval_every} steps)")
-        if self.amp_dtype and self.device.type == "cpu":
+        if self.amp_dtype == torch.bfloat16 and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
         if self.compiled:
@@ -652,6 +686,8 @@ class Trainer:
     def _record_step(self, stats: StepStats) -> None:
         self.spikes.add(stats.loss)
         metrics = self.metrics.step(stats)
+        if self.scaler is not None:  # fp16: the scale the next step uses, and the overflowed steps so far
+            metrics.update({"loss_scale": float(self.scaler.get_scale()), "skipped_steps": float(self.skipped_steps)})
         self.logger.log_metrics(self.step, metrics)
         self.progress.update(self.step, stats.loss, self.metrics.live_rate())
 

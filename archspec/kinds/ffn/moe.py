@@ -268,6 +268,13 @@ class MoESpec(FFNKind):
             "model_balances": any(isinstance(b.ffn, MoESpec) and b.ffn.bias_update_rate > 0 for b in m.blocks()),
         }
 
+    # ── weight quantization (archspec.quant) ─────────────────────────────────────────────────────────────────────
+
+    def quantized_weights(self, module) -> list[str]:
+        """The experts' matrices (routed and shared); the router and the shared expert's gate stay as trained: a
+        rounding error there changes which experts a token reaches, not only how much."""
+        return [n for n in super().quantized_weights(module) if not n.startswith(("router.", "shared_expert_gate."))]
+
     # ── metrics (archspec.kinds.base: the loop records them at each evaluation, ablation reports show them) ─────────
 
     metric_prefix = "moe."

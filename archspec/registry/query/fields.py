@@ -96,6 +96,7 @@ FIELDS_HELP = (
     "context_length in specs list, the run's own at its seq_len in runs list), metrics.<key> (latest) | "
     "metrics.best.<key> (lowest; highest for *_per_s, mfu, accuracy) | metrics.min.<key> | metrics.max.<key>, "
     "summary.<key>, tags.<key>, probe.<key> | probe.<task>.<key> (the latest capability probe, e.g. probe.accuracy), "
+    "quant.<scheme>.<key> (the latest `archspec quantize`, e.g. quant.int4.val_loss_delta), "
     "sweep (any sweep the run belongs to), and run attributes: " + ", ".join(RUN_ATTRS)
 )
 
@@ -148,6 +149,13 @@ def resolve_field(name: str, target: str) -> FieldRef:
         if task in task_kinds() and key:  # probe.<task>.<key>: that task's latest evaluation (archspec.data)
             return FieldRef("probe", key, task)
         return FieldRef("probe", rest, "")
+    if head == "quant" and rest:  # `archspec quantize`'s evaluations: quant.<scheme>.<key>, e.g. quant.int4.size_ratio
+        if target != "runs":
+            raise ValueError(f"field {name!r} is not available for specs (quantizations are evaluations of runs)")
+        scheme, _, key = rest.partition(".")
+        if not key:
+            raise ValueError(f"field {name!r}: expected quant.<scheme>.<key>, e.g. quant.int8.val_loss_delta")
+        return FieldRef("probe", key, f"quant.{scheme}")
     if head in ("metrics", "summary", "tags") and rest:
         if target != "runs":
             raise ValueError(f"field {name!r} is not available for specs (specs have params and accounting only)")
@@ -201,7 +209,8 @@ def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_
         if not probe_keys or key in probe_keys or (ref.aggregate and ref.key in probe_keys):
             return None  # a known key under a task nobody probed yet is no typo: it matches nothing
         close = closest_key(key, probe_keys)
-        hint = f"did you mean probe.{close}?" if close else f"known: {', '.join(sorted(probe_keys))}"
+        head = "" if (close or "").startswith("quant.") else "probe."  # a quantization's key carries its own head
+        hint = f"did you mean {head}{close}?" if close else f"known: {', '.join(sorted(probe_keys))}"
         return f"no probe of any run has {key!r}; {hint}"
     if ref.kind not in ("metric", "summary"):
         return None
