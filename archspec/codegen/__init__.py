@@ -334,7 +334,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     ffn_cfgs = _configs(ffns, prefixes(ffns), lambda u: _unit_part(u, m), lambda u: u.constants(m), "FeedForward",
                         layers_of(ffns, lambda b: b.ffn))
     sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity)
-    sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, dict(gqa=False)),
+    alone = dict(gqa=False, scale_arg="")  # a pattern's module code, rendered apart from any attention
+    sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, alone),
                              lambda u: u.constants(m), "", sparsity_layers)
 
     def render_attention(att: Any) -> Part:
@@ -342,6 +343,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it; under its own
         # names (SLIDING_WINDOW): the pattern object a configuration uses is one of its refs.
         sparsity = _unit_part(att.sparsity, m, ctx)
+        if ctx.get("scale_arg") and "ATTN_SCALE" not in sparsity.attend + sparsity.decode:
+            raise UserError(f"the {att.sparsity.kind} pattern's attention call takes no scale (its template does not "
+                            "pass `scale_arg`): it cannot score by ATTN_SCALE, which model.parametrization: mup needs")
         pattern = next((name for name, called in _objects(sparsity.body) if called == "SparsePattern"), "")
         body = _render_unit(f"unit:{type(att).template_path()}", (), {"unit": att, **ctx, "positional": positional,
                                                                      "sparsity": sparsity, "pattern": pattern,
@@ -350,7 +354,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
 
     def pattern_refs(att: Any) -> dict[str, tuple[str, str]]:
         """The module-level objects of the attention's pattern (its SparsePattern), as the file names them."""
-        own = _objects(_unit_part(att.sparsity, m, dict(gqa=False)).body)
+        own = _objects(_unit_part(att.sparsity, m, alone).body)
         in_file = _objects(sparsity_cfgs[sparsities.index(att.sparsity)].part.body)
         return {name: (actual, kind) for (name, kind), (actual, _) in zip(own, in_file)}
 
@@ -372,6 +376,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                  "it (model.embedding_scale)")] if m.embedding_scale == "sqrt_d_model" else []),
         Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
+        *_parametrization_constants(m),
     ]
 
     blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], attention_cfgs[attentions.index(b.attention)],
@@ -417,7 +422,26 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "tie_embeddings": bool(m.tie_embeddings),
         "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
+        "mup": m.parametrization == "mup",
     }
+
+
+def _parametrization_constants(m: Any) -> list[Const]:
+    """µP's numbers (Yang et al. 2022, Table 3 for Adam, as the `mup` package applies it), relative to the base width;
+    the standard parametrization has none. ATTN_SCALE is the attention kinds' (AttentionKind.attention_scale)."""
+    if m.parametrization != "mup":
+        return []
+    mult = m.d_model / m.mup_base_width
+    return [
+        Const("MUP_BASE_WIDTH", lit_int(m.mup_base_width), "µP's base width: at it, µP is the standard init and rates"),
+        Const("WIDTH_MULT", lit_float(mult), "D_MODEL / MUP_BASE_WIDTH: every inner width is taken to grow with it"),
+        Const("HIDDEN_INIT_SCALE", lit_float(1.0 / math.sqrt(mult)), "1/sqrt(WIDTH_MULT): hidden matrices start at "
+              "their standard std times it, ∝ 1/sqrt(fan_in)"),
+        Const("HIDDEN_LR_MULT", lit_float(1.0 / mult), "1/WIDTH_MULT: hidden matrices' Adam learning rate times it "
+              "(Model.lr_multipliers)"),
+        Const("OUTPUT_MULT", lit_float(1.0 / mult), "1/WIDTH_MULT: the logits times it; the head keeps its init and "
+              "rate"),
+    ]
 
 
 _PART_BASES = ("Norm", "Attention", "FeedForward")

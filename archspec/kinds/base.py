@@ -417,6 +417,30 @@ class AttentionKind(KindUnit):
         """How a file names this configuration's class when layers differ (`WindowAttention`)."""
         return type(self.sparsity).class_prefix()
 
+    # The width q·k sums over, and its constant's name in the file (MLA: the nope and rope parts together).
+    score_width_name: ClassVar[str] = "HEAD_DIM"
+
+    @property
+    def score_width(self) -> int:
+        return self.head_dim
+
+    def attention_scale(self, m: Any) -> float | None:
+        """The softmax scale of the scores, passed to every attention path as ATTN_SCALE; None: SDPA's default
+        1/sqrt(score_width). µP (model.parametrization: mup) scores by 1/score_width, so that the logits of
+        correlated q and k stay Θ(1) as heads widen (Yang et al. 2022, §C)."""
+        return 1.0 / self.score_width if m.parametrization == "mup" else None
+
+    def scale_constants(self, m: Any) -> list["Const"]:
+        scale = self.attention_scale(m)
+        if scale is None:
+            return []
+        return [Const("ATTN_SCALE", lit_float(scale), f"µP: scores times 1/{self.score_width_name}, not "
+                      f"1/sqrt({self.score_width_name})")]
+
+    def scale_context(self, m: Any) -> dict[str, str]:
+        """`scale_arg`: what the attend and decode hooks add to their attention call (`, scale=ATTN_SCALE`)."""
+        return {"scale_arg": ", scale=ATTN_SCALE" if self.attention_scale(m) is not None else ""}
+
 
 class FFNKind(KindUnit):
     """A feed-forward layer. The template defines `class FeedForward(nn.Module)` with no constructor arguments,

@@ -59,15 +59,16 @@ class RollingKVCache:
         self.pos.index_copy_(0, slots, positions)
         self.length, self.oldest = end, max(self.oldest, end - self.ring)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """This step's q (B, N_HEADS, T, D) and k, v (B, N_KV_HEADS, T, D), positions `length` onwards: store k, v and
-        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new."""
+        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new. `scale`: the scores'
+        (None: 1/sqrt(D))."""
         start, T = self.length, q.size(2)
         end = start + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
         if start == 0:  # prefill: positions 0..T-1, as in training (the sparse fast path)
-            y = sparse_attention(q, k, v, self.pattern)  # (B, N_HEADS, T, D)
+            y = sparse_attention(q, k, v, self.pattern, scale=scale)  # (B, N_HEADS, T, D)
             self._store(k, v)
             return y
         # The first query sees keys from start - reach + 1 on (and the globals). When this step's writes evict none of
@@ -81,7 +82,8 @@ class RollingKVCache:
             kv_pos = torch.cat([self.pos, torch.arange(start, end, device=q.device)])  # (slots + T,)
         q_idx = torch.arange(start, end, device=q.device)[:, None]  # (T, 1)
         mask = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, keys); empty slots out
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                           enable_gqa=q.size(1) != k.size(1))
         if not write_first:
             self._store(k, v)
         return y  # (B, N_HEADS, T, D)
@@ -199,10 +201,11 @@ class BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")  # backward then runs under the autocast state forward ran under
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                dropout_p: float) -> torch.Tensor:
+                dropout_p: float, scale: float | None = None) -> torch.Tensor:
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)  # Dv: the values' width (multi-head latent attention's may differ)
-        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        G, C, P = H // kv_heads, pattern.chunk, min(pattern.n_global, T)
+        scale = D**-0.5 if scale is None else scale
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)  # one matrix per K/V head
         # (B, N_HEADS, T, D) laid out as (B, T, N_HEADS, D): the caller's transpose back to (B, T, N_HEADS·D) for the
@@ -226,7 +229,7 @@ class BlockwiseAttention(torch.autograd.Function):
                 masks.append(keep)
             out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, Dv)
             y[:, :, start:start + rows] = out.view(B, H, rows, Dv)
-        ctx.pattern, ctx.dropout_p = pattern, dropout_p
+        ctx.pattern, ctx.dropout_p, ctx.scale = pattern, dropout_p, scale
         ctx.save_for_backward(q, k, v, y, *masks)
         return y  # (B, N_HEADS, T, D)
 
@@ -234,10 +237,10 @@ class BlockwiseAttention(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy: torch.Tensor):
         q, k, v, y, *masks = ctx.saved_tensors
-        pattern, dropout_p = ctx.pattern, ctx.dropout_p
+        pattern, dropout_p, scale = ctx.pattern, ctx.dropout_p, ctx.scale
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)
-        G, C, P, scale = H // kv_heads, pattern.chunk, min(pattern.n_global, T), D**-0.5
+        G, C, P = H // kv_heads, pattern.chunk, min(pattern.n_global, T)
         keys, values = k.view(B * kv_heads, T, D), v.view(B * kv_heads, T, Dv)
         # dscores = probs ∘ (dprobs − Σ_keys probs ∘ dprobs); that row sum is Σ_D dy ∘ y (dropout included)
         delta = (dy * y).sum(dim=-1, keepdim=True)  # (B, N_HEADS, T, 1)
@@ -273,17 +276,17 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 dkeys[:, :P].add_(dk_tile[:, :P], alpha=scale)
                 dvalues[:, :P].add_(dv_tile[:, :P])
-        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 # A compiled graph calls it eagerly (a graph break): compiled, its chunk loop would be unrolled, compile time growing
 # with T (a 2-block mistral-like-tiny at T = 1024: 136 s to compile, 48 ms a step; with the break 12 s and 33 ms).
 @torch.compiler.disable
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                        dropout_p: float = 0.0) -> torch.Tensor:
+                        dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D) over only the keys each chunk of
-    queries can see, in plain PyTorch on any device (see BlockwiseAttention)."""
-    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p)
+    queries can see, in plain PyTorch on any device (see BlockwiseAttention); scores times `scale` (1/sqrt(D))."""
+    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p, scale)
 
 
 def flex_block_mask(pattern: SparsePattern, T: int, device: torch.device):
@@ -312,13 +315,14 @@ def flex_attention_fn():
 
 
 # Observers of the attention logits (archspec.train.metrics.StabilityProbe, during an evaluation only): each is called
-# with q, k and the pattern's (T, T) boolean mask before attending. Empty otherwise: nothing is built.
+# with q, k, the pattern's (T, T) boolean mask and the scale before attending. Empty otherwise: nothing is built.
 logit_observers: list = []
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
-                     dropout_p: float = 0.0) -> torch.Tensor:
-    """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows.
+                     dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows,
+    the scores times `scale` (None: 1/sqrt(D), as SDPA).
 
     On CUDA: FlexAttention, whose kernels skip the blocks the block mask rules out (forward and backward). Elsewhere,
     and with attention dropout (FlexAttention has none): the blockwise path, which trains on any device
@@ -327,8 +331,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         positions = torch.arange(q.size(2), device=q.device)
         visible = pattern.mask_mod(None, None, positions[:, None], positions[None, :])  # (T, T), True: attend
         for observe in logit_observers:
-            observe(q, k, visible)
+            observe(q, k, visible, scale)
     if q.is_cuda and dropout_p == 0.0 and flex_attention is not None:
         mask = flex_block_mask(pattern, q.size(2), q.device)
-        return flex_attention_fn()(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)
-    return blockwise_attention(q, k, v, pattern, dropout_p)
+        return flex_attention_fn()(q, k, v, block_mask=mask, scale=scale,
+                                   enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)
+    return blockwise_attention(q, k, v, pattern, dropout_p, scale)

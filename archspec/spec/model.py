@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, mo
 
 from archspec.kinds import family
 from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
-from archspec.kinds.base import Strict, bind, identity_dump, rebuild_order
+from archspec.kinds.base import Since, Strict, bind, identity_dump, rebuild_order
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockSpec, LayerGroup, canonical_layers, resolve,
@@ -48,6 +48,15 @@ class ModelSpec(Strict):
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
     embedding_scale: Literal["none", "sqrt_d_model"] = "none"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # µP (Yang et al. 2022, "Tensor Programs V", Table 3, Adam): hidden matrices initialised ∝ 1/sqrt(fan_in) and
+    # trained at lr/m, logits times 1/m, attention scores by 1/head_dim, m = d_model / mup_base_width; at the base
+    # width it is the standard init and rates, so a rate tuned there transfers to wider models (docs/ABLATIONS.md).
+    parametrization: Annotated[Literal["standard", "mup"], Since("0.4")] = Field(
+        "standard", description="standard: GPT-2 init and one learning rate; mup: µP, relative to mup_base_width")
+    # 128: the width of the tiny presets (specs/*-tiny.yaml), the proxies a rate is tuned on here; with mup their
+    # init and rates are the standard ones, and the 512-wide presets are m = 4.
+    mup_base_width: Annotated[int, Since("0.4")] = Field(
+        128, ge=1, le=MAX_WIDTH, description="µP's base width: m = d_model / mup_base_width (only with mup)")
     layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
         default_factory=dict,
         description="per-layer overrides: {name: {select: [i, ...] | {start, stop, step}, norm/attention/ffn: "

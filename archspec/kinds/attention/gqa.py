@@ -152,11 +152,12 @@ class AttentionSpec(AttentionKind):
             Const("QKV_BIAS", lit_bool(self.qkv_bias), "bias on the q, k, v projections"),
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
         ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k")]
-             if self.qk_norm else [])
+             if self.qk_norm else []) + self.scale_constants(m)
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
-                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None}
+                "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
+                **self.scale_context(m)}
 
     # ── testing ──
     @classmethod
