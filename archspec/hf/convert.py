@@ -134,6 +134,9 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: attention settings that differ "
                                 "by layer (heads, widths, biases, q/k norm): every transformers model type archspec "
                                 "writes has one for every layer")
+    if m.parametrization != "standard":
+        raise HFUnsupported(f"model.parametrization: {m.parametrization}: transformers' models have no output "
+                            "multiplier or 1/head_dim attention scale (µP); train it standard to export")
     if m.embedding_scale != "none":
         raise HFUnsupported(f"model.embedding_scale: {m.embedding_scale}: no transformers model type archspec writes "
                             "scales its token embeddings")
