@@ -95,14 +95,16 @@ def _width_values(node: Any) -> list[int]:
     return []
 
 
-def brief_recipe(spec: Spec, steps: int, batch_size: int, seq_len: int, lr: float | None = None) -> Spec:
-    """`spec` with a short, constant-rate recipe: `steps` steps of `batch_size` × `seq_len` tokens (seq_len at most
-    the context), no warmup, no decay, eager; `lr` replaces the spec's rate."""
+def brief_recipe(spec: Spec, steps: int, batch_size: int, seq_len: int, lr: float | None = None,
+                 schedule: bool = False) -> Spec:
+    """`spec` with a short recipe: `steps` steps of `batch_size` × `seq_len` tokens (seq_len at most the context),
+    eager; a constant rate, or with `schedule` the loop's warmup (a fifth of the steps) and cosine to 0.1 · lr;
+    `lr` replaces the spec's rate."""
     data = canonical_dict(spec)
     train = data["train"]
     train.update(steps=steps, batch_size=batch_size, seq_len=min(seq_len, spec.model.context_length), grad_accum=1,
-                 warmup_steps=0, min_lr_ratio=1.0, compile=False, eval_tokens=min(train["eval_tokens"], 4096),
-                 stability=False)
+                 warmup_steps=steps // 5 if schedule else 0, min_lr_ratio=0.1 if schedule else 1.0, compile=False,
+                 eval_tokens=min(train["eval_tokens"], 4096), stability=False)
     if lr is not None:
         train["lr"] = lr
     try:
@@ -115,15 +117,43 @@ def _rms(x) -> float:
     return float(x.detach().float().pow(2).mean().sqrt())
 
 
-def train_briefly(spec: Spec, cache: str | Path | None = None, record: bool = True,
+class Tokens:
+    """The token stores of the specs one check trains, each read once: every width and rate of a check trains on the
+    same corpus, and opening it (hashing a corpus's files) costs more than a short run."""
+
+    def __init__(self, cache: str | Path | None = None) -> None:
+        from archspec.train.cache import cache_dir
+
+        self.cache = cache_dir(cache)
+        self._stores: dict[str, tuple] = {}
+
+    def data(self, spec: Spec):
+        """`spec`'s TrainData, as archspec.train.data.build_data makes it, with a sampler of its own."""
+        from archspec.train.data import TrainData, WindowSampler, build_data, prepare_tokens, val_batches
+
+        t = spec.train
+        if t.data.corpus.task:  # synthetic examples: made in memory, nothing to share
+            return build_data(spec, self.cache)
+        key = t.data.model_dump_json() + f"/{spec.model.vocab_size}"
+        if key not in self._stores:
+            self._stores[key] = prepare_tokens(t.data, spec.model.vocab_size, self.cache)
+        corpus, tokenizer, store = self._stores[key]
+        return TrainData(corpus, tokenizer, store, WindowSampler(store.train, t.seq_len, t.batch_size, t.seed),
+                         val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens))
+
+
+def train_briefly(spec: Spec, tokens: Tokens | None = None, record: bool = True,
                   evaluate: bool = False) -> tuple[dict[str, list[float]], list[float], float | None]:
     """Train `spec` for its train.steps through the shared loop (CPU, nothing recorded, a scratch run directory).
     Returns ({coordinate: its RMS at each step's training forward}, the training loss of each step, the final
     validation loss when `evaluate`). Coordinates: `embedding` (the first block's input), `block<i>`, `logits`."""
+    from archspec.train.build import prepare
     from archspec.train.loop import Trainer
 
+    tokens = tokens or Tokens()
     with tempfile.TemporaryDirectory(prefix="archspec-mup-") as run_dir:
-        trainer = Trainer(spec, device="cpu", run_dir=run_dir, compile=False, cache=cache)
+        trainer = Trainer(spec, device="cpu", run_dir=run_dir, compile=False, cache=tokens.cache,
+                          build=prepare(spec, tokens.data(spec)))
         model = trainer.model
         rms: dict[str, list[float]] = {}
         handles = []
@@ -179,15 +209,20 @@ class CoordCheck:
     def slopes(self, step: int = -1) -> dict[str, float]:
         return {c: slope(self.widths, self.at(c, step)) for c in self.rms}
 
-    def growing(self, bound: float = SLOPE_BOUND) -> list[str]:
+    def not_flat(self, bound: float = SLOPE_BOUND) -> list[str]:
         """The coordinates whose |slope| at the last step exceeds `bound`, steepest first."""
         slopes = self.slopes()
         return sorted((c for c, s in slopes.items() if abs(s) > bound), key=lambda c: -abs(slopes[c]))
 
+    def trend(self, coordinate: str, bound: float = SLOPE_BOUND) -> str:
+        """"grows" or "shrinks" with the width (|slope| > bound), else ""."""
+        s = self.slopes()[coordinate]
+        return "" if abs(s) <= bound else ("grows" if s > 0 else "shrinks")
+
     def to_json(self) -> dict[str, Any]:
         return {"spec": self.name, "parametrization": self.parametrization, "widths": self.widths,
                 "steps": self.steps, "slope_bound": SLOPE_BOUND, "slopes": self.slopes(),
-                "slopes_at_init": self.slopes(0), "flat": not self.growing(), "growing": self.growing(),
+                "slopes_at_init": self.slopes(0), "flat": not self.not_flat(), "not_flat": self.not_flat(),
                 "rms": {c: {str(w): v for w, v in zip(self.widths, per_width)} for c, per_width in self.rms.items()},
                 "loss": {str(w): v for w, v in zip(self.widths, self.losses)}}
 
@@ -198,8 +233,9 @@ def coordinate_check(spec: Spec, widths: list[int], *, steps: int = 10, batch_si
     param = parametrization or spec.model.parametrization
     specs = [brief_recipe(widened(spec, w, param), steps, batch_size, seq_len) for w in widths]  # all checked first
     check = CoordCheck(spec.name, param, list(widths), steps)
+    tokens = Tokens(cache)
     for wide in specs:
-        rms, losses, _ = train_briefly(wide, cache)
+        rms, losses, _ = train_briefly(wide, tokens)
         for c, values in rms.items():
             check.rms.setdefault(c, []).append(values)
         check.losses.append(losses)
@@ -224,7 +260,7 @@ def plot_checks(checks: list[CoordCheck], path: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(check.widths, [str(w) for w in check.widths])
-        verdict = "flat" if not check.growing() else "grows: " + ", ".join(check.growing()[:3])
+        verdict = "flat" if not check.not_flat() else ", ".join(f"{c} {check.trend(c)}" for c in check.not_flat()[:3])
         ax.set_title(f"{check.name}, {check.parametrization}: {verdict}", fontsize=10)
         ax.set_xlabel(f"d_model (activation RMS after {check.steps - 1} steps; dotted: at init)")
         ax.grid(True, which="both", alpha=0.3)
@@ -243,15 +279,16 @@ def plot_checks(checks: list[CoordCheck], path: Path) -> Path:
 
 def rate_transfer(spec: Spec, widths: list[int], rates: list[float], *, steps: int = 30, batch_size: int = 8,
                   seq_len: int = 64, cache: str | Path | None = None) -> dict[int, dict[float, float]]:
-    """{width: {rate: final validation loss}}: `spec` trained at each width and rate (a constant rate, the same
-    seed and batches at every point)."""
+    """{width: {rate: final validation loss}}: `spec` trained at each width and rate (warmup and cosine decay, the
+    same seed and batches at every point)."""
     out: dict[int, dict[float, float]] = {}
+    tokens = Tokens(cache)
     for w in widths:
         wide = widened(spec, w)
         out[w] = {}
         for lr in rates:
-            _, losses, val = train_briefly(brief_recipe(wide, steps, batch_size, seq_len, lr), cache, record=False,
-                                           evaluate=True)
+            _, _, val = train_briefly(brief_recipe(wide, steps, batch_size, seq_len, lr, schedule=True), tokens,
+                                      record=False, evaluate=True)
             out[w][lr] = val if val is not None and math.isfinite(val) else math.inf
     return out
 
@@ -261,4 +298,4 @@ def best_rates(grid: dict[int, dict[float, float]]) -> dict[int, float]:
 
 
 __all__ = ["WIDTH_KEYS", "SLOPE_BOUND", "DEFAULT_WIDTHS", "parse_widths", "widened", "brief_recipe", "train_briefly",
-           "slope", "CoordCheck", "coordinate_check", "plot_checks", "rate_transfer", "best_rates"]
+           "slope", "Tokens", "CoordCheck", "coordinate_check", "plot_checks", "rate_transfer", "best_rates"]

@@ -38,6 +38,7 @@ _SUBCOMMANDS = [
     ("archspec.cli.sample", ["sample"]),
     ("archspec.cli.probe", ["probe"]),
     ("archspec.cli.scaling", ["scaling"]),
+    ("archspec.cli.mup", ["mup-check"]),
     ("archspec.cli.ui", ["ui"]),
 ]
 
@@ -68,6 +69,8 @@ SHORT_HELP = {
              "`archspec runs list --where \"probe.accuracy > 0.5\"`, `archspec runs show RUN`.",
     "scaling": "Fit L = E + A·x^(−α) over the finished runs of SWEEP (a sweep file or name), or those --where "
                "selects.",
+    "mup-check": "µP's coordinate check: train SPEC a few steps at each width and show how activation scales grow "
+                 "with width.",
     "ui": "Browse the registry: runs (filters as `runs list --where`), curves, a run's spec, accounting and generated "
           "code, runs side by side, and each sweep's report. Read-only: nothing is written to the registry.",
 }
