@@ -9,6 +9,7 @@ import click
 
 from archspec.cli.options import set_option
 from archspec.console import echo
+from archspec.errors import UserError
 
 
 def _widths(ctx, param, value: str):
@@ -52,6 +53,8 @@ def mup_check_cmd(spec_path: Path, overrides: tuple[str, ...], widths: list[int]
     from archspec.console import make_console
     from archspec.spec import load_spec
 
+    if plot_path is not None and plot_path.exists() and not plot_path.is_file():  # a FIFO or a device: never opened
+        raise UserError(f"--plot {plot_path}: not a regular file; give a path for the PNG")
     spec = load_spec(spec_path, overrides)
     own = spec.model.parametrization
     order = [own] + ([("standard" if own == "mup" else "mup")] if both else [])
