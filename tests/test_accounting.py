@@ -35,6 +35,11 @@ VARIANTS = [
                              "qk_rope_head_dim": 8, "v_head_dim": 16}}},
     {"model": {"attention": {"kind": "mla", "n_heads": 2, "q_lora_rank": 20, "kv_lora_rank": 16,
                              "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 24}}},
+    # µP: the output multiplier and the attention scale cost no matmul; the parameters are the same
+    {"model": {"parametrization": "mup", "mup_base_width": 16, "tie_embeddings": False}},
+    {"model": {"parametrization": "mup", "attention": {"kind": "mla", "n_heads": 4, "kv_lora_rank": 24,
+                                                       "qk_nope_head_dim": 12, "qk_rope_head_dim": 8,
+                                                       "v_head_dim": 16}}},
 ]
 
 
