@@ -56,6 +56,14 @@ VARIANTS = [
     # a sandwich block with an embedding norm, capped scores and capped logits
     {"model": {"block": {"norm_placement": "sandwich"}, "embedding_norm": True, "logit_softcap": 20.0,
                "attention": {"softcap": 10.0, "positional": {"kind": "alibi"}}}},
+    # µP: the output multiplier and the attention scale cost no matmul; the parameters are the same
+    {"model": {"parametrization": "mup", "mup_base_width": 16, "tie_embeddings": False}},
+    {"model": {"parametrization": "mup", "attention": {"kind": "mla", "n_heads": 4, "kv_lora_rank": 24,
+                                                       "qk_nope_head_dim": 12, "qk_rope_head_dim": 8,
+                                                       "v_head_dim": 16}}},
+    # µP with the block-shape half: capped logits after the output multiplier, an explicit scale over µP's 1/HEAD_DIM
+    {"model": {"parametrization": "mup", "mup_base_width": 32, "logit_softcap": 15.0,
+               "block": {"norm_placement": "sandwich"}, "attention": {"scale": 0.1}}},
 ]
 
 

@@ -122,6 +122,8 @@ def base_invocations(w) -> dict[tuple[str, ...], list[str]]:
                      "--device", "cpu"],
         ("scaling",): ["scaling", "fz", "--registry", url],
         ("quantize",): ["quantize", run, "--scheme", "int8", "--no-record", "--registry", url],
+        ("mup-check",): ["mup-check", str(w["spec"]), "--widths", "8,16", "--steps", "2", "--seq-len", "8",
+                         "--batch-size", "2"],
         ("ui",): ["ui", "--registry", url, "--check", "--port", str(w["port"])],  # --check: never serves
     }
 
@@ -227,6 +229,9 @@ def assert_clean(argv, code, out, err) -> None:
     if argv[0] == "check" and code == 1:  # a linter's answer: files out of sync, listed
         assert "archspec check:" in err, shown
         code = 0
+    if argv[0] == "mup-check" and code == 1:  # the check's answer: a coordinate grows with the width, named
+        assert "not flat" in out or '"flat": false' in out, shown
+        code = 0
     assert code in (0, 2), shown
     assert "Traceback" not in err and "Traceback" not in out, shown
     for line in (out + err).splitlines():
@@ -245,7 +250,9 @@ def test_every_command_has_a_base_invocation_and_it_runs(world):
     for path, argv in bases.items():
         code, out, err = run_cli(argv)
         assert_clean(argv, code, out, err)
-        if path != ("scaling",):  # one finished run of a two-variant sweep: nothing to fit, said with exit 2
+        if path == ("mup-check",):  # the check's answer: 1 when a coordinate grows (a standard model's do)
+            assert code in (0, 1) and "flat" in out, (argv, err)
+        elif path != ("scaling",):  # one finished run of a two-variant sweep: nothing to fit, said with exit 2
             assert code == 0, (argv, err)
 
 

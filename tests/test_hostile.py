@@ -201,6 +201,11 @@ REFUSED = object()
     (("model", "attention", "bias"), "yes", REFUSED),  # quoted: a string, not YAML's yes
     (("train", "seed"), 2**31, REFUSED),
     (("train", "compile"), "None", REFUSED),
+    (("model", "parametrization"), "MUP", REFUSED),
+    (("model", "parametrization"), True, REFUSED),
+    (("model", "mup_base_width"), 0, REFUSED),
+    (("model", "mup_base_width"), 10**400, REFUSED),
+    (("model", "mup_base_width"), 64, REFUSED),  # a base width under the standard parametrization means nothing
 ])
 def test_hostile_numbers_are_refused_at_the_field_or_normalised(path, value, expected, tmp_path):
     data = _with(BASE, path, value)

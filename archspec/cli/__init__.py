@@ -39,6 +39,7 @@ _SUBCOMMANDS = [
     ("archspec.cli.probe", ["probe"]),
     ("archspec.cli.scaling", ["scaling"]),
     ("archspec.cli.quant", ["quantize"]),
+    ("archspec.cli.mup", ["mup-check"]),
     ("archspec.cli.ui", ["ui"]),
 ]
 
@@ -72,6 +73,8 @@ SHORT_HELP = {
     "quantize": "Quantize a run's weights to int8 or int4 (weight-only), write the quantized checkpoint beside the "
                 "run's own (with its digest) and record an evaluation of the run: bytes before and after, validation "
                 "loss before and after on the run's own validation set.",
+    "mup-check": "µP's coordinate check: train SPEC a few steps at each width and show how activation scales grow "
+                 "with width.",
     "ui": "Browse the registry: runs (filters as `runs list --where`), curves, a run's spec, accounting and generated "
           "code, runs side by side, and each sweep's report. Read-only: nothing is written to the registry.",
 }

@@ -345,6 +345,10 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         # The attend hook depends on the attention's layout (GQA), so the pattern is rendered for it; under its own
         # names (SLIDING_WINDOW): the pattern object a configuration uses is one of its refs.
         sparsity = _unit_part(att.sparsity, m, ctx)
+        if "scale=ATTN_SCALE" in ctx.get("scores", "") and "ATTN_SCALE" not in sparsity.attend + sparsity.decode:
+            raise UserError(f"the {att.sparsity.kind} pattern's attention call takes no scale (its template does not "
+                            "pass `scores`): it cannot score by ATTN_SCALE, which model.attention.scale and "
+                            "model.parametrization: mup need")
         pattern = next((name for name, called in _objects(sparsity.body) if called == "SparsePattern"), "")
         # A layer with positions off (a layer group's positional) takes the model's block arguments (the shared
         # tables), and applies its own kind's hooks inside attention (none: nothing).
@@ -383,6 +387,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                  "(Gemma 2)")] if m.logit_softcap is not None else []),
         Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
+        *_parametrization_constants(m),
     ]
 
     blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], attention_cfgs[attentions.index(b.attention)],
@@ -436,7 +441,26 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "past_context": past_context_refusal(m) is None,
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
         "embedding_norm": m.embedding_norm,
+        "mup": m.parametrization == "mup",
     }
+
+
+def _parametrization_constants(m: Any) -> list[Const]:
+    """µP's numbers (Yang et al. 2022, Table 3 for Adam, as the `mup` package applies it), relative to the base width;
+    the standard parametrization has none. ATTN_SCALE is the attention kinds' (ScoreOptions.effective_scale)."""
+    if m.parametrization != "mup":
+        return []
+    mult = m.d_model / m.mup_base_width
+    return [
+        Const("MUP_BASE_WIDTH", lit_int(m.mup_base_width), "µP's base width: at it, µP is the standard init and rates"),
+        Const("WIDTH_MULT", lit_float(mult), "D_MODEL / MUP_BASE_WIDTH: every inner width is taken to grow with it"),
+        Const("HIDDEN_INIT_SCALE", lit_float(1.0 / math.sqrt(mult)), "1/sqrt(WIDTH_MULT): hidden matrices start at "
+              "their standard std times it, ∝ 1/sqrt(fan_in)"),
+        Const("HIDDEN_LR_MULT", lit_float(1.0 / mult), "1/WIDTH_MULT: hidden matrices' Adam learning rate times it "
+              "(Model.lr_multipliers)"),
+        Const("OUTPUT_MULT", lit_float(1.0 / mult), "1/WIDTH_MULT: the logits times it; the head keeps its init and "
+              "rate"),
+    ]
 
 
 _PART_BASES = ("Norm", "Attention", "FeedForward")

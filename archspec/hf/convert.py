@@ -190,6 +190,9 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
         if block.attention.positional.model_dump() != m.attention.positional.model_dump():
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: positions switched off for some layers: "
                                 "no transformers model type archspec writes does that")
+    if m.parametrization != "standard":
+        raise HFUnsupported(f"model.parametrization: {m.parametrization}: transformers' models have no output "
+                            "multiplier or 1/head_dim attention scale (µP); train it standard to export")
     for fam, path in _FAMILIES:
         for i, unit in enumerate(_layer_units(m, fam)):
             if unit.hf_block is None:

@@ -441,6 +441,13 @@ class AttentionKind(KindUnit):
         """How a file names this configuration's class when layers differ (`WindowAttention`)."""
         return type(self.sparsity).class_prefix()
 
+    # The width q·k sums over, and its constant's name in the file (MLA: the nope and rope parts together).
+    score_width_name: ClassVar[str] = "HEAD_DIM"
+
+    @property
+    def score_width(self) -> int:
+        return self.head_dim
+
 
 class FFNKind(KindUnit):
     """A feed-forward layer. The template defines `class FeedForward(nn.Module)` with no constructor arguments,

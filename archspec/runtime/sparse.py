@@ -404,7 +404,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         positions = torch.arange(q.size(2), device=q.device)
         visible = pattern.mask_mod(None, None, positions[:, None], positions[None, :])  # (T, T), True: attend
         for observe in logit_observers:
-            observe(q, k, visible)
+            observe(q, k, visible, scale)
     if q.is_cuda and dropout_p == 0.0 and flex_attention is not None:
         mask = flex_block_mask(pattern, q.size(2), q.device)
         return flex_attention_fn()(q, k, v, score_mod=flex_score_mod(softcap, alibi), block_mask=mask, scale=scale,

@@ -58,6 +58,15 @@ class ModelSpec(Strict):
     lm_head_bias: Annotated[bool, Since("0.4")] = False  # a bias on the logits (GPT-J, Phi)
     # Gemma 2: logits = cap · tanh(logits / cap), bounding them to (-cap, cap); null: no capping.
     logit_softcap: Annotated[float | None, Since("0.4")] = Field(None, gt=0, le=1e4)
+    # µP (Yang et al. 2022, "Tensor Programs V", Table 3, Adam): hidden matrices initialised ∝ 1/sqrt(fan_in) and
+    # trained at lr/m, logits times 1/m, attention scores by 1/head_dim, m = d_model / mup_base_width; at the base
+    # width it is the standard init and rates, so a rate tuned there transfers to wider models (docs/ABLATIONS.md).
+    parametrization: Annotated[Literal["standard", "mup"], Since("0.4")] = Field(
+        "standard", description="standard: GPT-2 init and one learning rate; mup: µP, relative to mup_base_width")
+    # 128: the width of the tiny presets (specs/*-tiny.yaml), the proxies a rate is tuned on here; with mup their
+    # init and rates are the standard ones, and the 512-wide presets are m = 4.
+    mup_base_width: Annotated[int, Since("0.4")] = Field(
+        128, ge=1, le=MAX_WIDTH, description="µP's base width: m = d_model / mup_base_width (only with mup)")
     layers: dict[Annotated[str, StringConstraints(pattern=GROUP_NAME)], LayerGroup] = Field(
         default_factory=dict,
         description="per-layer overrides: {name: {select: [i, ...] | {start, stop, step}, norm/attention/ffn/block: "

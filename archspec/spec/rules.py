@@ -45,6 +45,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     for path, unit in m.unit_paths():  # each kind's own rules (rope: even head_dim; sinusoidal: even d_model)
         out += unit.problems(m, path)
 
+    out += _parametrization_problems(m)
+
     if spec.name in RESERVED_NAMES:
         out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
                     "name for scripts run beside it; pick another name", spec.name))
@@ -59,6 +61,20 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
     out += t.data.tokenizer.problems(spec)
+    return out
+
+
+def _parametrization_problems(m) -> list[Problem]:
+    """µP's options: the base width means nothing under the standard parametrization (it would only split one model
+    into two hashes; its default written out is harmless), and sqrt(d_model)-scaled embeddings grow with the width, which µP holds constant."""
+    out: list[Problem] = []
+    if m.parametrization != "mup" and m.mup_base_width != type(m).model_fields["mup_base_width"].default:
+        out.append((("model", "mup_base_width"), "only means something with model.parametrization: mup (the "
+                    f"parametrization is {m.parametrization}); remove it or set the parametrization to mup",
+                    m.mup_base_width))
+    if m.parametrization == "mup" and m.embedding_scale != "none":
+        out.append((("model", "embedding_scale"), f"{m.embedding_scale} grows the token embeddings with the width, "
+                    "which µP (model.parametrization: mup) keeps constant; use none", m.embedding_scale))
     return out
 
 

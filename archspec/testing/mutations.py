@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from archspec.kinds import families
 from archspec.kinds.introspect import bounds, strip_optional
 from archspec.spec import parse_spec
-from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS
+from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, ModelSpec
 from archspec.spec.train import BPETokenizer
 from archspec.testing.introspect import Path, field_at, get_at, leaves, nodes, set_at, union_members
 from archspec.testing.strategies import Strategy, spec_dicts
@@ -214,6 +214,21 @@ def _rule_parallel_placement(draw, data, spec):
     return ("model", "block", "norm_placement")
 
 
+def _rule_mup_base_width(draw, data, spec):
+    """A base width under the standard parametrization, where it means nothing."""
+    data["model"]["parametrization"] = "standard"
+    default = ModelSpec.model_fields["mup_base_width"].default
+    data["model"]["mup_base_width"] = draw(st.integers(1, 4096).filter(lambda w: w != default))
+    return ("model", "mup_base_width")
+
+
+def _rule_mup_embedding_scale(draw, data, spec):
+    """sqrt(d_model)-scaled embeddings under µP, which keeps their scale."""
+    data["model"]["parametrization"] = "mup"
+    data["model"]["embedding_scale"] = "sqrt_d_model"
+    return ("model", "embedding_scale")
+
+
 def _rule_seq_len(draw, data, spec):
     ctx = spec.model.context_length
     set_at(data, ("train", "seq_len"), ctx + draw(st.integers(1, 10**6)))
@@ -249,6 +264,8 @@ _MODEL_MUTATIONS: dict[str, Callable] = {
     "rule_width": _rule_width,
     "rule_shared_norm_without_parallel": _rule_shared_norm_without_parallel,
     "rule_parallel_placement": _rule_parallel_placement,
+    "rule_mup_base_width": _rule_mup_base_width,
+    "rule_mup_embedding_scale": _rule_mup_embedding_scale,
 }
 _RECIPE_RULES: dict[str, Callable] = {
     "rule_seq_len": _rule_seq_len,

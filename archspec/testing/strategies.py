@@ -260,6 +260,13 @@ def model_dicts(draw, *, min_vocab: int = 16, max_vocab: int = 300, min_d_model:
         "logit_softcap": st.one_of(st.none(), st.floats(0.5, 50.0)),
     }
     out.update(draw(st.fixed_dictionaries({}, optional=optional)))
+    if draw(st.booleans()):  # µP (Since 0.4: omitted above so old draws stay as they were); its base width any
+        out["parametrization"] = draw(st.sampled_from(["standard", "mup"]))
+        if out["parametrization"] == "mup":
+            if out.get("embedding_scale", "none") != "none":  # µP keeps the embeddings' scale (archspec.spec.rules)
+                del out["embedding_scale"]
+            if draw(st.booleans()):
+                out["mup_base_width"] = draw(st.integers(1, 256))
     if per_layer and out["n_layers"] > 1 and draw(st.booleans()):
         out["layers"] = draw(layer_groups(out["n_layers"], d_model, context, out["attention"]["n_heads"],
                                           max_hidden=max_hidden, norm_kinds=norm_kinds, ffn_kinds=ffn_kinds,

@@ -291,9 +291,9 @@ class StabilityProbe:
                 self._score(*_sdpa_arguments(*args, **kwargs))
             return original(*args, **kwargs)
 
-        def observed(q, k, visible):
+        def observed(q, k, visible, scale=None):
             if self._layer is not None:
-                self._score(q, k, visible)
+                self._score(q, k, visible, scale=scale)
 
         handles = []
         for i, block in enumerate(self.blocks):

@@ -4,6 +4,12 @@ Decay applies to every parameter with two or more dimensions: the attention and 
 (which is also the output head when tied) and a learned position table, as in GPT-2/nanoGPT. Norm gains and biases
 are one-dimensional and are not decayed: shrinking a gain or a bias towards zero is not a useful prior. The rule is
 the tensor's shape, with a name check (`norm`, `.bias`) as a guard for a future 2-D norm or bias parameter.
+
+Learning-rate multipliers come from the model: a generated Model that has `lr_multipliers()` (µP,
+`model.parametrization: mup`) names each parameter's, and each (decay, multiplier) pair other than 1 gets a group of its
+own, whose `lr_mult` `set_lr` applies. Its weight decay is divided by the multiplier, so that AdamW's per-step decay
+(lr · weight_decay) is the base width's (the `mup` package's MuAdamW does the same). A model without multipliers gets
+the two groups above and nothing else, as before.
 """
 
 from __future__ import annotations
@@ -20,20 +26,32 @@ def decays(name: str, param: torch.Tensor) -> bool:
     return param.ndim >= 2 and "norm" not in name.lower() and not name.endswith("bias")
 
 
+def lr_multipliers(model: nn.Module) -> dict[str, float]:
+    """The model's per-parameter learning-rate multipliers by name ({} when it has none: all 1)."""
+    method = getattr(model, "lr_multipliers", None)
+    return dict(method()) if callable(method) else {}
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups; tied parameters appear once (named_parameters skips repeats)."""
-    decay, no_decay = [], []
+    """Two AdamW groups, decay and no_decay, then one per (decay, multiplier) for multipliers other than 1 (µP's
+    hidden matrices); tied parameters appear once (named_parameters skips repeats)."""
+    mults = lr_multipliers(model)
+    groups: dict[tuple[bool, float], list] = {(True, 1.0): [], (False, 1.0): []}
     for name, param in model.named_parameters():
         if param.requires_grad:
-            (decay if decays(name, param) else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+            groups.setdefault((decays(name, param), float(mults.get(name, 1.0))), []).append(param)
+    out = [
+        {"params": groups.pop((True, 1.0)), "weight_decay": weight_decay, "name": "decay"},
+        {"params": groups.pop((False, 1.0)), "weight_decay": 0.0, "name": "no_decay"},
     ]
+    for (decayed, mult), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])):
+        out.append({"params": params, "weight_decay": weight_decay / mult if decayed else 0.0, "lr_mult": mult,
+                    "name": f"{'decay' if decayed else 'no_decay'} lr×{mult:g}"})
+    return out
 
 
 def build_optimizer(model: nn.Module, recipe: TrainSpec, device: torch.device) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
+    optimizer = torch.optim.AdamW(
         param_groups(model, recipe.weight_decay),
         lr=lr_at(0, recipe),
         betas=(recipe.beta1, recipe.beta2),
@@ -42,6 +60,8 @@ def build_optimizer(model: nn.Module, recipe: TrainSpec, device: torch.device) -
         # parameters on 2 cores), and as deterministic.
         fused=device.type in ("cpu", "cuda"),
     )
+    set_lr(optimizer, lr_at(0, recipe))  # each group's multiplier from the first step on
+    return optimizer
 
 
 def lr_at(step: int, recipe: TrainSpec) -> float:
@@ -57,5 +77,6 @@ def lr_at(step: int, recipe: TrainSpec) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's rate into every group, times the group's `lr_mult` where it has one."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_mult"] if "lr_mult" in group else lr

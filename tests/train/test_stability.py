@@ -141,7 +141,7 @@ def test_sparse_patterns_are_scored_over_their_own_keys(tmp_path):
     spec = load_spec("specs/mistral-like-tiny.yaml")
     model = generate(spec, out_dir=tmp_path).Model().eval()
     seen = []
-    sparse.logit_observers.append(lambda q, k, visible: seen.append((q, k, visible)))
+    sparse.logit_observers.append(lambda q, k, visible, scale=None: seen.append((q, k, visible)))
     probe = StabilityProbe(model)
     try:
         with torch.no_grad(), probe.recording():

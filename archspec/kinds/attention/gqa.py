@@ -160,13 +160,13 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             Const("OUT_BIAS", lit_bool(self.out_bias), "bias on the output projection"),
         ] + ([Const("QK_NORM_EPS", lit_float(self.qk_norm.eps), "RMSNorm over each head's q and k"
                     if self.qk_norm.scope == "head" else "RMSNorm over the whole q and k projections")]
-             if self.qk_norm else []) + self.score_constants()
+             if self.qk_norm else []) + self.score_constants(m)
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
                 "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
                 "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection",
-                **self.score_context()}
+                **self.score_context(m)}
 
     # ── testing ──
     @classmethod

@@ -85,6 +85,12 @@ class MLASpec(ScoreOptions, AttentionKind):
     def mean_head_dim(self) -> float:
         return (self.qk_head_dim + self.v_head_dim) / 2
 
+    score_width_name: ClassVar[str] = "QK_HEAD_DIM"  # the scores sum over the nope and rope parts
+
+    @property
+    def score_width(self) -> int:
+        return self.qk_head_dim
+
     @property
     def cache_class(self) -> str:
         return "LatentCache" if self.sparsity.cache_class == "KVCache" else "RollingLatentCache"
@@ -155,14 +161,14 @@ class MLASpec(ScoreOptions, AttentionKind):
             Const("LATENT_NORM_EPS", lit_float(self.norm_eps), "RMSNorm of the latents"),
         ] + ([Const("SOFTMAX_MSCALE", lit_float(self.softmax_mscale), "yarn: the softmax scale times "
                     "yarn_mscale(factor, mscale_all_dim)² (DeepSeek-V3)")] if self.softmax_mscale != 1.0 else []
-        ) + self.score_constants()
+        ) + self.score_constants(m)
 
     def describe(self, m: Any) -> str:
         return "multi-head latent attention"
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"gqa": False, "q_lora": self.q_lora_rank is not None, "mscale": self.softmax_mscale != 1.0,
-                "rolling": self.sparsity.cache_class != "KVCache", **self.score_context()}
+                "rolling": self.sparsity.cache_class != "KVCache", **self.score_context(m)}
 
     # ── HF transformers interop (archspec.kinds.hf): transformers' deepseek_v3 ──
     hf_block = "latent_attention"

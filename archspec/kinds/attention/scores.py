@@ -28,29 +28,41 @@ class ScoreOptions(Strict):
 
     takes_score_mods: ClassVar[bool] = True  # its template passes `scores` to every attention path it has
 
-    def score_constants(self) -> list[Const]:
+    def effective_scale(self, m: Any) -> float | None:
+        """The softmax scale every attention path of this layer takes as ATTN_SCALE; None: SDPA's 1/sqrt(score_width).
+        An explicit `scale` wins; else µP (model.parametrization: mup) scores by 1/score_width, so that the logits of
+        correlated q and k stay Θ(1) as heads widen (Yang et al. 2022, §C)."""
+        if self.scale is not None:
+            return self.scale
+        return 1.0 / self.score_width if m.parametrization == "mup" else None
+
+    def score_constants(self, m: Any) -> list[Const]:
         out = []
         if self.scale is not None:
-            out.append(Const("ATTN_SCALE", lit_float(self.scale), "softmax scale (not 1/sqrt(HEAD_DIM))"))
+            out.append(Const("ATTN_SCALE", lit_float(self.scale), f"softmax scale (not 1/sqrt({self.score_width_name}))"))
+        elif self.effective_scale(m) is not None:
+            out.append(Const("ATTN_SCALE", lit_float(self.effective_scale(m)), f"µP: scores times "
+                             f"1/{self.score_width_name}, not 1/sqrt({self.score_width_name})"))
         if self.softcap is not None:
             out.append(Const("ATTN_SOFTCAP", lit_float(self.softcap),
                              "scores <- ATTN_SOFTCAP * tanh(scores / ATTN_SOFTCAP) before the softmax"))
         return out
 
-    def score_context(self) -> dict[str, Any]:
+    def score_context(self, m: Any) -> dict[str, Any]:
         """`scores`: the keyword arguments every attention kernel call of this layer takes (the file's constants and
         the positional kind's); `score_mod`: whether SDPA cannot serve the dense path (a cap or a bias)."""
         bias = type(self.positional).score_args
-        kwargs = (", scale=ATTN_SCALE" if self.scale is not None else "") + (
+        scaled = self.effective_scale(m) is not None
+        kwargs = (", scale=ATTN_SCALE" if scaled else "") + (
             ", softcap=ATTN_SOFTCAP" if self.softcap is not None else "") + bias
         return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias),
-                "sdpa_scale": ", scale=ATTN_SCALE" if self.scale is not None else ""}
+                "sdpa_scale": ", scale=ATTN_SCALE" if scaled else ""}
 
     def score_mod_kept_bytes(self, m: Any, seq_len: int, mm: int) -> int | None:
         """Per token, what a dense layer on the score_mod path keeps for backward (archspec.memory): its q, k, v and
         output, and per query head a row of seq_len scores three times in fp32 (scaled, capped or biased, masked) and
         once as probabilities in the matmul dtype; None where the layer keeps SDPA."""
-        if not self.score_context()["score_mod"] or self.sparsity.blockwise_kept_bytes(m, mm) is not None:
+        if not self.score_context(m)["score_mod"] or self.sparsity.blockwise_kept_bytes(m, mm) is not None:
             return None  # SDPA, or a sparse pattern (its blockwise path and FlexAttention recompute the scores)
         return self.attention_io_elements() * mm + self.n_heads * seq_len * (3 * 4 + mm)
 
