@@ -105,7 +105,8 @@ def test_names_read_as_a_persons():
 
 # transformers 5.24's modeling files of the presets' families (lines): the generated file is no longer.
 HF_LINES = {"mistral-like": 477, "mixtral-like": 665, "llama-like": 503, "glm-like": 511,
-            "deepseek-v3-like": 732}  # transformers 5.x modeling_deepseek_v3.py
+            "deepseek-v3-like": 732,  # transformers 5.x modeling_deepseek_v3.py
+            "neox-like": 663, "gpt1-like": 717}  # modeling_gpt_neox.py, modeling_openai.py
 
 
 @pytest.mark.parametrize("preset", sorted(HF_LINES))
@@ -121,7 +122,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 "mixtral-like-tiny": 593, "mixtral-like": 593,
                 # added after the move: the length they were first committed with, plus one (glm); held to the
                 # bound of the DeepSeek-MoE files, their nearest kin (deepseek-v3)
-                "glm-like-tiny": 301, "glm-like": 301, "deepseek-v3-like-tiny": 651, "deepseek-v3-like": 651}
+                "glm-like-tiny": 301, "glm-like": 301, "deepseek-v3-like-tiny": 651, "deepseek-v3-like": 651,
+                # block shapes (issue 26): their first committed length plus one
+                "gpt1-like-tiny": 271, "gpt1-like": 271, "neox-like-tiny": 304, "neox-like": 304}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
