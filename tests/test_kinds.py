@@ -49,10 +49,11 @@ def test_no_model_kind_is_named_outside_its_unit(path):
     if path.relative_to(ROOT).parts[:2] == ("archspec", "hf"):
         # archspec/hf/ speaks transformers' vocabulary: a word that a transformers config defines (`sliding_window`
         # is MistralConfig's) is an HF field there, not our kind; `"ffn": "mlp"` names transformers' module
-        # (model.layers.N.mlp), not our FFN kind.
+        # (model.layers.N.mlp), not our FFN kind; `"o": "dense"` the output projection's module of GPT-NeoX and Phi
+        # (attention.dense), not our sparsity kind.
         from transformers import MistralConfig, Qwen2Config
 
-        source = source.replace('"ffn": "mlp"', "")
+        source = source.replace('"ffn": "mlp"', "").replace('"o": "dense"', "")
         hf_vocabulary = {w for w in _BUILTIN_KINDS for c in (MistralConfig(), Qwen2Config()) if hasattr(c, w)}
     words = "|".join(sorted(_BUILTIN_KINDS - {"none"} - hf_vocabulary))
     hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']", source)]
