@@ -214,3 +214,20 @@ def test_qk_norm_over_the_projection_normalises_all_heads_at_once():
     assert head.blocks[0].attn.q_norm.weight.shape == (8,)
     assert account(spec).by_component["attention"] - account(tiny_spec("qk", attention={
         "n_heads": 4, "n_kv_heads": 2})).by_component["attention"] == 48
+
+
+def test_registry_filters_reach_the_block_fields(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    for name, block in (("seq", "{}"), ("par", "{parallel: true, shared_norm: true}"), ("post", "{norm_placement: post}")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nmodel: {{vocab_size: 320, context_length: 16, d_model: 32, n_layers: 1, "
+                        f"attention: {{n_heads: 2}}, block: {block}}}\n")
+        assert main(["build", str(path), "--out", str(tmp_path / "gen"), "--registry", url, "--json"]) == 0
+    capsys.readouterr()
+    for where, names in (("params.model.block.parallel = true", {"par"}),
+                         ("params.model.block.norm_placement = 'post'", {"post"}),
+                         ("params.model.block.shared_norm = true or params.model.block.norm_placement = 'post'",
+                          {"par", "post"})):
+        assert main(["specs", "list", "--registry", url, "--where", where, "--format", "json"]) == 0
+        assert {row["names"] for row in json.loads(capsys.readouterr().out)} == names, where

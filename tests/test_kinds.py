@@ -49,7 +49,8 @@ def test_no_model_kind_is_named_outside_its_unit(path):
     if path.relative_to(ROOT).parts[:2] == ("archspec", "hf"):
         # archspec/hf/ speaks transformers' vocabulary: a word that a transformers config defines (`sliding_window`
         # is MistralConfig's) is an HF field there, not our kind; `"ffn": "mlp"` names transformers' module
-        # (model.layers.N.mlp), not our FFN kind.
+        # (model.layers.N.mlp), not our FFN kind; `"o": "dense"` the output projection's module of GPT-NeoX and Phi
+        # (attention.dense), not our sparsity kind.
         from transformers import MistralConfig, Qwen2Config
         from transformers.models.mpt.configuration_mpt import MptAttentionConfig
 

@@ -105,7 +105,8 @@ def test_names_read_as_a_persons():
 
 # transformers 5.24's modeling files of the presets' families (lines): the generated file is no longer.
 HF_LINES = {"mistral-like": 477, "mixtral-like": 665, "llama-like": 503, "glm-like": 511,
-            "deepseek-v3-like": 732}  # transformers 5.x modeling_deepseek_v3.py
+            "deepseek-v3-like": 732,  # transformers 5.x modeling_deepseek_v3.py
+            "neox-like": 663, "gpt1-like": 717}  # modeling_gpt_neox.py, modeling_openai.py
 
 
 @pytest.mark.parametrize("preset", sorted(HF_LINES))
@@ -123,7 +124,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # bound of the DeepSeek-MoE files, their nearest kin (deepseek-v3)
                 "glm-like-tiny": 301, "glm-like": 301, "deepseek-v3-like-tiny": 651, "deepseek-v3-like": 651,
                 # held to their nearest kin's bound, GPT-2's (learned positions → ALiBi, an embedding norm)
-                "bloom-like-tiny": 363, "bloom-like": 363}
+                "bloom-like-tiny": 363, "bloom-like": 363,
+                # block shapes (issue 26): their first committed length plus one
+                "gpt1-like-tiny": 271, "gpt1-like": 271, "neox-like-tiny": 304, "neox-like": 304}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
