@@ -132,6 +132,7 @@ def test_quantized_checkpoints_are_refused_where_full_precision_is_needed(run, c
     torch.save(state, tampered)
     rc, _, err = cli("sample", str(tampered), "--prompt", "a", "--max-new-tokens", "2")
     _one_line_error(rc, err, "does not match the digest")
+    assert "archspec quantize" in err and "resume" not in err  # the remedy for a quantized file, not a resume
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint at all")
     rc, _, err = cli("quantize", str(junk), "--scheme", "int8")

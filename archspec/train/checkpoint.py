@@ -170,8 +170,10 @@ def _check_digest(path: Path, state: dict[str, Any]) -> None:
     if not isinstance(stored, str):
         raise UserError(f"{path}: checkpoint has no content digest; the file is damaged")
     if state_digest(state) != stored:
+        remedy = ("quantize the run's checkpoint again (archspec quantize)" if state.get("format") == QUANTIZED_FORMAT
+                  else "use another checkpoint of the run, or train it again")
         raise UserError(f"{path}: checkpoint is corrupted: its content does not match the digest stored when it "
-                        "was written; resume from another checkpoint or start the run again")
+                        f"was written; {remedy}")
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
