@@ -117,6 +117,10 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
         if sweep.file.match:
             meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
                                f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
+    schemes = sorted({s for v in variants for r in v.runs for s in r.quant})
+    if schemes:
+        meta["quantized"] = (f"{', '.join(schemes)} (archspec quantize, weight-only): Δ = quantized − trained val loss "
+                             f"on each run's validation set, mean [95% t interval] over the finished seeds")
     from archspec.ablate.scaling import sweep_fits
 
     ids = {r.run_id for v in variants for r in v.runs}

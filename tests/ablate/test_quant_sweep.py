@@ -73,7 +73,7 @@ def test_sweep_quantizes_each_run_once_and_reports_the_deltas(workdir, base_spec
         trained = mean_interval(numbers[index]["final_val_losses"])
         assert rows[f"v{index}"]["trained 95% CI"] == f"{trained.estimate:.4f} [{trained.low:.4f}, {trained.high:.4f}]"
     html = (workdir / "reports" / "qmini" / "qmini.html").read_text()
-    assert "int4 Δ val loss [95% CI]" in html
+    assert "int4 Δ val loss [95% CI]" in html and "int4, int8 (archspec quantize, weight-only)" in html
 
     # rerunning trains nothing and quantizes nothing new
     assert main(["ablate", str(path), "--registry", url, "--json", "--no-compile"]) == 0
