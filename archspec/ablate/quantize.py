@@ -76,7 +76,7 @@ def run_figures(evaluations: Iterable[dict[str, Any]], schemes: Iterable[str], g
 
 def recorded_schemes(evaluations: Iterable[dict[str, Any]]) -> list[str]:
     """The schemes a run has been quantized at (a report rebuilt without the sweep file shows those)."""
-    from archspec.quant.weights import SCHEMES
+    from archspec.quant.schemes import SCHEMES
 
     tasks = {e.get("task") for e in evaluations}
     return [s for s in SCHEMES if TASK_PREFIX + s in tasks]

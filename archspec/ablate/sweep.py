@@ -45,7 +45,7 @@ from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
 from archspec.launch.settings import LauncherSettings
-from archspec.quant.weights import SCHEMES
+from archspec.quant.schemes import SCHEMES
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import EVAL_POINTS, TrainSpec

@@ -16,7 +16,7 @@ from archspec.ablate.stats import mean_interval
 from archspec.ablate.sweep import load_sweep
 from archspec.cli import main
 from archspec.errors import UserError
-from archspec.quant.weights import SCHEMES
+from archspec.quant.schemes import SCHEMES
 from archspec.registry import Registry
 
 pytest.importorskip("torchao")
