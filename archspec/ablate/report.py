@@ -23,7 +23,7 @@ import jinja2
 from rich.table import Table
 
 from archspec.ablate.sweep import spec_text
-from archspec.ablate.stats import LEVEL, Interval, combination, verdict, welch
+from archspec.ablate.stats import LEVEL, Interval, combination, mean_interval, verdict, welch
 from archspec.console import human, number
 from archspec.kinds import KindUnit, metric_kinds
 
@@ -48,6 +48,7 @@ class RunResult:
     summary: dict[str, float] = field(default_factory=dict)
     note: str | None = None  # the run's latest note (`archspec runs note`), shown beside it in the HTML report
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # stability.* model-wide, per eval
+    quant: dict[str, dict[str, float]] = field(default_factory=dict)  # scheme → its quant.<scheme> evaluation's figures
 
 
 @dataclass
@@ -93,6 +94,19 @@ class VariantResult:
         keys = sorted({k for r in done for k in r.summary if k.startswith("probe.accuracy")},
                       key=lambda k: (k != "probe.accuracy", int(k.rpartition(".d")[2]) if ".d" in k else 0, k))
         return {k: statistics.fmean([r.summary[k] for r in done if k in r.summary]) for k in keys}
+
+    def quant_stats(self) -> dict[str, dict[str, Any]]:
+        """Per scheme a sweep quantized at (`quantize:`): the val-loss delta (quantized − trained) over the finished
+        seeds with its t interval, and the mean size ratio; the trained val loss of the same runs with its interval."""
+        done = [r for r in self.runs if r.status == "FINISHED" and r.final_val_loss is not None]
+        schemes = list(dict.fromkeys(s for r in done for s in r.quant))
+        out = {}
+        for scheme in schemes:
+            runs = [r for r in done if scheme in r.quant]
+            out[scheme] = {"n": len(runs), "delta": mean_interval([r.quant[scheme]["val_loss_delta"] for r in runs]),
+                           "trained": mean_interval([r.final_val_loss for r in runs]),
+                           "size_ratio": statistics.fmean(r.quant[scheme]["size_ratio"] for r in runs)}
+        return out
 
     def stability_stats(self) -> dict[str, float]:
         """Mean over finished seeds of the model-wide stability figures at the end (train.stability runs)."""
@@ -183,16 +197,35 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             buckets = ", ".join(f"{k.removeprefix('probe.accuracy.')} {x:.2f}" for k, x in probes.items()
                                 if k != "probe.accuracy")
             row["answer acc"] = f"{probes.get('probe.accuracy', float('nan')):.3f}" + (f" ({buckets})" if buckets else "")
+        quant = v.quant_stats()
+        if quant:  # the sweep's `quantize:` schemes: the trained loss's interval, then each scheme's Δ beside it
+            row["trained 95% CI"] = _mean_ci(next(iter(quant.values()))["trained"])
+            for scheme, q in quant.items():
+                row[f"{scheme} Δ val loss [95% CI]"] = _delta_text(q["delta"]) + f" ({q['size_ratio']:.2f}× smaller)"
         for kind in kinds:  # the kinds that report metrics: a column each, where some variant has them
             stats = v.kind_stats(kind)
             if stats:
                 row[kind.metric_column] = kind.report_cell(stats, number)
         rows.append(row)
-    for column in ["best lr", "matched", "stability", "answer acc", *(kind.metric_column for kind in kinds)]:
+    quant_columns = [c for r in rows for c in r if c == "trained 95% CI" or c.endswith(" Δ val loss [95% CI]")]
+    for column in ["best lr", "matched", "stability", "answer acc", *dict.fromkeys(quant_columns),
+                   *(kind.metric_column for kind in kinds)]:
         if any(column in r for r in rows):
             for r in rows:
                 r.setdefault(column, "-")
     return rows
+
+
+def _delta_text(i: Interval | None) -> str:
+    """A difference with its interval, `+0.0123 [+0.0100, +0.0146]`; the estimate alone with one seed."""
+    return "-" if i is None else f"{i.estimate:+.4f}" + (f" {i.text()}" if i.known else "")
+
+
+def _quant_numbers(v: "VariantResult") -> dict[str, Any]:
+    return {scheme: {"n": q["n"], "size_ratio": q["size_ratio"],
+                     "val_loss_delta": q["delta"].as_dict() if q["delta"] else None,
+                     "trained_val_loss": q["trained"].as_dict() if q["trained"] else None}
+            for scheme, q in v.quant_stats().items()}
 
 
 def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[dict[str, Any]]:
@@ -217,6 +250,7 @@ def variant_numbers(variants: list[VariantResult], baseline_index: int) -> list[
             "matched": v.matched,  # the solved width of a matched sweep, or None
             "rates": v.rates, "best_lr": v.best_lr,  # an lr_sweep: each rate's pilot, and the best rate
             "stability": v.stability_stats(),  # train.stability runs: final model-wide figures, mean over seeds
+            "quant": _quant_numbers(v),  # a sweep's `quantize:`: per scheme Δ val loss over seeds with its interval
         })
     return out
 

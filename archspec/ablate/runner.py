@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rich.markup import escape
 
+from archspec.ablate.quantize import recorded_schemes, run_figures
 from archspec.ablate.rates import RatePoint, best_rate
 from archspec.ablate.report import STABILITY_CURVES, RunResult, VariantResult, label_overrides
 from archspec.ablate.sweep import Job, Sweep, load_sweep, spec_diff, spec_text
@@ -239,12 +240,17 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
             history = [(p.step, p.value) for p in registry.metric_history(row.id, "val_loss")]
             stability = {key: [(p.step, p.value) for p in registry.metric_history(row.id, key)]
                          for key in STABILITY_CURVES if key in row.summary}  # train.stability runs only
+            quant = {}
+            if sweep is None or sweep.file.quantize:  # the sweep's `quantize:` evaluations (archspec.ablate.quantize)
+                evaluations = registry.evaluations(row.id)
+                quant = run_figures(evaluations, sweep.file.quantize if sweep else recorded_schemes(evaluations),
+                                    sweep.file.quantize_group_size if sweep else None)
             results.append(RunResult(
                 run_id=row.id, seed=seed, status=row.status,
                 final_val_loss=_final(row),
                 tokens_per_s=row.summary.get("tokens_per_s"),
                 history=history, tokens_per_step=row.tokens_per_step or 0, summary=dict(row.summary), note=row.note,
-                curves=stability,
+                curves=stability, quant=quant,
             ))
         spec = specs[index]
         if sweep is not None:

@@ -20,6 +20,8 @@
     stability: true                        # optional: per-layer stability metrics in every run (train.stability)
     lr_sweep: [1.0e-3, 3.0e-3, 1.0e-2]     # optional: each variant at each rate with the first seed (its pilot), then
                                            #   the other seeds at the variant's best rate only (archspec.ablate.rates)
+    quantize: [int8, int4]                 # optional: every finished run quantized at each scheme, once (the
+    quantize_group_size: 32                #   `archspec quantize` evaluation; archspec.ablate.quantize); int4's group
 
 Nothing here knows any spec kind: a variant is a set of dotted overrides applied to the base mapping and validated by
 the spec language, so new kinds (moe, sparse attention) are sweepable the day they exist.
@@ -43,6 +45,7 @@ from archspec.accounting import Accounting, account
 from archspec.errors import UserError
 from archspec.errors import printable
 from archspec.launch.settings import LauncherSettings
+from archspec.quant.schemes import SCHEMES
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import EVAL_POINTS, TrainSpec
@@ -107,6 +110,15 @@ class SweepFile(BaseModel):
                     "other seeds train at each variant's best rate only (lowest pilot val loss)")
     stability: bool = Field(False, description="record per-layer stability metrics in every run (train.stability: "
                                                "observation, not identity: run ids are unchanged)")
+    # Schemes are checked in _shape_problems (one message per bad value, naming the valid ones), so the item type is a
+    # string here and the schema's enum says what is valid.
+    quantize: list[Annotated[str, Field(json_schema_extra={"enum": list(SCHEMES)})]] | None = Field(
+        None, min_length=1, max_length=len(SCHEMES),
+        description="after each run finishes, quantize it at each scheme (`archspec quantize`: its evaluation, once "
+                    "per run); the report shows each scheme's val-loss delta over seeds")
+    quantize_group_size: int | None = Field(
+        None, ge=2, le=1 << 16, description="int4's weights per scale (`archspec quantize --group-size`); default: the "
+                                            "largest of 128, 64, 32 that divides every quantized layer's input width")
 
 
 def _shape_problems(data: dict) -> list[str]:
@@ -137,6 +149,7 @@ def _shape_problems(data: dict) -> list[str]:
     if rates is not None and "train.lr" in set(sections.get("grid") or {}) | set(sections.get("zip") or {}):
         out.append("lr_sweep and a grid/zip key train.lr: give the rates in one of them (lr_sweep picks each "
                    "variant's best)")
+    out += _quantize_problems(data.get("quantize"), data.get("quantize_group_size"))
     seeds = data.get("seeds")
     if isinstance(seeds, list) and all(isinstance(x, int) for x in seeds) and len(set(seeds)) != len(seeds):
         out.append(f"seeds: repeated seed in {printable(str(seeds), 200)}")
@@ -152,6 +165,25 @@ def _shape_problems(data: dict) -> list[str]:
         if variants * n_seeds > MAX_JOBS:
             out.append(f"{variants:,} variants × {n_seeds} seeds = {variants * n_seeds:,} runs, "
                        f"more than the limit of {MAX_JOBS:,}")
+    return out
+
+
+def _quantize_problems(schemes: Any, group_size: Any) -> list[str]:
+    out: list[str] = []
+    expected = " or ".join(SCHEMES)
+    if isinstance(schemes, list):
+        for i, scheme in enumerate(schemes):
+            if isinstance(scheme, str) and scheme not in SCHEMES:
+                out.append(f"quantize[{i}]: unknown scheme {printable(repr(scheme), 60)}; expected {expected}")
+        known = [s for s in schemes if isinstance(s, str)]
+        if len(set(known)) != len(known):
+            out.append(f"quantize: repeated scheme in {printable(str(schemes), 200)}")
+    if group_size is not None:
+        if not (isinstance(schemes, list) and "int4" in schemes):
+            out.append("quantize_group_size: applies to int4 (int8 keeps one scale per output row); add int4 to "
+                       "quantize or drop it")
+        if isinstance(group_size, int) and not isinstance(group_size, bool) and group_size % 2:
+            out.append(f"quantize_group_size: must be even (two 4-bit values per byte), got {group_size}")
     return out
 
 
@@ -469,6 +501,7 @@ def sweep_json_schema() -> dict[str, Any]:
     budget["minProperties"] = budget["maxProperties"] = 1
     props["seeds"]["uniqueItems"] = True
     props["lr_sweep"]["anyOf"][0]["uniqueItems"] = True
+    props["quantize"]["anyOf"][0]["uniqueItems"] = True
     # match and solve come together (one without the other is refused)
     schema["dependentRequired"] = {"match": ["solve"], "solve": ["match"]}
     for section in ("grid", "zip"):

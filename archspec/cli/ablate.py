@@ -117,6 +117,10 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
         if sweep.file.match:
             meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
                                f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
+    schemes = sorted({s for v in variants for r in v.runs for s in r.quant})
+    if schemes:
+        meta["quantized"] = (f"{', '.join(schemes)} (archspec quantize, weight-only): Δ = quantized − trained val loss "
+                             f"on each run's validation set, mean [95% t interval] over the finished seeds")
     from archspec.ablate.scaling import sweep_fits
 
     ids = {r.run_id for v in variants for r in v.runs}
@@ -215,11 +219,30 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
                   f"{outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere"
                   + (f", {outcome.count('submitted')} submitted" if outcome.count("submitted") else ""))
+    if sweep.file.quantize and not outcome.count("submitted"):
+        _quantize_phase(sweep, outcome, registry_url, console)
     if outcome.count("submitted"):
         echo(f"submitted {outcome.count('submitted')} job(s); follow them with: archspec ablate "
              f"{printable(str(sweep_path))} --status" + (f" --registry {registry_url}" if registry_url else ""))
         return
     _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+
+
+def _quantize_phase(sweep: Sweep, outcome, registry_url, console) -> None:
+    """The sweep's `quantize:`: each finished run the report holds (at an lr_sweep's best rate only) quantized at each
+    scheme it has no evaluation of yet (archspec.ablate.quantize)."""
+    from archspec.ablate.quantize import quantize_runs
+    from archspec.ablate.runner import collect
+    from archspec.registry import Registry
+    from archspec.train.logger import FINISHED
+
+    finished = {o.run_id for o in outcome.outcomes if o.status == FINISHED}
+    variants, _ = collect(Registry(registry_url), sweep.name, sweep)
+    ids = [r.run_id for v in variants for r in v.runs if r.status == FINISHED and r.run_id in finished]
+    counts = quantize_runs(ids, sweep.file.quantize, sweep.file.quantize_group_size, registry_url,
+                           on_event=lambda line: console.print(escape(line)))
+    console.print(f"sweep {sweep.name}: {counts['quantized']} quantized ({', '.join(sweep.file.quantize)}), "
+                  f"{counts['skipped']} already quantized")
 
 
 def _launcher_settings(sweep: Sweep, launch: dict, registry_url):

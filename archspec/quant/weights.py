@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from archspec.errors import UserError
+from archspec.quant.schemes import GROUP_SIZES, SCHEMES  # noqa: F401  (re-exported: archspec.quant.weights.SCHEMES)
 
-SCHEMES = ("int8", "int4")
-GROUP_SIZES = (128, 64, 32)  # int4's default: the largest that divides every quantized weight's input width
 INT4_LEVELS = 15  # 4 bits: 0..15
 KERNEL_GROUPS = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu takes
 # Rows (tokens) up to which the int4 kernel runs: measured on this 2-core CPU (torch 2.13, 128 → 352 features, one
