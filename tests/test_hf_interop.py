@@ -1020,3 +1020,24 @@ def test_gemma2_greedy_generation_through_the_rolling_and_full_caches_equals_hf_
     got = ours.eval().generate(prompt, C - 5, temperature=0)
     assert got.tolist() == want.tolist()
     assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+
+
+@pytest.mark.parametrize("preset", ["gemma2-like-tiny", "gemma2-like"])
+def test_the_gemma2_presets_export_as_gemma2_with_hf_equal_logits(preset, tmp_path, capsys):
+    """Gemma 2's recipe in the preset is one transformers' gemma2 says: exported, HF computes the same logits."""
+    from archspec.train.checkpoint import save_weights
+
+    spec = load_spec(str(Path(__file__).resolve().parent.parent / "specs" / f"{preset}.yaml"))
+    torch.manual_seed(0)
+    ours = generate(spec, write=False).Model()
+    save_weights(tmp_path / "p.pt", canonical_dict(spec), model_hash(spec), ours.state_dict())
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(tmp_path / "p.pt"), "-o", str(out)]) == 0, capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gemma2" and config["query_pre_attn_scalar"] == spec.model.attention.head_dim
+    assert (config["attn_logit_softcapping"], config["final_logit_softcapping"]) == (50.0, 30.0)
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] * (spec.model.n_layers // 2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert _numel(hf) == _numel(ours)
+    idx = torch.randint(0, spec.model.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_hf_logits(hf, idx), _logits(ours, idx), atol=ATOL, rtol=0)
