@@ -726,6 +726,15 @@ def test_released_glm_4_9b_config_imports_with_its_published_parameter_count():
     assert sum(parts.values()) == pytest.approx(9.4e9, abs=0.06e9)
 
 
+def _assert_greedy_equals_hf(hf, ours) -> None:
+    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
+                              pad_token_id=0)
+    got = ours.eval().generate(prompt, C - 5, temperature=0)
+    assert got.tolist() == want.tolist()
+    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+
+
 @pytest.mark.parametrize("case", ["glm", "glm_yarn", "llama_yarn", "phi3"])
 def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, capsys):
     """The imported model's KV-cached greedy decoding gives HF generate's tokens (partial, interleaved, yarn)."""
@@ -742,12 +751,7 @@ def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, 
                 attn.k_proj.weight.mul_(4.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
-    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
-    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
-                              pad_token_id=0)
-    got = ours.eval().generate(prompt, C - 5, temperature=0)
-    assert got.tolist() == want.tolist()
-    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+    _assert_greedy_equals_hf(hf, ours)
 
 
 @pytest.mark.parametrize("case", ["gpt_neox", "gptj", "phi", "stablelm_parallel", "olmo2", "glm4", "gemma"])
@@ -763,12 +767,7 @@ def test_greedy_generation_of_the_block_shape_types_equals_hf_generate(case, tmp
                 p.mul_(3.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
-    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
-    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
-                              pad_token_id=0)
-    got = ours.eval().generate(prompt, C - 5, temperature=0)
-    assert got.tolist() == want.tolist()
-    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+    _assert_greedy_equals_hf(hf, ours)
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral", "ministral", "mixtral", "qwen2_moe",
@@ -1014,12 +1013,7 @@ def test_gemma2_greedy_generation_through_the_rolling_and_full_caches_equals_hf_
                 p.mul_(4.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
-    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
-    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
-                              pad_token_id=0)
-    got = ours.eval().generate(prompt, C - 5, temperature=0)
-    assert got.tolist() == want.tolist()
-    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+    _assert_greedy_equals_hf(hf, ours)
 
 
 @pytest.mark.parametrize("preset", ["gemma2-like-tiny", "gemma2-like"])

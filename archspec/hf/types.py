@@ -64,6 +64,15 @@ def _gpt2_checks(cfg: HFConfig) -> None:
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' words in `layer_types`
 
 
+def _check_words(cfg: HFConfig, layer_types: list, n_layers: int) -> None:
+    """`layer_types`: one of transformers' two words per layer."""
+    if len(layer_types) != n_layers:
+        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+
+
 def _layer_types(cfg: HFConfig, derived, window_off) -> list[str]:
     """Which layers slide, as transformers decides: `layer_types` (5.x) when the config has it, else derived from
     use_sliding_window and max_window_layers (`derived(i, max_window_layers)`). transformers ignores sliding_window
@@ -77,11 +86,7 @@ def _layer_types(cfg: HFConfig, derived, window_off) -> list[str]:
     first = cfg.take("max_window_layers", int)
     if layer_types is None:
         layer_types = [SLIDING if use and window is not None and derived(i, first) else FULL for i in range(n_layers)]
-    if len(layer_types) != n_layers:
-        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
-    if odd:
-        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    _check_words(cfg, layer_types, n_layers)
     if SLIDING in layer_types and not window:
         raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but use_sliding_window is {str(use).lower()} and "
                          f"sliding_window {window!r}: transformers would give them no usable window")
@@ -105,11 +110,7 @@ def _ministral_pattern(cfg: HFConfig) -> list[str]:
     layer_types = cfg.take("layer_types", list, default=None)
     if layer_types is None:
         layer_types = [SLIDING if window is not None else FULL] * n_layers
-    if len(layer_types) != n_layers:
-        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
-    if odd:
-        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    _check_words(cfg, layer_types, n_layers)
     if SLIDING in layer_types and not window:
         raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but sliding_window is {window!r}: transformers "
                          "would give them no usable window")
@@ -606,11 +607,7 @@ def _gemma2_pattern(cfg: HFConfig) -> list[str]:
     layer_types = cfg.take("layer_types", list, default=None)
     if layer_types is None:
         layer_types = [SLIDING if (i + 1) % 2 else FULL for i in range(n_layers)]
-    if len(layer_types) != n_layers:
-        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
-    if odd:
-        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    _check_words(cfg, layer_types, n_layers)
     if SLIDING in layer_types and not window:
         raise cfg.refuse("sliding_window", f"{window!r}: transformers' gemma2 needs a window for its "
                          f"{SLIDING!r} layers")
