@@ -201,6 +201,23 @@ CASES = {
     "gemma": lambda: transformers.GemmaConfig(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, **_NO_IDS),
+    # Gemma 2: sandwich norms, (1 + w) RMSNorm, sqrt(d) embeddings, GeGLU (tanh), scores and logits soft-capped,
+    # query_pre_attn_scalar 9 (scale 1/3, not 1/sqrt(16)), even layers sliding (window 6 < C), odd ones global
+    "gemma2": lambda: transformers.Gemma2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=9, sliding_window=6,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, **_NO_IDS),
+    # Gemma 2 for greedy decoding: caps that bite but leave the logits lively, windows shorter than the generation
+    "gemma2_generate": lambda: transformers.Gemma2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=9, sliding_window=6,
+        attn_logit_softcapping=4.0, final_logit_softcapping=30.0, **_NO_IDS),
+    # Gemma 2 without caps, query_pre_attn_scalar = head_dim (archspec's default scale), a custom layer pattern
+    "gemma2_uncapped": lambda: transformers.Gemma2Config(
+        vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=5,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        attn_logit_softcapping=None, final_logit_softcapping=None, **_NO_IDS),
     "deepseek_v3_full_q": lambda: transformers.DeepseekV3Config(
         vocab_size=V, max_position_embeddings=C, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
         num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=8,
@@ -331,8 +348,17 @@ _MOE = {"kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hi
     ({"norm": {"kind": "rmsnorm", "eps": 1e-6, "unit_offset": True}, "embedding_scale": "sqrt_d_model",
       "attention": {"n_heads": 2, "head_dim": 24}, "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 48},
       "tie_embeddings": True}, "gemma"),
+    # Gemma 2's recipe: sandwich (1 + w) norms, capped scores and logits, scale 1/4 = 16 ** -0.5 with head_dim 8,
+    # sliding and global layers alternating (a window shorter than the context)
+    ({"n_layers": 3, "block": {"norm_placement": "sandwich"}, "norm": {"kind": "rmsnorm", "eps": 1e-6, "unit_offset": True},
+      "embedding_scale": "sqrt_d_model", "logit_softcap": 3.0,
+      "attention": {"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "softcap": 2.5, "scale": 0.25,
+                    "sparsity": {"kind": "sliding_window", "window": 5}},
+      "layers": {"global": {"select": [1], "attention": {"sparsity": {"kind": "dense"}}}},
+      "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 48}, "tie_embeddings": True}, "gemma2"),
 ], ids=["gpt2-like", "qwen3-like", "alternating-windows", "moe-with-dense-layer", "mixtral-like", "glm-like",
-        "partial-half", "interleaved-whole-heads", "neox-like", "gptj-like", "olmo2-like", "glm4-like", "gemma-like"])
+        "partial-half", "interleaved-whole-heads", "neox-like", "gptj-like", "olmo2-like", "glm4-like", "gemma-like",
+        "gemma2-like"])
 def test_archspec_to_hf_to_archspec_is_lossless(model, model_type, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -439,7 +465,10 @@ REFUSED = {
                             "use_bidirectional_attention"),
     # types that need a feature archspec lacks name it (not the generic "not one archspec maps")
     "cohere_pending": (lambda: _set(_llama_config(), model_type="cohere"), "needs a multiplier on the logits"),
-    "gemma2_pending": (lambda: _set(_llama_config(), model_type="gemma2"), "the type is not mapped yet"),
+    "gemma2_no_window": (lambda: _set(CASES["gemma2"]().to_dict(), sliding_window=None),
+                         "sliding_window: None: transformers' gemma2 needs a window"),
+    "gemma2_bidirectional": (lambda: _set(CASES["gemma2"]().to_dict(), use_bidirectional_attention=True),
+                             "use_bidirectional_attention"),
     "falcon_pending": (lambda: _set(_llama_config(), model_type="falcon"), "the type is not mapped yet"),
     "cross_attention": (lambda: _set(CASES["gpt2"]().to_dict(), add_cross_attention=True), "add_cross_attention"),
 }
@@ -510,10 +539,16 @@ def test_a_config_alone_gives_a_spec_and_refuses_to_overwrite(tmp_path, capsys):
      "model.embedding_scale: false cannot be expressed as gemma"),
     ({"attention": {"n_heads": 4}, "block": {"parallel": True}},
      "model.block.parallel: true cannot be expressed as llama"),
+    # Gemma 2's softmax scale is query_pre_attn_scalar ** -0.5 with an integer scalar: 0.3 is no such scale
+    ({"block": {"norm_placement": "sandwich"}, "norm": {"kind": "rmsnorm", "eps": 1e-6, "unit_offset": True},
+      "embedding_scale": "sqrt_d_model", "attention": {"n_heads": 2, "head_dim": 16, "scale": 0.3},
+      "ffn": {"kind": "glu", "activation": "gelu_tanh", "hidden_dim": 48}},
+     "model.attention.scale: 0.3 cannot be expressed as gemma2"),
 ], ids=["sinusoidal", "nope", "gpt2-without-norm-bias", "out-bias-only", "moe-capacity", "moe-z-loss", "moe-mlp-experts",
         "moe-ungated-shared-expert", "layer-norm-eps", "layer-heads", "layer-ffn-width", "layer-windows-differ",
         "layer-global-local", "interleaved-with-qk-norm", "partial-with-experts", "no-final-norm", "post-norm",
-        "shape-per-layer", "logit-softcap", "unit-offset-unscaled", "parallel-rmsnorm"])
+        "shape-per-layer", "logit-softcap", "unit-offset-unscaled", "parallel-rmsnorm",
+        "gemma2-scale-not-an-integer-s"])
 def test_export_refuses_what_hf_cannot_express(model, field, tmp_path, capsys):
     from archspec.train.checkpoint import save_weights
 
@@ -691,6 +726,15 @@ def test_released_glm_4_9b_config_imports_with_its_published_parameter_count():
     assert sum(parts.values()) == pytest.approx(9.4e9, abs=0.06e9)
 
 
+def _assert_greedy_equals_hf(hf, ours) -> None:
+    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
+    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
+                              pad_token_id=0)
+    got = ours.eval().generate(prompt, C - 5, temperature=0)
+    assert got.tolist() == want.tolist()
+    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+
+
 @pytest.mark.parametrize("case", ["glm", "glm_yarn", "llama_yarn", "phi3"])
 def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, capsys):
     """The imported model's KV-cached greedy decoding gives HF generate's tokens (partial, interleaved, yarn)."""
@@ -707,12 +751,7 @@ def test_greedy_generation_through_the_cache_equals_hf_generate(case, tmp_path, 
                 attn.k_proj.weight.mul_(4.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
-    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
-    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
-                              pad_token_id=0)
-    got = ours.eval().generate(prompt, C - 5, temperature=0)
-    assert got.tolist() == want.tolist()
-    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+    _assert_greedy_equals_hf(hf, ours)
 
 
 @pytest.mark.parametrize("case", ["gpt_neox", "gptj", "phi", "stablelm_parallel", "olmo2", "glm4", "gemma"])
@@ -728,12 +767,7 @@ def test_greedy_generation_of_the_block_shape_types_equals_hf_generate(case, tmp
                 p.mul_(3.0)
     hf.save_pretrained(src)
     _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
-    prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(9))
-    want = hf.eval().generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=C - 5, do_sample=False,
-                              pad_token_id=0)
-    got = ours.eval().generate(prompt, C - 5, temperature=0)
-    assert got.tolist() == want.tolist()
-    assert len(set(got[0, 5:].tolist())) > 8  # varied text: a decoding that drifts would show
+    _assert_greedy_equals_hf(hf, ours)
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral", "ministral", "mixtral", "qwen2_moe",
@@ -920,6 +954,13 @@ _RELEASED_SHAPES = {
     "gemma-2b": ({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_attention_heads": 8,
                   "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 18, "vocab_size": 256000,
                   "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}, 2.51),
+    # google/gemma-2-2b: 2,614,341,888 parameters (transformers' count of its config, tied embeddings)
+    "gemma-2-2b": ({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 26, "vocab_size": 256000,
+                    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+                    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                    "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+                    "cache_implementation": "hybrid", "rope_theta": 10000.0}, 2.614341888),
     "GLM-4-9B-0414": ({"model_type": "glm4", "hidden_size": 4096, "intermediate_size": 13696,
                        "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 40,
                        "vocab_size": 151552, "attention_bias": True, "partial_rotary_factor": 0.5,
@@ -942,3 +983,55 @@ def test_released_block_shape_configs_import_with_their_published_sizes(name):
         hf = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(parts.values()) == _numel(hf)
     assert sum(parts.values()) == pytest.approx(billions * 1e9, abs=0.01e9 if billions < 1 else 0.06e9)
+
+
+def test_gemma2_files_without_layer_types_slide_the_even_layers_as_transformers_does():
+    """Gemma2Config without layer_types: layer i slides when (i + 1) % 2; the spec equals the one read from the
+    layer_types transformers fills in, and a window no shorter than the context hides nothing (full attention)."""
+    from archspec.hf import spec_from_config
+
+    data = CASES["gemma2"]().to_dict()
+    assert data["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+    without = {k: v for k, v in data.items() if k != "layer_types"}
+    assert spec_from_config(without, "c", "x") == spec_from_config(data, "c", "x")
+    model = load_spec_dict(spec_from_config(without, "c", "x")).model
+    assert [b.attention.sparsity.kind for b in model.blocks()] == ["sliding_window", "dense", "sliding_window"]
+    wide = load_spec_dict(spec_from_config(_set(data, sliding_window=C), "c", "x")).model
+    assert {b.attention.sparsity.kind for b in wide.blocks()} == {"dense"}
+
+
+def test_gemma2_greedy_generation_through_the_rolling_and_full_caches_equals_hf_generate(tmp_path, capsys):
+    """Sandwich (1 + w) blocks, capped scores, query_pre_attn_scalar, window 6 layers beside global ones: KV-cached
+    greedy decoding gives HF's tokens. The post-norm gains are raised so the sublayers, not the sqrt(d)-scaled
+    embedding, steer the residual (lively text)."""
+    hf, src = _hf_dir(tmp_path, "gemma2_generate", seed=7)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "post_" in name and "layernorm" in name:
+                p.mul_(8.0)
+            elif p.ndim == 2 and any(k in name for k in ("q_proj", "k_proj")):
+                p.mul_(4.0)
+    hf.save_pretrained(src)
+    _, _, ours, _ = _import(tmp_path, src, capsys=capsys)
+    _assert_greedy_equals_hf(hf, ours)
+
+
+@pytest.mark.parametrize("preset", ["gemma2-like-tiny", "gemma2-like"])
+def test_the_gemma2_presets_export_as_gemma2_with_hf_equal_logits(preset, tmp_path, capsys):
+    """Gemma 2's recipe in the preset is one transformers' gemma2 says: exported, HF computes the same logits."""
+    from archspec.train.checkpoint import save_weights
+
+    spec = load_spec(str(Path(__file__).resolve().parent.parent / "specs" / f"{preset}.yaml"))
+    torch.manual_seed(0)
+    ours = generate(spec, write=False).Model()
+    save_weights(tmp_path / "p.pt", canonical_dict(spec), model_hash(spec), ours.state_dict())
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(tmp_path / "p.pt"), "-o", str(out)]) == 0, capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gemma2" and config["query_pre_attn_scalar"] == spec.model.attention.head_dim
+    assert (config["attn_logit_softcapping"], config["final_logit_softcapping"]) == (50.0, 30.0)
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] * (spec.model.n_layers // 2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert _numel(hf) == _numel(ours)
+    idx = torch.randint(0, spec.model.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_hf_logits(hf, idx), _logits(ours, idx), atol=ATOL, rtol=0)

@@ -126,7 +126,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # held to their nearest kin's bound, GPT-2's (learned positions → ALiBi, an embedding norm)
                 "bloom-like-tiny": 363, "bloom-like": 363,
                 # block shapes (issue 26): their first committed length plus one
-                "gpt1-like-tiny": 271, "gpt1-like": 271, "neox-like-tiny": 304, "neox-like": 304}
+                "gpt1-like-tiny": 271, "gpt1-like": 271, "neox-like-tiny": 304, "neox-like": 304,
+                # gemma2-like: its first committed length plus one
+                "gemma2-like-tiny": 384, "gemma2-like": 395}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

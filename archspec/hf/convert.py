@@ -139,7 +139,7 @@ def _shape_to_hf(m: ModelSpec, hf: HFType, out: dict[str, Any]) -> None:
     if m.logit_softcap is not None and "logit_softcap" not in hf.keys:
         raise HFUnsupported(f"model.logit_softcap: {m.logit_softcap} cannot be expressed as {hf.model_type} (it does "
                             "not cap its logits)")
-    if m.logit_softcap is not None:
+    if "logit_softcap" in hf.keys:  # null written too: the type's default may be a cap (gemma2's 30)
         out[hf.keys["logit_softcap"]] = m.logit_softcap
     put_fact(out, hf, "lm_head_bias", m.lm_head_bias, ("model", "lm_head_bias"))
     put_fact(out, hf, "embedding_scale", m.embedding_scale == "sqrt_d_model", ("model", "embedding_scale"))

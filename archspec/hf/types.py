@@ -64,6 +64,15 @@ def _gpt2_checks(cfg: HFConfig) -> None:
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' words in `layer_types`
 
 
+def _check_words(cfg: HFConfig, layer_types: list, n_layers: int) -> None:
+    """`layer_types`: one of transformers' two words per layer."""
+    if len(layer_types) != n_layers:
+        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+
+
 def _layer_types(cfg: HFConfig, derived, window_off) -> list[str]:
     """Which layers slide, as transformers decides: `layer_types` (5.x) when the config has it, else derived from
     use_sliding_window and max_window_layers (`derived(i, max_window_layers)`). transformers ignores sliding_window
@@ -77,11 +86,7 @@ def _layer_types(cfg: HFConfig, derived, window_off) -> list[str]:
     first = cfg.take("max_window_layers", int)
     if layer_types is None:
         layer_types = [SLIDING if use and window is not None and derived(i, first) else FULL for i in range(n_layers)]
-    if len(layer_types) != n_layers:
-        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
-    if odd:
-        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    _check_words(cfg, layer_types, n_layers)
     if SLIDING in layer_types and not window:
         raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but use_sliding_window is {str(use).lower()} and "
                          f"sliding_window {window!r}: transformers would give them no usable window")
@@ -105,11 +110,7 @@ def _ministral_pattern(cfg: HFConfig) -> list[str]:
     layer_types = cfg.take("layer_types", list, default=None)
     if layer_types is None:
         layer_types = [SLIDING if window is not None else FULL] * n_layers
-    if len(layer_types) != n_layers:
-        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
-    odd = sorted({repr(t) for t in layer_types if t not in (FULL, SLIDING)})
-    if odd:
-        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {SLIDING!r}")
+    _check_words(cfg, layer_types, n_layers)
     if SLIDING in layer_types and not window:
         raise cfg.refuse("layer_types", f"{SLIDING!r} layers, but sliding_window is {window!r}: transformers "
                          "would give them no usable window")
@@ -595,6 +596,73 @@ GEMMA = HFType(  # Gemma: RMSNorm with a (1 + w) gain, embeddings scaled by sqrt
     check=(_common_checks, _must_be("use_bidirectional_attention", None, "archspec models are causal")),
 )
 
+# ── gemma2: Gemma's block with sandwich norms, soft-capped scores and logits, alternating window/global layers ──
+
+
+def _gemma2_pattern(cfg: HFConfig) -> list[str]:
+    """Gemma 2: `layer_types`, else (transformers' Gemma2Config) even-numbered layers slide, odd ones are global. A
+    window at least as long as the context hides no key: those layers are full attention, the same function."""
+    n_layers = cfg.take("n_layers", int)
+    window = cfg.take("sliding_window", int, default=None)
+    layer_types = cfg.take("layer_types", list, default=None)
+    if layer_types is None:
+        layer_types = [SLIDING if (i + 1) % 2 else FULL for i in range(n_layers)]
+    _check_words(cfg, layer_types, n_layers)
+    if SLIDING in layer_types and not window:
+        raise cfg.refuse("sliding_window", f"{window!r}: transformers' gemma2 needs a window for its "
+                         f"{SLIDING!r} layers")
+    if window is not None and window >= cfg.take("context_length", int):
+        return [FULL] * n_layers
+    return layer_types
+
+
+_gemma2_pattern.fields = ("layer_types", "sliding_window")
+
+
+def _gemma2_read(cfg: HFConfig) -> None:
+    """query_pre_attn_scalar q: the softmax scale q ** -0.5, read as the attention's scale (role attn_scale, this
+    key); q = head_dim is 1/sqrt(head_dim), archspec's default (null)."""
+    scalar = cfg.take("attn_scale", (int, float))
+    if scalar <= 0:
+        raise cfg.refuse("attn_scale", f"{scalar}: the softmax scale is query_pre_attn_scalar ** -0.5, so it must "
+                         "be positive")
+    cfg.data["query_pre_attn_scalar"] = None if scalar == cfg.take("head_dim", int) else scalar ** -0.5
+
+
+def _gemma2_write(m, out: dict) -> None:
+    scale, head_dim = out.pop("query_pre_attn_scalar"), m.attention.head_dim
+    scalar = head_dim if scale is None else round(scale ** -2)
+    if scale is not None and (scalar < 1 or scalar ** -0.5 != scale):
+        raise HFUnsupported(f"model.attention.scale: {scale} cannot be expressed as gemma2 (its softmax scale is "
+                            "query_pre_attn_scalar ** -0.5, an integer's; e.g. 0.0625 = 256 ** -0.5)")
+    out["query_pre_attn_scalar"] = scalar
+    out.setdefault("sliding_window", m.context_length)  # transformers' gemma2 needs one even when no layer slides
+
+
+GEMMA2 = HFType(
+    model_type="gemma2", architecture="Gemma2ForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS}, pick={"sparsity": _gemma2_pattern},
+    keys={**_LLAMA_KEYS, "activation": "hidden_activation", "logit_softcap": "final_logit_softcapping",
+          "attn_softcap": "attn_logit_softcapping", "attn_scale": "query_pre_attn_scalar"},
+    # Gemma2Config's defaults (gemma-2-2b's sizes)
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
+              "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+              "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "tie_word_embeddings": True,
+              "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
+              "attn_logit_softcapping": 50.0},
+    names={**_LLAMA_NAMES, "attn_post_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+           "ffn_post_norm": "post_feedforward_layernorm"},
+    norm_placement="sandwich",
+    facts=GEMMA.facts,
+    dropout_keys=("attention_dropout",),
+    place={"sparsity": _place_ministral_layer_types},
+    # hidden_act: released files carry it beside hidden_activation, which is the one Gemma2's MLP reads;
+    # cache_implementation: a generation default (the hybrid sliding/global cache)
+    inert=frozenset({"hidden_act", "cache_implementation"}),
+    rewrite=(_gemma2_read, _gemma2_write),
+    check=(_common_checks, _must_be("use_bidirectional_attention", None, "archspec models are causal")),
+)
+
 # ── bloom: ALiBi, a LayerNorm after the embeddings, q/k/v fused per head, a 4·hidden tanh-GELU MLP, biases ──────
 
 BLOOM_CONTEXT = 2048  # BLOOM's training sequence length (BigScience, arXiv:2211.05100, table 3)
@@ -710,7 +778,7 @@ MPT = HFType(
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
-                                                              BLOOM, MPT)}
+                                                              GEMMA2, BLOOM, MPT)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -718,13 +786,11 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, BLOOM, MPT)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {
     "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
-    "gemma2": "its mapping (soft-capping, query_pre_attn_scalar, sandwich norms and alternating windows each exist "
-              "as archspec options, but the type is not mapped yet)",
     "gemma3": "per-layer rope bases (rope_local_base_freq)",
     "falcon": "its mapping (ALiBi, rope and parallel blocks exist; the type is not mapped yet)",
 }
