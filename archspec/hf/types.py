@@ -792,5 +792,7 @@ EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MO
 PENDING: dict[str, str] = {
     "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
     "gemma3": "per-layer rope bases (rope_local_base_freq)",
-    "falcon": "its mapping (ALiBi, rope and parallel blocks exist; the type is not mapped yet)",
+    "falcon": "q/k/v rows fused per K/V group (new_decoder_architecture), which archspec's weight mapping cannot "
+              "regroup, and an ALiBi bias added before the 1/sqrt(head_dim) scale (scaled with the scores, unlike "
+              "BLOOM's and archspec's)",
 }
