@@ -23,6 +23,13 @@ def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
+# Observers of the attention logits (archspec.train.metrics.StabilityProbe, during an evaluation only): each is called
+# with q, k, the (T, S) boolean mask of what each query sees and the scale, before the scores are capped or biased
+# (the max logit is the raw one). Called by sparse_attention and score_mod_attention, the entry points SDPA is not.
+# Empty otherwise: nothing is built.
+logit_observers: list = []
+
+
 def score_mod_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
                         q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
                         dropout_p: float = 0.0, scale: float | None = None, softcap: float | None = None,
@@ -42,6 +49,8 @@ def score_mod_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
         k_pos = torch.arange(S, device=q.device)
     if mask is None:
         mask = k_pos[None, :] <= q_pos[:, None]  # (T, S): causal, aligned bottom-right
+    for observe in logit_observers:
+        observe(q, k, mask, scale)
     scale = D**-0.5 if scale is None else scale
     scores = torch.matmul(q.view(B, H_kv, G, T, D), k[:, :, None].transpose(-1, -2)) * scale  # (B, H_kv, G, T, S)
     scores = capped(scores.float(), softcap)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from archspec.runtime.scores import alibi_bias, capped, score_mod_attention
+from archspec.runtime.scores import logit_observers as score_logit_observers
 
 
 class SparsePattern:
@@ -352,9 +353,8 @@ def flex_attention_fn():
     return _FLEX["compiled"]
 
 
-# Observers of the attention logits (archspec.train.metrics.StabilityProbe, during an evaluation only): each is called
-# with q, k and the pattern's (T, T) boolean mask before attending. Empty otherwise: nothing is built.
-logit_observers: list = []
+# Observers of the attention logits: one list for every entry point (archspec.runtime.scores.logit_observers).
+logit_observers = score_logit_observers
 
 
 _SCORE_MODS: dict = {}  # (softcap, slopes' values, device) → score_mod: one function object per setting (see below)

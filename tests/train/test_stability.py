@@ -160,3 +160,38 @@ def test_sparse_patterns_are_scored_over_their_own_keys(tmp_path):
         s = q @ k.repeat_interleave(q.size(1) // k.size(1), 1).transpose(-1, -2) / math.sqrt(q.size(-1))
         assert got[f"stability.layer{i}.max_logit"] == pytest.approx(float(s.masked_fill(~visible, -torch.inf).max()),
                                                                      rel=1e-5)
+
+
+@pytest.mark.parametrize("override", ["model.attention.softcap=0.05", "model.attention.positional={kind: alibi}"])
+def test_capped_or_biased_dense_layers_are_scored_before_the_cap(tmp_path, override):
+    """A layer that caps or biases its scores leaves SDPA for score_mod_attention: its max logit is still recorded,
+    the raw q·k · scale (before the cap: a cap of 0.05 would bound every capped score by 0.05)."""
+    from archspec.codegen import generate
+    from archspec.runtime import scores
+    from archspec.spec import load_spec
+    from archspec.train.metrics import StabilityProbe
+
+    spec = load_spec("specs/llama-like-tiny.yaml", [override, "model.attention.scale=2.0"])
+    model = generate(spec, out_dir=tmp_path).Model().eval()
+    seen = []
+    scores.logit_observers.append(lambda q, k, visible, scale=None: seen.append((q, k, visible, scale)))
+    probe = StabilityProbe(model)
+    try:
+        with torch.no_grad(), probe.recording():
+            model(torch.randint(0, spec.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0)))
+    finally:
+        scores.logit_observers.clear()
+
+    class OneProcess:
+        def mean(self, t):
+            return t
+
+    got = probe.eval_metrics(OneProcess())
+    assert len(seen) == spec.model.n_layers
+    for i, (q, k, visible, scale) in enumerate(seen):
+        assert scale == 2.0
+        s = q @ k.repeat_interleave(q.size(1) // k.size(1), 1).transpose(-1, -2) * scale
+        best = float(s.masked_fill(~visible, -torch.inf).max())
+        assert got[f"stability.layer{i}.max_logit"] == pytest.approx(best, rel=1e-5)
+    if "softcap" in override:
+        assert max(got[f"stability.layer{i}.max_logit"] for i in range(spec.model.n_layers)) > 0.05
