@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from archspec.runtime.scores import alibi_bias, capped, score_mod_attention
-from archspec.runtime.scores import logit_observers as score_logit_observers
+# logit_observers: the one list of attention-logit observers, shared with score_mod_attention (archspec.runtime.scores)
+from archspec.runtime.scores import alibi_bias, capped, logit_observers, score_mod_attention  # noqa: F401
 
 
 class SparsePattern:
@@ -352,9 +352,6 @@ def flex_attention_fn():
         _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
     return _FLEX["compiled"]
 
-
-# Observers of the attention logits: one list for every entry point (archspec.runtime.scores.logit_observers).
-logit_observers = score_logit_observers
 
 
 _SCORE_MODS: dict = {}  # (softcap, slopes' values, device) → score_mod: one function object per setting (see below)

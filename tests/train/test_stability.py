@@ -131,31 +131,41 @@ def test_sweep_stability_field_sets_every_variant():
     assert all(v.spec.train.stability for v in on.variants) and not any(v.spec.train.stability for v in off.variants)
 
 
-def test_sparse_patterns_are_scored_over_their_own_keys(tmp_path):
-    """A sliding-window model attends through archspec.runtime.sparse: its layers get a max logit over the window."""
+def _probed(spec, tmp_path, T: int):
+    """The spec's model run once on random tokens under a StabilityProbe, with every call to the attention-logit
+    observers (the one list of archspec.runtime.scores, which sparse re-exports) captured: (metrics, calls), each call
+    (q, k, visible, scale)."""
     from archspec.codegen import generate
-    from archspec.runtime import sparse
-    from archspec.spec import load_spec
+    from archspec.runtime import scores
     from archspec.train.metrics import StabilityProbe
 
-    spec = load_spec("specs/mistral-like-tiny.yaml")
     model = generate(spec, out_dir=tmp_path).Model().eval()
     seen = []
-    sparse.logit_observers.append(lambda q, k, visible, scale=None: seen.append((q, k, visible)))
+    scores.logit_observers.append(lambda q, k, visible, scale=None: seen.append((q, k, visible, scale)))
     probe = StabilityProbe(model)
     try:
         with torch.no_grad(), probe.recording():
-            model(torch.randint(0, spec.model.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0)))
+            model(torch.randint(0, spec.model.vocab_size, (2, T), generator=torch.Generator().manual_seed(0)))
     finally:
-        sparse.logit_observers.clear()
+        scores.logit_observers.clear()
 
     class OneProcess:
         def mean(self, t):
             return t
 
-    got = probe.eval_metrics(OneProcess())
+    return probe.eval_metrics(OneProcess()), seen
+
+
+def test_sparse_patterns_are_scored_over_their_own_keys(tmp_path):
+    """A sliding-window model attends through archspec.runtime.sparse: its layers get a max logit over the window."""
+    from archspec.runtime import scores, sparse
+    from archspec.spec import load_spec
+
+    assert sparse.logit_observers is scores.logit_observers
+    spec = load_spec("specs/mistral-like-tiny.yaml")
+    got, seen = _probed(spec, tmp_path, 48)
     assert len(seen) == spec.model.n_layers
-    for i, (q, k, visible) in enumerate(seen):
+    for i, (q, k, visible, _) in enumerate(seen):
         assert not visible.all()  # a window: some causal keys are out of it
         s = q @ k.repeat_interleave(q.size(1) // k.size(1), 1).transpose(-1, -2) / math.sqrt(q.size(-1))
         assert got[f"stability.layer{i}.max_logit"] == pytest.approx(float(s.masked_fill(~visible, -torch.inf).max()),
@@ -166,27 +176,10 @@ def test_sparse_patterns_are_scored_over_their_own_keys(tmp_path):
 def test_capped_or_biased_dense_layers_are_scored_before_the_cap(tmp_path, override):
     """A layer that caps or biases its scores leaves SDPA for score_mod_attention: its max logit is still recorded,
     the raw q·k · scale (before the cap: a cap of 0.05 would bound every capped score by 0.05)."""
-    from archspec.codegen import generate
-    from archspec.runtime import scores
     from archspec.spec import load_spec
-    from archspec.train.metrics import StabilityProbe
 
     spec = load_spec("specs/llama-like-tiny.yaml", [override, "model.attention.scale=2.0"])
-    model = generate(spec, out_dir=tmp_path).Model().eval()
-    seen = []
-    scores.logit_observers.append(lambda q, k, visible, scale=None: seen.append((q, k, visible, scale)))
-    probe = StabilityProbe(model)
-    try:
-        with torch.no_grad(), probe.recording():
-            model(torch.randint(0, spec.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0)))
-    finally:
-        scores.logit_observers.clear()
-
-    class OneProcess:
-        def mean(self, t):
-            return t
-
-    got = probe.eval_metrics(OneProcess())
+    got, seen = _probed(spec, tmp_path, 32)
     assert len(seen) == spec.model.n_layers
     for i, (q, k, visible, scale) in enumerate(seen):
         assert scale == 2.0
