@@ -47,11 +47,26 @@ _bind_data("tokenizer", DataSpec, "tokenizer")
 # ── how the work is spread and how activations are kept (stored with a run, not part of its identity) ──────────
 
 
-class DDPParallel(_Strict):
+class _Layout(_Strict):
+    """How the processes of a job are laid out on a device mesh (archspec.train.mesh): pp · dp · tp = world size, the
+    data-parallel size dp = world / (tp · pp); ep divides dp (the experts of an MoE layer are spread over ep of the
+    data-parallel ranks). All 1: every process is a data-parallel replica, as before these fields existed."""
+
+    tp: Annotated[int, Since("0.4")] = Field(
+        1, ge=1, le=1024, description="tensor-parallel degree: each matmul split over this many processes (heads, FFN "
+                                      "hidden, vocabulary), activations sequence-parallel between them")
+    ep: Annotated[int, Since("0.4")] = Field(
+        1, ge=1, le=1024, description="expert-parallel degree: an MoE layer's experts spread over this many "
+                                      "data-parallel processes, tokens sent to their expert's process (all-to-all)")
+    pp: Annotated[int, Since("0.4")] = Field(
+        1, ge=1, le=1024, description="pipeline-parallel stages (not built yet: 1)")
+
+
+class DDPParallel(_Layout):
     kind: Literal["ddp"] = "ddp"  # a full replica per process, gradients all-reduced (one process: plain training)
 
 
-class FSDPParallel(_Strict):
+class FSDPParallel(_Layout):
     kind: Literal["fsdp"] = "fsdp"  # FSDP2: weights, gradients and AdamW state sharded over the processes, per block
     reshard_after_forward: bool = Field(
         True, description="free each block's gathered weights after its forward (gather again in backward); "
