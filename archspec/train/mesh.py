@@ -88,6 +88,8 @@ class JobMesh:
 
     layout: Layout
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh over ("pp", "dp_out", "ep", "tp")
+    dp: Any  # its ("dp_out", "ep") dimensions flattened: every data-parallel process (FSDP or replication of the
+    # non-expert weights; the data split)
 
     @classmethod
     def build(cls, device_type: str, layout: Layout) -> JobMesh:
@@ -95,16 +97,7 @@ class JobMesh:
 
         mesh = init_device_mesh(device_type, (layout.pp, layout.dp_out, layout.ep, layout.tp),
                                 mesh_dim_names=("pp", "dp_out", "ep", "tp"))
-        mesh["dp_out", "ep"]._flatten("dp")  # the data-parallel axis: every replica of a non-expert weight
-        return cls(layout, mesh)
-
-    def _axis(self, name: str):
-        return self.mesh[name]
-
-    @property
-    def dp(self):
-        """All data-parallel processes (FSDP or replication of the non-expert weights; the data split)."""
-        return self.mesh["dp"]
+        return cls(layout, mesh, mesh["dp_out", "ep"]._flatten("dp"))
 
     @property
     def tp(self):
