@@ -63,18 +63,35 @@ class Setup:
     grad_accum: int = 1
     world_size: int = 1
     parallel: str = "ddp"  # ddp | fsdp (a world of one is plain single-process training either way)
+    tp: int = 1  # tensor-parallel degree: matmuls, embedding and head split this many ways (archspec.train.mesh)
+    ep: int = 1  # expert-parallel degree: routed experts spread over this many data-parallel processes
+    pp: int = 1
     checkpointing: Checkpointing = "none"
     checkpoint_every: int = 1  # every_k: blocks 0, k, 2k, … are checkpointed
     bf16: bool = False  # bf16 compute: autocast (single process, DDP) or FSDP's bf16 parameters (CUDA)
 
     @property
+    def dp(self) -> int:
+        """Data-parallel replicas: world / (tp · pp)."""
+        return max(1, self.world_size // (self.tp * self.pp))
+
+    @property
     def shards(self) -> int:
-        return self.world_size if self.parallel == "fsdp" and self.world_size > 1 else 1
+        """FSDP's shards of a non-expert weight (over the data-parallel processes); 1 without FSDP."""
+        return self.dp if self.parallel == "fsdp" and self.dp > 1 else 1
+
+    @property
+    def expert_shards(self) -> int:
+        """FSDP's shards of an expert weight: over the data-parallel processes that hold the same experts."""
+        return max(1, self.dp // self.ep) if self.parallel == "fsdp" else 1
 
     def describe(self) -> str:
         ac = {"none": "no activation checkpointing", "full": "activation checkpointing on every block",
               "every_k": f"activation checkpointing on every {self.checkpoint_every}th block"}[self.checkpointing]
         par = "" if self.world_size == 1 else f" · {self.parallel.upper()} over {self.world_size} processes"
+        axes = [f"{k} {v}" for k, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if v > 1]
+        if axes:
+            par += f" (dp {self.dp} × {' × '.join(axes)})"
         what = (f"training, micro-batch {self.batch_size} × {self.seq_len} tokens"
                 + (f" × {self.grad_accum} accumulated" if self.grad_accum > 1 else "") + f" · {ac}"
                 if self.training else "inference, weights only")
@@ -92,6 +109,7 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
     bf16 = t.precision in ("bf16", "fp16", "fp8") or (t.precision == "auto" and device == "cuda")
     setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
                   grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
+                  tp=getattr(parallel, "tp", 1), ep=getattr(parallel, "ep", 1), pp=getattr(parallel, "pp", 1),
                   checkpointing=getattr(ac, "kind", "none"), checkpoint_every=getattr(ac, "k", 1), bf16=bf16)
     return replace(setup, **overrides)
 
@@ -255,19 +273,22 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
         return MemoryPlan(spec.name, s, params, weights, buffers, 0, 0, 0, 0, 0, 0, weights + buffers)
 
     shards = s.shards
-    weights = math.ceil(params / shards) * 4
-    gradients = math.ceil(params / shards) * 4
-    optimizer = math.ceil(params / shards) * 8
+    held = held_params(spec, s, acc)  # this process's share of the parameters, before FSDP
+    weights = held * 4
+    gradients = held * 4
+    optimizer = held * 8
     notes: list[str] = []
-    # Per-block parameters, for FSDP's unsharded working copies and the backward walk.
-    block_params = (params - _outside_blocks(spec, acc)) // max(1, m.n_layers)
+    if s.tp > 1 or s.ep > 1:
+        notes.append(f"holds {held:,} of the {params:,} parameters (tensor/expert shards, then FSDP)")
+    # Per-block parameters (this process's tensor-parallel share), for FSDP's working copies and the backward walk.
+    block_params = (params - _outside_blocks(spec, acc)) // max(1, m.n_layers) // s.tp
     if shards > 1:
         # the block being computed and the one being prefetched, gathered whole (bf16 under mixed precision), plus
         # the root's parameters (embedding, head) for the whole step and one block's unsharded gradient
         elem = 2 if s.bf16 else 4
         communication = (2 * block_params + _outside_blocks(spec, acc)) * elem + block_params * 4
-    elif s.world_size > 1:
-        communication = params * 4  # DDP's bucket copy of the gradients
+    elif s.dp > 1:
+        communication = held * 4  # DDP's bucket copy of the gradients
     else:
         communication = 0
     if s.bf16 and shards == 1:
@@ -276,6 +297,8 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
         notes.append("includes bf16 weight copies that autocast keeps for backward")
 
     saved, transient, freed = _activation_walk(m, s)
+    if s.tp > 1:
+        saved, transient, freed = _tensor_parallel_activations(m, s, saved, transient, freed)
     # Backward: start with everything saved plus the head's transient and the head's gradients; each block then frees
     # its activations and adds its gradients.
     grad_per_block = math.ceil(block_params / shards) * 4
@@ -287,7 +310,7 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
     # Last, the token embedding's dense gradient; when tied to the head it is added to the head's gradient out of
     # place, so for a moment the table's gradient exists three times.
     if m.tie_embeddings:
-        backward_peak = max(backward_peak, live + 2 * math.ceil(m.vocab_size * m.d_model / shards) * 4)
+        backward_peak = max(backward_peak, live + 2 * math.ceil(m.vocab_size * m.d_model / s.tp / shards) * 4)
     step_peak = max(backward_peak, gradients)
     allocator = 0
     if s.device == "cpu":
@@ -296,6 +319,33 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
     total = weights + buffers + optimizer + communication + step_peak + allocator
     return MemoryPlan(spec.name, s, params, weights, buffers, gradients, optimizer, communication, saved, transient,
                       allocator, total, notes=notes)
+
+
+def held_params(spec: Spec, s: Setup, acc: Accounting | None = None) -> int:
+    """Parameters one process holds: every weight but the norms split tp ways (heads, FFN hidden, vocabulary; the
+    norms are replicated), routed experts further split ep ways, then FSDP's shards over the data-parallel processes
+    (the experts over those that hold the same experts)."""
+    m = spec.model
+    acc = acc or account(spec)
+    routed = sum(b.ffn.routed_params(m.d_model) for b in m.blocks())
+    norms = acc.by_component["norm"]
+    dense = acc.total - routed - norms
+    per_process = math.ceil(dense / s.tp) + norms
+    return math.ceil(per_process / s.shards) + math.ceil(routed / (s.tp * s.ep) / s.expert_shards)
+
+
+def _tensor_parallel_activations(m: ModelSpec, s: Setup, saved: int, transient: int, freed: list[int]
+                                 ) -> tuple[int, int, list[int]]:
+    """Under tensor parallelism each process keeps its heads' and hidden units' share of the activations and its
+    sequence shard of the residual stream and norms (sequence parallel): a tp-th of what one process keeps, except
+    the gathered (whole-sequence) input that the first projections of attention and of the FFN each keep."""
+    tokens = s.batch_size * s.seq_len
+    mm = 2 if s.bf16 else 4
+    gathered = 2 * m.d_model * tokens * mm * (1 - 1 / s.tp)  # per block: the attention's and the FFN's input
+    per_block = [math.ceil(k / s.tp + gathered) for k in freed]
+    head = saved - sum(freed)
+    saved = sum(per_block) + math.ceil(head / s.tp)
+    return saved, math.ceil(transient / s.tp), per_block
 
 
 def _outside_blocks(spec: Spec, acc: Accounting) -> int:
@@ -361,7 +411,7 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int, accounting: Accountin
         candidates.append(("--set train.activation_checkpointing.kind=full", ac))
         candidates += [(f"--set train.activation_checkpointing.kind=full {fix}", s)
                        for fix, s in (batch_fix(ac, b) for b in smaller)]
-    if "parallel" in recipe and setup.world_size > 1 and setup.shards == 1:
+    if "parallel" in recipe and setup.dp > 1 and setup.shards == 1:
         fsdp = replace(setup, parallel="fsdp")
         candidates.append(("--set train.parallel.kind=fsdp", fsdp))
         if "activation_checkpointing" in recipe:

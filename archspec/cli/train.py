@@ -157,8 +157,12 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     env_world, rank, _ = world_env()  # the same checks of torchrun's variables as a real run
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    from archspec.train.mesh import Layout
+
     world = world_size or env_world
-    build_data(spec, cache_dir(None), rank=rank if world == env_world else 0, world=world)  # the data checks too
+    layout = Layout.of(spec.train.parallel, world)  # tp · pp must divide the processes, ep the data-parallel size
+    dp_rank = layout.coordinates(rank)["dp"] if world == env_world else 0
+    build_data(spec, cache_dir(None), rank=dp_rank, world=layout.dp)  # the data checks too
     plan = planned(spec, device, training=True, world_size=world)
     echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
     if not plan.fits:

@@ -466,6 +466,11 @@ class FFNKind(KindUnit):
     def active_params(self, d_model: int) -> int:
         return self.params(d_model)
 
+    def routed_params(self, d_model: int) -> int:
+        """Parameters of routed experts, which expert parallelism spreads over its ranks (archspec.memory); 0 for a
+        dense FFN."""
+        return 0
+
     def flops(self, d_model: int) -> int:
         """Forward matmul FLOPs of one layer for one token (active experts only)."""
         raise NotImplementedError

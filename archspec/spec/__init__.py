@@ -106,7 +106,7 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
 
 def known_keys() -> frozenset[str]:
     """Every dotted leaf key a spec can have, across all union members (`model.norm.eps`, `train.data.corpus.paths`):
-    what a registry filter may name as `params.<key>`. Plus `train.world_size`, which DDP runs add to the recipe, and
+    what a registry filter may name as `params.<key>`. Plus `train.data_parallel`, which runs on several data-parallel replicas add to the recipe, and
     `train.init_from` (the starting weights' digest), which `train --init-from` adds.
     A kind registered later (archspec.kinds.register) is seen: the cache is keyed on the registry's version."""
     return _known_keys(registry_version())
@@ -132,7 +132,7 @@ def is_known_key(key: str) -> bool:
 
 @functools.cache
 def _known_keys(version: int) -> frozenset[str]:
-    keys: set[str] = {"train.world_size", "train.init_from"}
+    keys: set[str] = {"train.data_parallel", "train.init_from"}
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():

@@ -59,8 +59,22 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
                     "leave it out or set precision: fp8", t.fp8_scaling))
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
+    out += _layout_problems(t)
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
     out += t.data.tokenizer.problems(spec)
+    return out
+
+
+def _layout_problems(t) -> list[Problem]:
+    """What the loop does not do across a split model yet (the model's own divisibility is each unit's rule)."""
+    par, out = t.parallel, []
+    split = [f"{k} {getattr(par, k)}" for k in ("tp", "ep") if getattr(par, k) > 1]
+    if split and t.stability:
+        out.append((("train", "stability"), f"per-layer stability metrics are not measured across a split model "
+                    f"({', '.join(split)}): each process sees only its shards; set stability: false or tp/ep 1", True))
+    if par.tp > 1 and t.precision == "fp8":
+        out.append((("train", "precision"), f"fp8 under tensor parallelism (tp {par.tp}) is not built: torchao's "
+                    "float8 linears need their own parallel styles; use bf16, or tp 1", t.precision))
     return out
 
 

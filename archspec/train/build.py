@@ -23,16 +23,26 @@ from archspec.train.logger import run_key
 
 
 def run_recipe(spec: Spec, *, world_size: int = 1, init_digest: str | None = None) -> dict[str, Any]:
-    """The recipe as run. Under DDP or FSDP it includes the world size: N processes see N× the tokens per step, a
-    different experiment, so a different run id (a single process's id is unchanged by this). Other starting weights
-    are another experiment too, named by their digest. The parallel strategy and activation checkpointing are stored
-    with it but are not part of the run id (run_key)."""
+    """The recipe as run. With more than one data-parallel replica it includes their number, `data_parallel`
+    (processes / (tp · pp), archspec.train.mesh.Layout): N replicas see N× the sequences per step, a different
+    experiment, so a different run id; processes that split the model (tp, pp) change how it is computed, not what is
+    learned, so tp=2 on 2 processes has one process's id. Other starting weights are another experiment too, named by
+    their digest. The parallel strategy and activation checkpointing are stored with it but are not part of the run id
+    (run_key)."""
     recipe = identity_dump(spec.train)
     if init_digest is not None:
         recipe["init_from"] = init_digest
-    if world_size > 1:
-        recipe["world_size"] = world_size
+    dp = data_parallel_size(spec, world_size)
+    if dp > 1:
+        recipe["data_parallel"] = dp
     return recipe
+
+
+def data_parallel_size(spec: Spec, world_size: int) -> int:
+    """Data-parallel replicas of `spec` on `world_size` processes (UserError when train.parallel cannot be laid out)."""
+    from archspec.train.mesh import Layout
+
+    return Layout.of(spec.train.parallel, world_size).dp
 
 
 @dataclass(frozen=True)

@@ -349,7 +349,8 @@ def _identity(spec: Any) -> dict[str, Any]:
     spec = spec if isinstance(spec, dict) else {}
     train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     learning = learning_recipe(train)
-    learning.pop("world_size", None)  # a resume may change the process count (the data position is per sample)
+    learning.pop("world_size", None)  # a resume may change the layout (the data position is per sample); the global
+    # batch it must keep is checked by the loop (archspec.train.loop.Trainer._read_resume)
     return {"model": spec.get("model"), "train": learning}
 
 

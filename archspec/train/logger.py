@@ -35,9 +35,14 @@ NOT_IDENTITY = frozenset({
 
 
 def learning_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe fields that change what is learned (`world_size` 1 when absent: one process)."""
+    """The recipe fields that change what is learned. The data-parallel size (`data_parallel`: processes / (tp · pp),
+    1 when absent) is one of them — with batch_size and grad_accum it makes the global batch — and the processes that
+    split each matmul (tp) or the layers (pp) are not. It is hashed under its first name, `world_size`: every run
+    recorded before tensor and pipeline parallelism was pure data parallel (its world size was its data-parallel
+    size), so every recorded run keeps its id, and tp=2 on 2 processes is the experiment one process is."""
     out = {k: v for k, v in recipe.items() if k not in NOT_IDENTITY}
-    out.setdefault("world_size", 1)
+    dp = out.pop("data_parallel", None)
+    out["world_size"] = dp if dp is not None else out.get("world_size", 1)
     return out
 
 

@@ -61,7 +61,7 @@ from archspec.train.build import Build, prepare
 from archspec.train.metrics import (STABILITY_PREFIX, KindStats, RunMetrics, SpikeCounter, StabilityProbe, StepStats,
                                     average_rate_label)
 from archspec.train.data import TrainData, build_data
-from archspec.train.distributed import World, init_world, no_sync, wrap_ddp
+from archspec.train.distributed import World, init_world, no_sync, world_env, wrap_ddp
 from archspec.train.logger import (
     FAILED,
     FINISHED,
@@ -72,7 +72,9 @@ from archspec.train.logger import (
     RunLogger,
     repeat_id,
 )
-from archspec.train.parallel import apply_activation_checkpointing, full_value, shard_fsdp
+from archspec.train.mesh import JobMesh, Layout
+from archspec.train.parallel import (apply_activation_checkpointing, clip_gradients, full_value, shard_data_parallel,
+                                     shard_fsdp, split_model)
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
 from archspec.train.optim import build_optimizer, lr_at, set_lr
 from archspec.train.progress import ProgressBar, eval_line
@@ -198,6 +200,9 @@ class Trainer:
         self.spec, self.recipe = spec, spec.train
         self.world = world or init_world(device)
         self.device = self.world.device
+        # Where this process sits: which data it reads (dp), which shards of the model it holds (tp, ep)
+        self.layout = Layout.of(self.recipe.parallel, self.world.size)
+        self.coords = self.layout.coordinates(self.world.rank)
         reset_peak_memory(self.device)
         check_precision(self.recipe.precision, self.device, self.recipe.parallel.kind, self.world.distributed)
         self.amp_dtype = autocast_dtype(self.recipe.precision, self.device)
@@ -220,7 +225,7 @@ class Trainer:
         self.build = build
         self.data = build.data
         # target tokens in the validation set, over every process (each holds as many windows)
-        self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.world.size * self.recipe.seq_len
+        self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.layout.dp * self.recipe.seq_len
         self.experiment_id = build.experiment_id
         # A fresh run of an experiment that already FINISHED gets an id (and run directory) of its own when the
         # logger asks for it (`archspec train`): the finished run, its metrics, summary and checkpoint stay whole.
@@ -238,18 +243,30 @@ class Trainer:
         self.generated, self.model = self._build_model()
         self.fp8_linears = (convert_fp8(self.model, spec, self.recipe.fp8_scaling)
                             if self.recipe.precision == "fp8" else [])
-        # torchtitan's order: checkpointing, then compile, then sharding; the optimizer holds the sharded parameters.
+        # torchtitan's order: tensor and expert parallelism, checkpointing, compile, then data-parallel sharding; the
+        # optimizer holds the sharded parameters.
+        self.mesh = JobMesh.build(self.device.type, self.layout) if not self.layout.trivial else None
+        if self.mesh is not None:
+            split_model(self.model, spec, self.mesh)
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
         self.compiled = self._should_compile(compile)
         if self.compiled:
             self._compile_blocks()
         self.fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
-        if self.fsdp:
+        # Parameters held as DTensors (FSDP, or any split of the model): checkpoints are DCP's sharded state.
+        self.sharded = self.fsdp or self.mesh is not None
+        if self.mesh is not None:
+            self.ddp_model = shard_data_parallel(self.model, self.mesh, self.recipe.parallel, self.device,
+                                                 self.amp_dtype)
+            if self.device.type == "cuda" and self.layout.dp > 1:
+                self.amp_dtype_autocast = None  # FSDP's (and replicate's) bf16 parameters replace autocast
+        elif self.fsdp:
             self.ddp_model = shard_fsdp(self.model, self.world, self.recipe.parallel, self.amp_dtype)
             if self.device.type == "cuda":
                 self.amp_dtype_autocast = None  # FSDP's bf16 parameters replace autocast
         else:
             self.ddp_model = wrap_ddp(self.model, self.world)
+        self.loss_context = self._loss_context()
         self.optimizer = build_optimizer(self.model, self.recipe, self.device)
         self.compile_s = self._warm_up_compiled() if self.compiled else 0.0
         self.step, self.saved_step = 0, -1
@@ -257,7 +274,8 @@ class Trainer:
             self._resume(self.resume_path)
 
         self.metrics = RunMetrics.of(build, self.world.size, peak_flops(self.device, self.amp_dtype or torch.float32,
-                                                                        self.cache), self.started)
+                                                                        self.cache), self.started,
+                                     data_parallel=self.layout.dp)
         self.tokens_per_step = self.metrics.tokens_per_step
         self.last_eval: dict[str, float] = {}
         # train.stability: per-layer figures at each evaluation (archspec.train.metrics), None when not asked
@@ -271,7 +289,9 @@ class Trainer:
         """Rank 0 tokenises into the cache first; the others wait, then read the same files."""
         if not self.world.is_main:
             self.world.barrier()
-        data = build_data(self.spec, self.cache, rank=self.world.rank, world=self.world.size)
+        # Every data-parallel replica reads its own slice of each global batch; the processes that split one
+        # replica's model (tp) read the same slice.
+        data = build_data(self.spec, self.cache, rank=self.coords["dp"], world=self.layout.dp)
         if self.world.is_main:
             self.world.barrier()
         return data
@@ -309,6 +329,15 @@ class Trainer:
         weights["path"] = path
         weights["digest"] = weights_digest(weights["model"])
         return weights
+
+    def _loss_context(self):
+        """The context a forward and its backward run in: under tensor parallelism the logits stay sharded by
+        vocabulary and the cross-entropy is computed on the shards (loss_parallel); elsewhere nothing."""
+        if self.layout.tp > 1:
+            from archspec.train.tensor_parallel import loss_context
+
+            return lambda: loss_context(self.model)
+        return nullcontext
 
     def _should_compile(self, requested: bool | None) -> bool:
         wanted = self.recipe.compile if requested is None else requested
@@ -383,9 +412,10 @@ class Trainer:
         sharded = sharded_directory(path, state)
         if sharded is not None:  # FSDP's sharded state: loads here whatever the world size, one process included
             load_sharded(path, sharded, self.model, self.optimizer)
-        elif self.fsdp:
-            raise UserError(f"{path}: a whole (non-sharded) checkpoint cannot seed an FSDP run yet; resume it "
-                            "without FSDP (train.parallel.kind=ddp), whose checkpoints FSDP runs do not read")
+        elif self.sharded:
+            raise UserError(f"{path}: a whole (non-sharded) checkpoint cannot seed a sharded run (FSDP, tp or ep) yet; "
+                            "resume it on one process or under DDP without tp/ep, whose checkpoints sharded runs do not "
+                            "read")
         else:
             restore_modules(path, state, self.model, self.optimizer)
         self.data.sampler.load_state_dict(state["data"])
@@ -413,7 +443,8 @@ class Trainer:
             tags={"device": str(self.device), "precision": "float8" if self.fp8_linears else
                   str(self.amp_dtype or torch.float32).replace("torch.", ""),
                   "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
-                  "parallel": "fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"),
+                  "parallel": ("fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"))
+                  + ("" if self.layout.trivial else f" {self.layout.describe()}"),
                   "activation_checkpointing": f"{len(self.checkpointed)}/{len(self.model.blocks)} blocks",
                   "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
                   "train_tokens": str(d["train_tokens"]), "val_tokens": str(d["val_tokens"]),
@@ -441,6 +472,8 @@ class Trainer:
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.mesh is not None:  # gradients on several meshes (tp, dp, ep): one global norm over them all
+            return clip_gradients(params, self.recipe.grad_clip)
         if self.recipe.grad_clip > 0:  # under FSDP the norm is over every shard (a DTensor): its full value counts
             return full_value(torch.nn.utils.clip_grad_norm_(params, self.recipe.grad_clip))
         return full_value(torch.nn.utils.get_total_norm([p.grad for p in params]))
@@ -449,7 +482,7 @@ class Trainer:
         """One micro-batch: forward, plus the model's auxiliary losses, backward of their sum scaled by 1/accum.
         DDP all-reduces the gradients only when `sync` (the last micro-batch of a step)."""
         inputs, targets = self._to_device(self.data.sampler.next_batch())
-        with no_sync(self.ddp_model, sync):
+        with no_sync(self.ddp_model, sync), self.loss_context():
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
@@ -460,7 +493,9 @@ class Trainer:
                 self.scaler.scale(total / accum).backward()
             else:
                 (total / accum).backward()
-        return loss.detach().float(), {name: v.detach().float().reshape(()) for name, v in aux.items()}
+        # (under tp the loss is a replicated DTensor: its value is every rank's)
+        return (full_value(loss.detach()).float(),
+                {name: full_value(v.detach()).float().reshape(()) for name, v in aux.items()})
 
     def train_step(self) -> StepStats:
         """One optimizer step over `grad_accum` micro-batches. Raises NonFiniteLoss before applying a bad update."""
@@ -528,11 +563,11 @@ class Trainer:
                 inputs, targets = self._to_device(batch)
                 # the first batch (the same windows at every evaluation) also records the per-layer stability figures
                 probe = self.stability is not None and i == 0
-                with self.autocast(), self.stability.recording() if probe else nullcontext():
+                with self.autocast(), self.stability.recording() if probe else nullcontext(), self.loss_context():
                     logits, loss = self.model(inputs, targets)
-                if scorer is not None:
-                    scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
-                loss_sum += loss.item() * len(inputs)
+                if scorer is not None:  # (under tp the logits are sharded by vocabulary: gathered for the answers)
+                    scorer.add(full_value(logits), targets, self.data.val_buckets[i].to(targets.device))
+                loss_sum += full_value(loss).item() * len(inputs)
                 windows += len(inputs)
                 kind_stats.add(self.model, len(inputs))
         self.model.train()
@@ -563,7 +598,7 @@ class Trainer:
             rngs = [None] * self.world.size
             torch.distributed.all_gather_object(rngs, rng_state())
         modules: dict[str, Any] = {"model": None, "optimizer": None}
-        if self.fsdp:  # every rank writes its shards; checkpoint.pt below commits them
+        if self.sharded:  # every rank writes its shards; checkpoint.pt below commits them
             directory = self.run_dir / sharded_dirname(self.step)
             if self.world.is_main and directory.exists():
                 shutil.rmtree(directory)  # a partial write of this step by an earlier, interrupted attempt
@@ -582,7 +617,7 @@ class Trainer:
             save_checkpoint(self.checkpoint_path, {
                 "spec_hash": self.build.model_hash, "spec": canonical_dict(self.spec), "step": self.step,
                 "run_id": self.run_id,
-                **({} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
+                **({} if self.sharded else {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}),
                 "rng": rngs, "data": mid_step[0] if mid_step else self.data.sampler.state_dict(),
                 "world_size": self.world.size, **({"init_from": self.init_digest} if self.init_digest else {}),
                 **{k: v for k, v in modules.items() if v is not None},
@@ -662,7 +697,9 @@ class Trainer:
         if self.fp8_linears:
             precision = f"fp8 ({self.recipe.fp8_scaling}) in {len(self.fp8_linears)} linears, bf16 autocast"
         self.progress.log(f"run [bold]{self.run_id}[/] · {self.spec.name} · {acc.total:,} params · "
-                          f"{self.device} {precision} × {self.world.size} · dir {_shown(self.run_dir)}")
+                          f"{self.device} {precision} × {self.world.size}"
+                          + ("" if self.layout.trivial else f" ({self.layout.describe()})")
+                          + f" · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
                           f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every "
                           f"{self.recipe.eval_every} steps)")
@@ -775,6 +812,7 @@ def train(spec: Spec, *, steps: int | None = None, device: str = "auto", logger:
     """
     if steps is not None:
         spec = with_steps(spec, steps)
+    Layout.of(spec.train.parallel, world_env()[0])  # a layout the processes cannot make: refused before any group
     world = init_world(device)
     trainer, finished = None, False
     handlers = install_signal_handlers(stop_signals())  # remembered, and deferred inside an update

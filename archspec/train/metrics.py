@@ -101,10 +101,14 @@ class RunMetrics:
     last_lr: float | None = None
 
     @classmethod
-    def of(cls, build, world_size: int, peak: tuple[float, str], started: float) -> RunMetrics:
+    def of(cls, build, world_size: int, peak: tuple[float, str], started: float,
+           data_parallel: int | None = None) -> RunMetrics:
+        """world_size: every process (the MFU's devices); data_parallel: the replicas that read their own batches
+        (world_size / (tp · pp); the tokens a step trains on), world_size when not given."""
         spec, acc = build.spec, build.accounting
         t, a = spec.train, spec.model.attention
-        return cls(tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * world_size,
+        dp = world_size if data_parallel is None else data_parallel
+        return cls(tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * dp,
                    flops_per_token=acc.flops_train,
                    palm_flops_per_token=palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.mean_head_dim),
                    peak_flops=peak[0], peak_source=peak[1], world_size=world_size, started=started)

@@ -12,6 +12,7 @@ module, and FSDP2 keeps names, so state dicts and checkpoints map one to one.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,20 +55,98 @@ def fsdp_mixed_precision(device: torch.device, amp_dtype: torch.dtype | None):
     return MixedPrecisionPolicy()
 
 
-def shard_fsdp(model: nn.Module, world: World, parallel, amp_dtype: torch.dtype | None) -> nn.Module:
-    """FSDP2 over every process of `world`: each block is its own unit, then the root. Returns the model, changed in
-    place (its parameters become sharded DTensors)."""
-    from torch.distributed.device_mesh import init_device_mesh
+def split_model(model: nn.Module, spec, mesh) -> None:
+    """Tensor and expert parallelism, before anything else touches the model (torchtitan's order: TP/EP, then
+    checkpointing, compile, data-parallel sharding). Each unit's plan decides what is split (archspec.kinds, through
+    archspec.train.tensor_parallel); the MoE layers' experts go to their expert-parallel ranks
+    (archspec.train.expert_parallel). Parameter names and global shapes do not change."""
+    layout = mesh.layout
+    if layout.tp > 1:
+        from archspec.train.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, spec, mesh.tp)  # MoE layers under tp included
+    elif layout.ep > 1:
+        from archspec.train.expert_parallel import apply_moe_parallel
+
+        for block in model.blocks:
+            if hasattr(block.ffn, "router"):
+                apply_moe_parallel(block.ffn, mesh)
+
+
+def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device,
+                        amp_dtype: torch.dtype | None) -> nn.Module:
+    """The data-parallel axis of a mesh job (tp or ep > 1): FSDP2 over `mesh.dp` (kind fsdp), or replication over it
+    (kind ddp: `replicate`, DDP's semantics on FSDP2's machinery, which takes the tensor-parallel DTensors plain DDP
+    cannot). The experts of MoE layers under ep are sharded or replicated over the processes that hold the same
+    experts (`mesh.dp_out`) first (archspec.train.expert_parallel.shard_experts); the rest over every data-parallel
+    process. A data-parallel size of one leaves the model as it is. Returns the model, changed in place."""
+    mp = fsdp_mixed_precision(device, amp_dtype)
+    fsdp = parallel.kind == "fsdp"
+    if mesh.layout.ep > 1:
+        from archspec.train.expert_parallel import shard_experts
+
+        shard_experts(model, mesh, fsdp=fsdp, mp_policy=mp)
+    if mesh.layout.dp == 1:
+        return model
+    return _data_parallel(model, mesh.dp, fsdp, parallel, mp)
+
+
+def _data_parallel(model: nn.Module, dp_mesh, fsdp: bool, parallel, mp) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(world.device.type, (world.size,))
-    mp = fsdp_mixed_precision(world.device, amp_dtype)
+    if not fsdp:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for block in model.blocks:
+            replicate(block, mesh=dp_mesh, mp_policy=mp)
+        replicate(model, mesh=dp_mesh, mp_policy=mp)
+        return model
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward)
     # The root's parameters (embeddings, head) are used at both ends of the step: keeping them gathered after the
     # forward avoids gathering them again at once for the head's backward.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
     return model
+
+
+def shard_fsdp(model: nn.Module, world: World, parallel, amp_dtype: torch.dtype | None) -> nn.Module:
+    """FSDP2 over every process of `world` (pure data parallelism): each block is its own unit, then the root.
+    Returns the model, changed in place (its parameters become sharded DTensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    return _data_parallel(model, mesh, True, parallel, fsdp_mixed_precision(world.device, amp_dtype))
+
+
+def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of the gradients of `params`, whatever mesh each lives on (tensor-parallel, data-parallel
+    and expert weights are DTensors on different meshes, whose norms torch cannot stack): per mesh the norm of its
+    DTensors' full values, then the norm of those. A plain tensor (on the first gradient's device)."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            groups.setdefault(key, []).append(p.grad)
+    if not groups:
+        return torch.zeros(())
+    norms = [full_value(torch.nn.utils.get_total_norm(grads)).float() for grads in groups.values()]
+    device = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients so their global norm (`grad_norm`) is at most `max_norm` (0: measure only); returns the
+    norm before clipping. The scale is one number for every gradient, applied to each one's local values."""
+    norm = grad_norm(params)
+    if max_norm > 0:
+        coef = min(1.0, max_norm / (float(norm) + 1e-6))
+        if coef < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+    return norm
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

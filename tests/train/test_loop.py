@@ -322,7 +322,7 @@ def test_steps_shorter_than_warmup_cut_the_warmup(make_spec):
 
 
 def test_a_ddp_run_is_a_different_run(make_spec):
-    """N processes train N× the tokens per step: the recipe, and so the run id, says so; one process's id does not
+    """N data-parallel replicas train N× the tokens per step: the recipe, and so the run id, says so; one process's id does not
     change (a sweep derives it without starting a world)."""
     from archspec.kinds.base import identity_dump
     from archspec.train.build import run_recipe
@@ -331,8 +331,9 @@ def test_a_ddp_run_is_a_different_run(make_spec):
     spec = make_spec()
     one, two = run_recipe(spec, world_size=1), run_recipe(spec, world_size=2)
     # the recipe's identity form: Since fields at their defaults (train.fp8_scaling) left out, as every run id takes it
-    assert one == identity_dump(spec.train) and two == {**one, "world_size": 2}
-    assert "fp8_scaling" not in one and one.items() <= spec.train.model_dump(mode="json").items()
+    assert one == identity_dump(spec.train) and two == {**one, "data_parallel": 2}
+    assert "fp8_scaling" not in one and one["parallel"] == {"kind": "ddp"}  # (tp, ep, pp at 1: Since, left out)
+    assert {k: v for k, v in one.items() if k != "parallel"}.items() <= spec.train.model_dump(mode="json").items()
     assert run_key("m", one, "d", 0) != run_key("m", two, "d", 0)
     assert run_recipe(spec, init_digest="w") == {**one, "init_from": "w"}
 

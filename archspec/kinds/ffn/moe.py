@@ -175,6 +175,9 @@ class MoESpec(FFNKind):
     def active_params(self, d_model: int) -> int:
         return self._always_on_params(d_model) + self.top_k * self.expert.params(d_model)
 
+    def routed_params(self, d_model: int) -> int:
+        return self.n_experts * self.expert.params(d_model)
+
     def flops(self, d_model: int) -> int:
         """Useful work per token: the router, top_k experts, the shared experts and their gate (no padding)."""
         shared = self._shared()
