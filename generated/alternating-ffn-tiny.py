@@ -133,8 +133,8 @@ class Attention(nn.Module):
     def __init__(self, n_kv_heads: int) -> None:
         super().__init__()
         self.n_kv_heads = n_kv_heads
-        # q, k and v come from one matmul: (N_HEADS + 2·self.n_kv_heads)·HEAD_DIM output features.
-        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * self.n_kv_heads) * HEAD_DIM, bias=QKV_BIAS)
+        self.n_heads, self.n_kv_heads = N_HEADS, self.n_kv_heads  # this rank's heads: ÷ tp under tensor parallelism
+        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * self.n_kv_heads) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
     def reset_parameters(self) -> None:
@@ -152,8 +152,8 @@ class Attention(nn.Module):
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·self.n_kv_heads)·HEAD_DIM)
-        q, k, v = qkv.split([N_HEADS * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, N_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
+        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
         k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
         v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -167,7 +167,7 @@ class Attention(nn.Module):
             q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
             dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // self.n_kv_heads query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, N_HEADS * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -269,12 +269,12 @@ class Model(nn.Module):
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
-        B, T, _ = x.shape
         logits = self.lm_head(self.final_norm(x))  # (B, T, VOCAB_SIZE)
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        loss = F.cross_entropy(logits.float().view(B * T, VOCAB_SIZE), targets.reshape(B * T), ignore_index=-100)
+        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     # ── generation ──

@@ -486,12 +486,12 @@ class Model(nn.Module):
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
-        B, T, _ = x.shape
         logits = self.lm_head(self.final_norm(x))  # (B, T, VOCAB_SIZE)
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        loss = F.cross_entropy(logits.float().view(B * T, VOCAB_SIZE), targets.reshape(B * T), ignore_index=-100)
+        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     # ── generation ──

@@ -144,8 +144,8 @@ class WindowAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        # q, k and v come from one matmul: (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM output features.
-        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)
+        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
+        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
     def reset_parameters(self) -> None:
@@ -157,23 +157,23 @@ class WindowAttention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(SLIDING_WINDOW, batch_size, self.n_kv_heads, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM], dim=-1)
-        q = q.view(B, T, N_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
+        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
             y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0, softcap=ATTN_SOFTCAP)  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v, softcap=ATTN_SOFTCAP)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
-        y = y.transpose(1, 2).reshape(B, T, N_HEADS * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -183,8 +183,8 @@ class DenseAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        # q, k and v come from one matmul: (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM output features.
-        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)
+        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
+        self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
     def reset_parameters(self) -> None:
@@ -195,17 +195,17 @@ class DenseAttention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
-        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
+        return KVCache(batch_size, self.n_kv_heads, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([N_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM, N_KV_HEADS * HEAD_DIM], dim=-1)
-        q = q.view(B, T, N_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, N_KV_HEADS, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
+        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
@@ -216,7 +216,7 @@ class DenseAttention(nn.Module):
         y = score_mod_attention(
             q, k, v, dropout_p=DROPOUT if self.training else 0.0, softcap=ATTN_SOFTCAP
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, N_HEADS * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -346,13 +346,13 @@ class Model(nn.Module):
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         """Final norm → logits (→ loss). A method of its own so a trainer can compile it like a block."""
-        B, T, _ = x.shape
         logits = self.lm_head(self.final_norm(x))  # (B, T, VOCAB_SIZE)
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # (B, T, VOCAB_SIZE), soft-capped
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        loss = F.cross_entropy(logits.float().view(B * T, VOCAB_SIZE), targets.reshape(B * T), ignore_index=-100)
+        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     # ── generation ──

@@ -10,7 +10,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Iterable, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Iterable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
@@ -173,6 +173,59 @@ class Const:
         return f"{self.name} = {self.value}" + (f"  # {self.why}" if self.why else "")
 
 
+# ── tensor parallelism: what each unit's module becomes when its matmuls are split over tp processes ─────────────
+# Torch-free: a unit declares its plan here; archspec.train.tensor_parallel turns it into torch's parallel styles
+# (parallelize_module). Between modules the residual stream is each rank's sequence shard, a plain (B, T/tp, D)
+# tensor: a module whose plan gathers its input sees the whole sequence and hands back its output sequence-sharded
+# (a rowwise projection reduce-scatters it), a norm works on the shard itself.
+
+
+@dataclass(frozen=True)
+class Split:
+    """What tensor parallelism does to one submodule (or, named "", to the unit's module itself).
+
+    style `colwise`: a Linear's output features split over the ranks (its input is the whole sequence); `parts`: the
+    row counts of a fused weight's parts (q, k, v), each part split evenly, so that rank r holds part i's r-th slice
+    of every part · `rowwise`: a Linear's input features split, the partial products reduce-scattered over the
+    sequence · `sequence`: parameters replicated, the input a shard along `dim` (1: the sequence; a per-head norm
+    inside attention: the heads, dim 1 of (B, heads, T, head_dim)) · `gather`: the module's first input all-gathered
+    over the sequence (what it returns is already sequence-sharded, by a rowwise projection inside) · `around`: the
+    same gather, and its output (whole sequence, equal on every rank) split back over the sequence · `vocab`: the
+    token embedding split by vocabulary rows (its output reduce-scattered over the sequence), or the head split by
+    vocabulary columns (its input the sequence shard, its logits left vocabulary-sharded for the loss) · `delegate`: the
+    module is handed to `fn` ("package.module:function", called as fn(module, tp_mesh)), which takes and returns the
+    sequence shard itself."""
+
+    style: Literal["colwise", "rowwise", "sequence", "gather", "around", "vocab", "delegate"]
+    parts: tuple[int, ...] = ()
+    dim: int = 1
+    replicated_output: bool = False  # colwise: all-gather the output (an embedding's features) instead of sharding it
+    fn: str = ""
+
+
+@dataclass(frozen=True)
+class Divides:
+    """A count tp must divide for this plan: `value` at field `path` (relative to the unit's path, or from the top
+    when it starts with "model": `("model", "d_model")`), and the field's name for the message."""
+
+    path: tuple[str, ...]
+    value: int
+    what: str
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """A unit's tensor-parallel plan: `splits` by submodule name inside the unit's module ("" the module itself);
+    `local`: attributes of the module holding per-rank counts, name → the global count (each rank holds count // tp:
+    the generated code reshapes by them); `divides`: the counts tp must divide; `refused`: (field path relative to
+    the unit, why) when this configuration of the kind cannot be split."""
+
+    splits: dict[str, Split] = field(default_factory=dict)
+    local: dict[str, int] = field(default_factory=dict)
+    divides: tuple[Divides, ...] = ()
+    refused: tuple[tuple[str, ...], str] | None = None
+
+
 # ── units ────────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -200,6 +253,12 @@ class KindUnit(Strict):
         ModelSpec writes the options (refusing one that contradicts a model field the user wrote, `written`) and
         shows the notes (archspec.spec.legacy). The unit clears its old field itself."""
         return {}, []
+
+    # tensor parallelism (archspec.train.tensor_parallel; the rules in archspec.spec.rules)
+    def tensor_parallel(self, m: "ModelSpec") -> TPPlan | None:
+        """What tensor parallelism does to this unit's module (see TPPlan). Default None: this kind has no
+        tensor-parallel plan, and a spec using it is refused under train.parallel.tp > 1, naming the kind."""
+        return None
 
     # weight quantization (archspec.quant)
     def quantized_weights(self, module: "torch.nn.Module") -> list[str]:

@@ -87,6 +87,14 @@ class BlockShape(Strict):
         """The norms on a sublayer's output before it joins the residual stream (sandwich, output)."""
         return ("attn_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
 
+    def tensor_parallel(self, m: Any) -> "TPPlan":
+        """Any wiring splits alike: attention and the FFN take this rank's sequence shard and hand one back, so the
+        residual adds stay local; the norms (input_norms, output_norms) take their kind's plan
+        (archspec.spec.parallel_plan)."""
+        from archspec.kinds.base import TPPlan
+
+        return TPPlan()
+
     @property
     def n_norms(self) -> int:
         return len(self.input_norms) + len(self.output_norms)

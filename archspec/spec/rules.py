@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from archspec.kinds.base import Problem  # (field path, message, offending value)
+from archspec.spec.parallel_plan import tp_problems
 
 if TYPE_CHECKING:
     from archspec.spec.model import Spec
@@ -60,6 +61,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     out += _layout_problems(t)
+    out += tp_problems(spec)  # train.parallel.tp: every unit can be split that many ways (archspec.spec.parallel_plan)
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
     out += t.data.tokenizer.problems(spec)
     return out

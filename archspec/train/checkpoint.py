@@ -410,7 +410,10 @@ def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optim
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from archspec.train.tensor_parallel import checkpoint_state
+
     model_state, optim_state = get_state_dict(model, optimizer)
+    checkpoint_state(model, model_state, optim_state)  # tensor parallelism's permuted rows back in natural order
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -526,7 +529,10 @@ def load_sharded(path: Path, directory: Path, model: nn.Module, optimizer: torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from archspec.train.tensor_parallel import restore_state
+
     model_state, optim_state = get_state_dict(model, optimizer)
+    finish = restore_state(model, model_state, optim_state)  # files hold natural row order; memory, under tp, not
     state = {"model": model_state, "optimizer": optim_state}
     reader = _safe_dcp_reader(directory)
     try:
@@ -551,6 +557,7 @@ def load_sharded(path: Path, directory: Path, model: nn.Module, optimizer: torch
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(f"{path}: sharded state in {directory} does not fit this model: {type(e).__name__}: "
                         f"{printable(first)}") from None
+    finish()
     _check_finite(directory, state["model"], "model")
     try:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

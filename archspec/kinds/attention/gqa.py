@@ -9,8 +9,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import (AttentionKind, Const, Since, Strict, bind, family, lit_bool, lit_float, lit_int,
-                                 register)
+from archspec.kinds.base import (AttentionKind, Const, Divides, Since, Split, Strict, TPPlan, bind, family, lit_bool,
+                                 lit_float, lit_int, register)
 from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
@@ -75,6 +75,25 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                 out.append((path + ("head_dim",), f"must be at most {MAX_HEAD_DIM}, got {self.head_dim} (d_model // "
                             "n_heads when not given: raise n_heads or set head_dim)", self.head_dim))
         return out
+
+    # ── tensor parallelism (archspec.train.tensor_parallel) ──
+    def tensor_parallel(self, m: Any) -> TPPlan:
+        """Split by heads: rank r computes query heads r·N_HEADS/tp onwards and the K/V heads they share (GQA groups
+        stay whole), so attention itself needs no communication. The fused qkv_proj is colwise by parts: q, k and v
+        each split by heads, rank r holding [q_r | k_r | v_r] (archspec.train.tensor_parallel permutes its rows in
+        memory so that each rank's slice is contiguous, and converts back at the checkpoint boundary); o_proj rowwise,
+        reduce-scattered over the sequence. A per-head q/k norm works on each rank's heads, its gain replicated."""
+        if self.qk_norm is not None and self.qk_norm.scope == "projection":
+            return TPPlan(refused=(("qk_norm", "scope"), "projection normalises q and k over all heads at once, and "
+                                   "tensor parallelism puts the heads on different processes (no reduction is done); "
+                                   "use scope: head, or tp 1"))
+        splits = {"": Split("gather"), "qkv_proj": Split("colwise", parts=(self.q_width, self.kv_width, self.kv_width)),
+                  "o_proj": Split("rowwise")}
+        if self.qk_norm is not None:  # on (B, heads, T, HEAD_DIM): each rank's heads, dim 1
+            splits |= {"q_norm": Split("sequence", dim=1), "k_norm": Split("sequence", dim=1)}
+        return TPPlan(splits, local={"n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads},
+                      divides=(Divides(("n_heads",), self.n_heads, "n_heads"),
+                               Divides(("n_kv_heads",), self.n_kv_heads, "n_kv_heads")))
 
     # ── what the other units and the accounting ask every attention kind (archspec.kinds.base.AttentionKind) ──
     @property

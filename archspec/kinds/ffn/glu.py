@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
+from archspec.kinds.base import Const, Divides, FFNKind, Split, TPPlan, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, ActivationName, call
 from archspec.kinds.hf import HFWeight, linear, put_fact
@@ -22,6 +22,13 @@ class GLUSpec(FFNKind):
         None, ge=1, le=MAX_HIDDEN, description="default 8/3 · d_model rounded up to a multiple of 32 (LLaMA)"
     )
     bias: bool = False
+
+    def tensor_parallel(self, m):
+        """gate and up split by hidden units (colwise), down by its input (rowwise, reduce-scattered over the
+        sequence): each rank computes FFN_HIDDEN // tp hidden units of every position."""
+        return TPPlan({"": Split("gather"), "gate_proj": Split("colwise"), "up_proj": Split("colwise"),
+                       "down_proj": Split("rowwise")},
+                      divides=(Divides(("hidden_dim",), self.hidden_dim, "hidden_dim"),))
 
     def fill_defaults(self, m) -> None:
         if self.hidden_dim is None:

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, FFNKind, lit_bool, lit_int, register
+from archspec.kinds.base import Const, Divides, FFNKind, Split, TPPlan, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import KEEPS_OUTPUT, MLP_NAMES, MLPActivation, call
 from archspec.kinds.hf import HFUnsupported, linear, put_fact
@@ -20,6 +20,11 @@ class MLPSpec(FFNKind):
     activation: MLPActivation = "gelu"
     hidden_dim: int | None = Field(None, ge=1, le=MAX_HIDDEN, description="default 4 · d_model")
     bias: bool = True
+
+    def tensor_parallel(self, m):
+        """up split by hidden units (colwise), down by its input (rowwise, reduce-scattered over the sequence)."""
+        return TPPlan({"": Split("gather"), "up_proj": Split("colwise"), "down_proj": Split("rowwise")},
+                      divides=(Divides(("hidden_dim",), self.hidden_dim, "hidden_dim"),))
 
     def fill_defaults(self, m) -> None:
         if self.hidden_dim is None:

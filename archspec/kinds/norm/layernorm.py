@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, NormKind, lit_float, register
+from archspec.kinds.base import Const, NormKind, Split, TPPlan, lit_float, register
 from archspec.kinds.hf import HFWeight, put_fact
 
 
@@ -16,6 +16,10 @@ class LayerNormSpec(NormKind):
     prefix = "Layer"
     eps: float = Field(1e-5, gt=0, le=0.1)
     bias: bool = True  # GPT-2 LayerNorm has a bias; set false for the bias-free variant
+
+    def tensor_parallel(self, m):
+        """Sequence-parallel: each rank normalises its own positions, the gain replicated (its gradient summed)."""
+        return TPPlan({"": Split("sequence")})
 
     def params(self, d_model: int) -> int:
         return d_model * (2 if self.bias else 1)

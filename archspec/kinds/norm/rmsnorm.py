@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, NormKind, Since, lit_float, register
+from archspec.kinds.base import Const, NormKind, Since, Split, TPPlan, lit_float, register
 from archspec.kinds.hf import HFWeight, put_fact
 
 
@@ -18,6 +18,10 @@ class RMSNormSpec(NormKind):
     # Gemma: the gain is stored as w, initialised to 0, and applied as (1 + w); the same function at init as the
     # plain gain at 1, but weight decay pulls it towards the identity rather than towards zero.
     unit_offset: Annotated[bool, Since("0.4")] = False
+
+    def tensor_parallel(self, m):
+        """Sequence-parallel: each rank normalises its own positions, the gain replicated (its gradient summed)."""
+        return TPPlan({"": Split("sequence")})
 
     def params(self, d_model: int) -> int:
         return d_model

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from archspec.kinds.base import PositionalKind, register
+from archspec.kinds.base import Divides, PositionalKind, Split, TPPlan, register
 from archspec.kinds.hf import HFWeight
 
 
 @register
 class LearnedPositional(PositionalKind):
     kind: Literal["learned"] = "learned"  # a trained (context_length, d_model) table, as in GPT-2
+
+    def tensor_parallel(self, m):
+        """Names inside the Model (its `positions` module): the sequence gathered around it (each rank adds the table
+        to the whole sequence, then keeps its shard), the table split by features and all-gathered."""
+        return TPPlan({"positions": Split("around"), "positions.pos_emb": Split("colwise", replicated_output=True)},
+                      divides=(Divides(("model", "d_model"), m.d_model, "d_model"),))
 
     def params(self, m) -> int:
         return m.context_length * m.d_model

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from archspec.errors import printable
 from archspec.kinds.hf import HFUnsupported, put_fact
-from archspec.kinds.base import Const, PositionalKind, Since, Strict, kind_union, lit_float, lit_int, register
+from archspec.kinds.base import Const, PositionalKind, Since, Strict, TPPlan, kind_union, lit_float, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 
 
@@ -144,6 +144,10 @@ class RopePositional(PositionalKind):
     head_dim_multiple = 2  # rotates pairs of dimensions
     relative = True  # q·k depends on the offset alone; angles past the table are computed when asked for
     in_attention = True  # applied in each layer's attention: a layer group may switch it off
+
+    def tensor_parallel(self, m):
+        """The angle tables are buffers of the whole sequence (no parameters); each rank rotates its own heads."""
+        return TPPlan()
 
     @classmethod
     def head_dim_step(cls, fields: dict[str, Any]) -> int:

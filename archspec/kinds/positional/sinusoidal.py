@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, PositionalKind, lit_float, register
+from archspec.kinds.base import Const, PositionalKind, Split, TPPlan, lit_float, register
 from archspec.kinds.limits import MAX_WIDTH
 
 
@@ -20,6 +20,10 @@ class SinusoidalPositional(PositionalKind):
     # read, mapped onto the model option with a note, never written (so both spellings give one hash).
     scale_embeddings: bool | None = Field(None, exclude=True, description="old spelling of model.embedding_scale "
                                           "(true: sqrt_d_model, false: none); loaded with a note")
+
+    def tensor_parallel(self, m):
+        """Names inside the Model (its `positions` module): the sequence gathered around it; the table is a buffer."""
+        return TPPlan({"positions": Split("around")})
 
     def model_options(self, m, written):
         if self.scale_embeddings is None:

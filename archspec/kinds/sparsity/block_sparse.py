@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, SparsityKind, lit_bool, lit_int, register
+from archspec.kinds.base import Const, SparsityKind, TPPlan, lit_bool, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 
@@ -38,6 +38,10 @@ class BlockSparsity(SparsityKind):
     n_blocks_back: int = Field(3, ge=0, le=MAX_CONTEXT, description="whole blocks before its own a query sees")
     global_first_block: bool = Field(True, description="every query also sees the first block")
 
+
+    def tensor_parallel(self, m):
+        """Heads attend independently: a rank's heads see the same keys as on one process; nothing to split."""
+        return TPPlan()
 
     def keys(self, seq_len: int) -> Fraction:
         return Fraction(block_sparse_keys(seq_len, self.block_size, self.n_blocks_back, self.global_first_block),

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, SparsityKind, lit_int, register
+from archspec.kinds.base import Const, SparsityKind, TPPlan, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 from archspec.kinds.sparsity.sliding_window import window_keys
@@ -31,6 +31,10 @@ class GlobalLocalSparsity(SparsityKind):
     n_global: int = Field(1, ge=1, le=MAX_CONTEXT,
                           description="the first n_global positions are global (< context_length)")
 
+
+    def tensor_parallel(self, m):
+        """Heads attend independently: a rank's heads see the same keys as on one process; nothing to split."""
+        return TPPlan()
 
     def problems(self, m, path):
         if self.n_global >= m.context_length:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, SparsityKind, lit_int, register
+from archspec.kinds.base import Const, SparsityKind, TPPlan, lit_int, register
 from archspec.kinds.limits import MAX_CONTEXT
 from archspec.kinds.sparsity.blockwise import blockwise_saved_bytes, chunk_for
 
@@ -26,6 +26,10 @@ class SlidingWindowSparsity(SparsityKind):
     window: int = Field(256, ge=1, le=MAX_CONTEXT,
                         description="positions each query sees, itself included (HF Mistral's sliding_window)")
 
+
+    def tensor_parallel(self, m):
+        """Heads attend independently: a rank's heads see the same keys as on one process; nothing to split."""
+        return TPPlan()
 
     def keys(self, seq_len: int) -> Fraction:
         return Fraction(window_keys(seq_len, self.window), seq_len)

@@ -1,0 +1,236 @@
+"""Tensor parallelism of a generated model: each unit's plan (archspec.spec.parallel_plan) as torch's parallel styles.
+
+    apply_tensor_parallel(model, spec, mesh.tp)   # before FSDP over the data-parallel mesh, before compiling blocks
+    with loss_context(model):                     # loss_parallel() under tp: the loss never gathers the full logits
+        logits, loss = model(idx, targets)
+        loss.backward()
+
+What each style becomes (torchtitan's llama plan is the reference composition; Megatron's sequence parallelism):
+between modules the residual stream is this rank's sequence shard, a plain (B, T/tp, D) tensor. The token embedding
+is vocabulary-parallel (RowwiseParallel of nn.Embedding, reduce-scattered over the sequence); a norm is
+SequenceParallel (its gain replicated); attention and the FFN gather their input over the sequence
+(PrepareModuleInput), run colwise projections (this rank's heads, hidden units) and a rowwise one whose partial
+products are reduce-scattered back to the sequence shard; the head is colwise with vocabulary-sharded logits, which
+the loss reads under `loss_parallel()`. Every parameter ends a DTensor on the tp mesh (sharded or replicated), so
+gradients of replicated ones are summed over tp by DTensor itself.
+
+The fused qkv_proj (rows [q heads | k heads | v heads]) is *permuted* in memory, not split into three: its rows are
+reordered rank-major, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (q_r: rank r's N_HEADS/tp query heads), so that ColwiseParallel's
+contiguous Shard(0) gives each rank its own heads of all three. The parameter keeps its name and shape; checkpoints
+keep the natural layout: `checkpoint_state` / `restore_state` (archspec.train.checkpoint calls them around DCP) put
+the rows back in natural order for the model and for AdamW's exp_avg and exp_avg_sq, and permute them again on load.
+Memory cost of that boundary: during a save or a load each rank holds every layer's whole fused weight (and bias)
+three times (weight, exp_avg, exp_avg_sq) in the parameter dtype, besides its shards; nothing at training time.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from archspec.errors import UserError
+from archspec.kinds.base import Split
+from archspec.spec.parallel_plan import TP_PATH, model_plan, tp_problems
+
+
+@dataclass
+class TensorParallel:
+    """What apply_tensor_parallel did to a model (kept on it as `model._archspec_tp`)."""
+
+    mesh: Any  # the tp DeviceMesh
+    permuted: dict[str, torch.Tensor] = field(default_factory=dict)  # parameter name → row order in memory: the
+    # stored tensor's row i is the natural tensor's row permuted[i]
+
+
+def _fqn(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def rank_major_rows(parts: tuple[int, ...], tp: int) -> torch.Tensor:
+    """The row order that puts each rank's slice of every part together: for rank r, part i's rows
+    [r·n_i/tp, (r+1)·n_i/tp) for each part in turn, then rank r + 1."""
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    rows = [torch.arange(start + r * (n // tp), start + (r + 1) * (n // tp))
+            for r in range(tp) for start, n in zip(starts, parts)]
+    return torch.cat(rows)
+
+
+def _inputs(module: nn.Module) -> int:
+    """How many positional inputs the generated block passes this module (its forward's parameters: the blocks pass
+    all of them positionally)."""
+    return len([p for p in inspect.signature(module.forward).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+
+
+def _style(module: nn.Module, split: Split):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    rest = (None,) * (_inputs(module) - 1)
+    if split.style == "colwise":
+        return ColwiseParallel(output_layouts=Replicate()) if split.replicated_output else ColwiseParallel()
+    if split.style == "rowwise":
+        return RowwiseParallel(output_layouts=Shard(1))
+    if split.style == "sequence":
+        return SequenceParallel(sequence_dim=split.dim, use_local_output=True)
+    if split.style == "gather":
+        return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+                                  use_local_output=True)
+    if split.style == "around":
+        return PrepareModuleInputOutput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+                                        use_local_input=True, output_layouts=Replicate(),
+                                        desired_output_layouts=Shard(1), use_local_output=True)
+    if split.style == "vocab":
+        if isinstance(module, nn.Embedding):  # rows = tokens: each rank looks up its tokens, zeros elsewhere
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        # the head: the final norm's sequence shard in, logits sharded by vocabulary out, kept a DTensor for the loss
+        return ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    raise ValueError(f"tensor parallelism: unknown style {split.style!r}")  # a unit's bug, not user input
+
+
+def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Module:
+    """Split `model` (the generated Model of `spec`, whole on every rank, the same weights on each) over `tp_mesh`
+    in place, following each unit's plan; returns it. UserError (train.parallel.tp: ...) for a spec that cannot be
+    split, before any collective."""
+    tp = tp_mesh.size()
+    if tp != spec.train.parallel.tp:
+        raise UserError(f"train.parallel.tp: the tensor-parallel mesh has {tp} processes, the spec asks for "
+                        f"{spec.train.parallel.tp}")
+    problems = tp_problems(spec)
+    if problems:
+        raise UserError(f"train.parallel.tp: {problems[0][1]}", [f"{'.'.join(TP_PATH)}: {p[1]}" for p in problems])
+    if tp == 1:
+        return model
+    state = TensorParallel(tp_mesh)
+    styles: dict[str, Any] = {}
+    delegates: list[tuple[str, str]] = []
+    counts: list[tuple[nn.Module, str, int]] = []
+    for placed in model_plan(spec.model):
+        for name, split in placed.plan.splits.items():
+            fqn = _fqn(placed.module, name)
+            if split.style == "delegate":
+                delegates.append((fqn, split.fn))
+                continue
+            module = model.get_submodule(fqn)
+            styles[fqn] = _style(module, split)
+            if split.parts:  # a fused weight: rank-major rows, so each rank's contiguous shard holds its parts
+                order = rank_major_rows(split.parts, tp)
+                with torch.no_grad():
+                    for pname in ("weight", "bias"):
+                        p = getattr(module, pname, None)
+                        if p is not None:
+                            p.copy_(p[order.to(p.device)])
+                            state.permuted[_fqn(fqn, pname)] = order
+        module = model.get_submodule(placed.module)
+        counts += [(module, attr, count // tp) for attr, count in placed.plan.local.items()]
+    for fqn, fn in delegates:
+        where, _, name = fn.partition(":")
+        try:
+            function = getattr(import_module(where), name)
+        except (ImportError, AttributeError):
+            raise UserError(f"train.parallel.tp: {fqn} is handed to {fn}, which is not available here; use tp 1")
+        function(model.get_submodule(fqn), tp_mesh)
+    tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.tok_emb.weight
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, tp_mesh, styles)
+    if tied:  # each style distributed its own copy; both are Shard(0) of the same (VOCAB_SIZE, D_MODEL) matrix
+        model.lm_head.weight = model.tok_emb.weight
+    for module, attr, count in counts:
+        setattr(module, attr, count)
+    from torch.distributed.tensor import DTensor
+
+    plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+    if plain:  # a parameter no plan covers would train unsynchronised on each rank
+        raise ValueError(f"tensor parallelism: no plan covers {', '.join(plain[:4])}")  # a unit's bug
+    model._archspec_tp = state
+    return model
+
+
+def is_tensor_parallel(model: nn.Module) -> bool:
+    return getattr(model, "_archspec_tp", None) is not None
+
+
+def loss_context(model: nn.Module) -> AbstractContextManager:
+    """What the loop wraps the forward and backward in: `loss_parallel()` under tensor parallelism (the cross-entropy
+    of vocabulary-sharded logits, without gathering them), else nothing."""
+    if not is_tensor_parallel(model):
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A loss or metric as a plain tensor (under tp the loss is a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# ── the checkpoint boundary: natural row order in the files ─────────────────────────────────────────────────────
+
+
+def _optimizer_tensors(optim_state: dict[str, Any], name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    entry = (optim_state or {}).get("state", {}).get(name, {})
+    return {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.shape == like.shape}
+
+
+def _put(model_state: dict[str, Any], optim_state: dict[str, Any], name: str, key: str | None,
+         value: torch.Tensor) -> None:
+    """Replace an entry of get_state_dict's dicts without touching the optimizer's own: its per-parameter dicts may
+    be the ones the optimizer holds, so they are copied, never written into."""
+    if key is None:
+        model_state[name] = value
+    else:
+        optim_state["state"][name] = {**optim_state["state"][name], key: value}
+
+
+def checkpoint_state(model: nn.Module, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+    """In place, before DCP saves get_state_dict's dicts: each permuted parameter, and its optimizer moments, as the
+    natural-order whole tensor (a plain tensor, the same on every rank: DCP writes it once)."""
+    state = getattr(model, "_archspec_tp", None)
+    if state is None:
+        return
+    for name, order in state.permuted.items():
+        if name not in model_state:
+            continue
+        inverse = torch.argsort(order)
+        tensors = {None: model_state[name], **_optimizer_tensors(optim_state, name, model_state[name])}
+        for key, t in tensors.items():
+            natural = t.full_tensor()[inverse.to(t.device)]
+            _put(model_state, optim_state, name, key, natural)
+
+
+def restore_state(model: nn.Module, model_state: dict[str, Any], optim_state: dict[str, Any]) -> Callable[[], None]:
+    """Around a DCP load: call it with get_state_dict's dicts before dcp.load; it swaps each permuted entry for a
+    natural-order whole tensor for DCP to fill, and returns `finish`, to call after dcp.load: it permutes what was
+    read into the in-memory order and keeps this rank's shard, ready for set_state_dict."""
+    state = getattr(model, "_archspec_tp", None)
+    held: dict[tuple[str, str | None], torch.Tensor] = {}
+    if state is not None:
+        for name, order in state.permuted.items():
+            if name not in model_state:
+                continue
+            tensors = {None: model_state[name], **_optimizer_tensors(optim_state, name, model_state[name])}
+            for key, t in tensors.items():
+                held[(name, key)] = t
+                _put(model_state, optim_state, name, key, torch.empty(t.shape, dtype=t.dtype, device=t.device))
+
+    def finish() -> None:
+        from torch.distributed.tensor import distribute_tensor
+
+        for (name, key), like in held.items():
+            order = state.permuted[name]
+            whole = model_state[name] if key is None else optim_state["state"][name][key]
+            _put(model_state, optim_state, name, key,
+                 distribute_tensor(whole[order.to(whole.device)], like.device_mesh, like.placements, src_data_rank=None))
+
+    return finish
