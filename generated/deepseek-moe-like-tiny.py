@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archspec.runtime import KVCache, causal_mask, grouped_mm, grouped_mm_usable, stream
+from archspec.runtime import ONE_PROCESS, KVCache, causal_mask, grouped_mm, grouped_mm_usable, local_tensor, stream
 
 SPEC_JSON = (
     '{"attention":{"bias":false,"head_dim":32,"n_heads":4,"n_kv_heads":4,"out_bias":false,"positional":{"'
@@ -229,6 +229,9 @@ class MoEFeedForward(nn.Module):
         self.shared_expert.up_proj = nn.Linear(D_MODEL, MOE_SHARED_HIDDEN, bias=False)
         self.shared_expert.down_proj = nn.Linear(MOE_SHARED_HIDDEN, D_MODEL, bias=False)
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)
+        # Where the rows meet their experts and over which processes the router's sums run: one process here (the
+        # identity); expert parallelism replaces it (archspec.train.expert_parallel).
+        self.parallel = ONE_PROCESS
         self.router_losses: torch.Tensor | None = None
         self.router_stats: torch.Tensor | None = None
 
@@ -271,7 +274,7 @@ class MoEFeedForward(nn.Module):
         mm_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else xf.dtype
         if grouped_mm_usable(x.device, mm_dtype):
             xs = xf.index_select(0, token_of).to(mm_dtype)  # (N·K, D_MODEL) rows in expert order
-            y_of = self._grouped(xs, expert_of, counts)  # no padding
+            y_of = self.parallel.dispatch(xs, counts, self._grouped)  # no padding; ep: on the experts' processes
             padding = torch.ones((), device=x.device)
         else:
             y_of, padding = self._padded(xf, token_of, expert_of, rank, counts, max(int(counts.max()), 2))
@@ -280,14 +283,26 @@ class MoEFeedForward(nn.Module):
         shared = self.shared_expert.down_proj(F.silu(self.shared_expert.gate_proj(x)) * self.shared_expert.up_proj(x))  # (B, T, D_MODEL)
         out = out.view(B, T, D_MODEL) + shared
 
-        # Router losses (the loop adds Model.auxiliary_losses()) and statistics, kept for the caller to read.
-        load = counts.float() / n_assign  # f_i: fraction of routed assignments (before drops) sent to expert i
-        balance = MOE_N_EXPERTS * (load * probs.mean(dim=0)).sum()  # n · Σ f_i P_i, 1 when uniform
-        z = logits.logsumexp(dim=-1).square().mean()
+        # Router losses (the loop adds Model.auxiliary_losses()) and statistics, kept for the caller to read: over the
+        # whole batch, from sums that `self.parallel.batch_sum` totals over every data-parallel process
+        # (differentiable; the identity on one process), so that N processes balance exactly as one.
+        with torch.no_grad():
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # (N,) nats
+        totals = self.parallel.batch_sum(torch.cat([
+            counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
+            probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
+            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(), dropped.float() * n_assign,
+                         torch.full((), float(n_tokens), device=x.device)]),
+        ]))
+        tokens = totals[-1]
+        load = totals[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
+        mean_prob = totals[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
+        balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
+        z = totals[-4] / tokens  # mean of logsumexp(logits)²
         self.router_losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
         with torch.no_grad():
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()
-            self.router_stats = torch.cat([load, torch.stack([dropped.float(), entropy, padding.float()])]).detach()
+            dropped, entropy = totals[-2] / (tokens * MOE_TOP_K), totals[-3] / tokens
+            self.router_stats = torch.cat([load, torch.stack([dropped, entropy, padding.float()])]).detach()
         return out.view(B, T, D_MODEL)
 
     def _padded(self, xf: torch.Tensor, token_of: torch.Tensor, expert_of: torch.Tensor, rank: torch.Tensor,
@@ -307,14 +322,16 @@ class MoEFeedForward(nn.Module):
         padding = torch.full((), MOE_N_EXPERTS * cap / token_of.numel(), device=xf.device)
         return y_of, padding
 
-    def _grouped(self, xs: torch.Tensor, expert_of: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows sorted by expert (N·K, D_MODEL) through grouped_mm: one GEMM per expert's slice, no padding."""
+    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert (M, D_MODEL), counts (E,) rows per expert, through grouped_mm: one GEMM per expert's
+        slice, no padding. The experts are the ones this process holds (all MOE_N_EXPERTS of them on one process;
+        under expert parallelism E = MOE_N_EXPERTS / ep, `local_tensor` giving this process's slice)."""
         offs = counts.cumsum(0).to(torch.int32)
         ex = self.experts
-        h = grouped_mm(xs, ex.up_proj.to(xs.dtype).transpose(-2, -1), offs)  # (N·K, MOE_HIDDEN)
-        h_gate = grouped_mm(xs, ex.gate_proj.to(xs.dtype).transpose(-2, -1), offs)
+        h = grouped_mm(xs, local_tensor(ex.up_proj).to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
+        h_gate = grouped_mm(xs, local_tensor(ex.gate_proj).to(xs.dtype).transpose(-2, -1), offs)
         h = F.silu(h_gate) * h
-        y = grouped_mm(h, ex.down_proj.to(xs.dtype).transpose(-2, -1), offs)  # (N·K, D_MODEL)
+        y = grouped_mm(h, local_tensor(ex.down_proj).to(xs.dtype).transpose(-2, -1), offs)  # (M, D_MODEL)
         return y
 
 

@@ -1,5 +1,5 @@
 """The machinery generated model files import: KV caches and the decode loop, sparse attention's kernels (the
-blockwise autograd Function, FlexAttention dispatch, their caches) and the MoE grouped GEMM. A model file holds the
+blockwise autograd Function, FlexAttention dispatch, their caches) and the MoE grouped GEMM and expert dispatch. A model file holds the
 architecture and calls these by name (`sparse_attention(q, k, v, WINDOW_PATTERN)`, `grouped_mm(x, w, offs)`).
 
 This package needs only torch and the standard library and imports nothing else of archspec, so a model can be
@@ -9,10 +9,12 @@ copied out with it: the model file plus `archspec/__init__.py` and `archspec/run
 from __future__ import annotations
 
 from archspec.runtime.cache import KVCache, LatentCache, causal_mask
+from archspec.runtime.experts import ONE_PROCESS, ExpertParallel, MoEParallel, local_tensor
 from archspec.runtime.generation import next_token_probs, sample_next, stream
 from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
 from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 
 __all__ = ["KVCache", "LatentCache", "causal_mask", "next_token_probs", "sample_next", "stream", "grouped_mm", "grouped_mm_usable",
-           "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention"]
+           "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
+           "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor"]

@@ -47,6 +47,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
         out += unit.problems(m, path)
 
     out += _parametrization_problems(m)
+    out += _parallel_problems(spec)
 
     if spec.name in RESERVED_NAMES:
         out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
@@ -77,6 +78,40 @@ def _layout_problems(t) -> list[Problem]:
     if par.tp > 1 and t.precision == "fp8":
         out.append((("train", "precision"), f"fp8 under tensor parallelism (tp {par.tp}) is not built: torchao's "
                     "float8 linears need their own parallel styles; use bf16, or tp 1", t.precision))
+    return out
+
+
+def _ffn_paths(m) -> list[tuple[tuple[str, ...], object]]:
+    """Each distinct FFN unit of the model with the path it is written at (model.ffn, or its layer group's)."""
+    out, seen = [], set()
+    for block, layers in m.block_groups():
+        unit = block.ffn
+        if id(unit) in seen:
+            continue
+        seen.add(id(unit))
+        if unit is m.ffn:
+            out.append((("model", "ffn"), unit))
+            continue
+        group = next((n for n in sorted(m.layers) if getattr(m.layers[n], "ffn") and _selects(m, n, layers[0])), None)
+        out.append((("model", "layers", group, "ffn") if group else ("model", "ffn"), unit))
+    return out
+
+
+def _parallel_problems(spec) -> list[Problem]:
+    """What `train.parallel` asks of the model's units: each FFN kind that can be split says how
+    (`parallel_problems`); ep > 1 needs an MoE layer to spread."""
+    par, m = spec.train.parallel, spec.model
+    if par.ep == 1 and par.tp == 1:
+        return []
+    splittable = [(path, unit) for path, unit in _ffn_paths(m) if hasattr(unit, "parallel_problems")]
+    out: list[Problem] = []
+    if par.ep > 1 and not splittable:
+        out.append((("train", "parallel", "ep"), f"the spec has no MoE layer: expert parallelism spreads an MoE "
+                    f"layer's experts over processes; set ep: 1, got {par.ep}", par.ep))
+    for path, unit in splittable:
+        for problem in unit.parallel_problems(m, par, path):
+            if problem not in out:
+                out.append(problem)
     return out
 
 

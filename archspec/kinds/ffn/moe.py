@@ -142,6 +142,34 @@ class MoESpec(FFNKind):
                             f"experts of the {self.topk_group} kept group(s)), got {self.top_k}", self.top_k))
         return out
 
+    def parallel_problems(self, m, parallel, path: tuple[str, ...]) -> list[Problem]:
+        """How `train.parallel` (ep, tp) can split this MoE layer (archspec.train.expert_parallel): ep must divide
+        the experts, and expert parallelism takes the dropless grouped path only; the MoE layer under tensor
+        parallelism is not built yet."""
+        out: list[Problem] = []
+        where = ".".join(path)
+        ep, tp = parallel.ep, parallel.tp
+        if ep > 1:
+            if self.n_experts % ep:
+                fits = [d for d in range(1, self.n_experts + 1) if self.n_experts % d == 0 and d <= ep][-1]
+                out.append((("train", "parallel", "ep"), f"must divide {where}.n_experts ({self.n_experts}), got "
+                            f"{ep}: each process holds n_experts / ep experts; e.g. ep {fits}, or n_experts "
+                            f"{math.ceil(self.n_experts / ep) * ep}", ep))
+            if self.capacity_factor is not None:
+                out.append((path + ("capacity_factor",), f"expert parallelism (train.parallel.ep {ep}) needs dropless "
+                            "routing: a capacity counts the tokens of one process's forward call, which under ep no "
+                            "longer meets the experts it limits; set capacity_factor: null, or ep: 1",
+                            self.capacity_factor))
+            elif not self.grouped(m):
+                out.append((("train", "parallel", "ep"), f"expert parallelism runs {where}'s experts through the "
+                            f"grouped GEMM, which needs model.d_model ({m.d_model}) and {where}.expert.hidden_dim "
+                            f"({self.expert.hidden_dim}) to be multiples of 8; make them so, or set ep: 1", ep))
+        if tp > 1:
+            out.append((("train", "parallel", "tp"), f"{where} is an MoE layer, which tensor parallelism does not "
+                        "split yet; set tp: 1 (expert parallelism, train.parallel.ep, spreads its experts instead)",
+                        tp))
+        return out
+
     @property
     def group_limited(self) -> bool:
         """Whether the choice is limited to the best topk_group of n_group groups (not all of them)."""

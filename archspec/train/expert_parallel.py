@@ -1,0 +1,154 @@
+"""Expert parallelism for the MoE layers of a generated model, on the job's device mesh (archspec.train.mesh).
+
+Under `train.parallel.ep` = N each MoE layer keeps n_experts / N of its routed experts on each process of an ep group
+(its stacked expert weights become DTensors sharded on dim 0, the expert index, over `mesh.ep`: parameter names and
+global shapes are what one process has, so a DCP checkpoint saved under ep=2 loads under ep=1 and the HF export sees
+the same tensors). The ep processes train on different data: each token goes to the process holding its expert and
+back (archspec.runtime.experts.ExpertParallel: all_to_all_single of the per-expert counts, then of the rows, uneven
+and differentiable), and the router's statistics (f_i, P_i of the balancing loss, the z-loss mean, the load rows the
+loop logs) are summed over every data-parallel process (`mesh.dp`) by an autograd-aware all-reduce, so N processes
+give the single-process losses of the same global batch.
+
+Gradients. A non-expert weight is replicated over `mesh.dp` (every data-parallel process): averaged over dp as
+usual. An expert weight lives on one process of each ep group and is replicated over `mesh.dp_out` only; its
+gradient on that process already sums the contributions of every token of the ep group (the all-to-all's backward
+brings them home), so the data-parallel reduction of an expert weight is a SUM over `mesh.dp_out` divided by the
+whole data-parallel size dp (= dp_out · ep), not by dp_out: `shard_experts` sets exactly that (a gradient hook doing the all-reduce over dp_out and the division, with the experts left out of DDP or FSDP2).
+
+The loop's order: build the model (same seed on every rank) → `apply_moe_parallel(block.ffn, mesh)` for every MoE
+layer (`parallelize_moe(model, mesh)` does them all) → activation checkpointing / compile → `ignored = shard_experts(model,
+mesh, fsdp)` → FSDP2 (`fully_shard(..., ignored_params=ignored)`) or DDP of the rest over `mesh.dp` → the optimizer → `clip_grad_norm_` of this module
+for the gradient norm (the expert gradients are DTensors on another mesh than the rest).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from archspec.errors import UserError
+from archspec.runtime.experts import ExpertParallel
+
+
+def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(block index, FFN module) of each MoE layer of a generated model: the FFNs with routed experts."""
+    return [(i, block.ffn) for i, block in enumerate(getattr(model, "blocks", ()))
+            if hasattr(block.ffn, "experts") and hasattr(block.ffn, "parallel")]
+
+
+def _grouped_in_use(module: nn.Module, compute_dtype: torch.dtype | None) -> None:
+    from archspec.runtime.grouped_gemm import grouped_mm_usable
+
+    device = module.experts.up_proj.device
+    dtype = compute_dtype or module.experts.up_proj.dtype
+    if device.type != "meta" and not grouped_mm_usable(device, dtype):
+        raise UserError(f"train.parallel.ep: expert parallelism runs the experts through the grouped GEMM, which "
+                        f"{device.type} in {str(dtype).removeprefix('torch.')} lacks here (CPU fp32/bf16, CUDA "
+                        "bf16 on Hopper); set ep: 1")
+
+
+def apply_moe_parallel(module: nn.Module, mesh, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """Make one generated MoE FFN (`block.ffn`) work on `mesh` (an archspec.train.mesh.JobMesh), in place: under ep
+    its experts become DTensors sharded by expert over mesh.ep and its rows are dispatched to their experts'
+    processes; with more than one data-parallel process its router statistics are summed over mesh.dp. The module
+    keeps taking and returning this process's (B, T, D) tokens. `compute_dtype`: the experts' matmul dtype (autocast's),
+    checked against the grouped GEMM. Returns the module."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    layout = mesh.layout
+    if layout.tp > 1:
+        raise UserError("train.parallel.tp: an MoE layer under tensor parallelism is not built yet; set tp: 1 "
+                        "(expert parallelism, train.parallel.ep, is)")
+    if layout.ep > 1:
+        n_experts = module.experts.up_proj.shape[0]
+        if n_experts % layout.ep:
+            raise UserError(f"train.parallel.ep: must divide the MoE layer's {n_experts} experts, got {layout.ep}")
+        _grouped_in_use(module, compute_dtype)
+        for name, p in list(module.experts.named_parameters(recurse=False)):
+            # rank 0's values, each process keeping the experts it holds (the same expert index range for each
+            # parameter: process p of the ep group holds experts p·E/ep ... (p+1)·E/ep − 1)
+            sharded = nn.Parameter(distribute_tensor(p.detach(), mesh.ep, [Shard(0)]), requires_grad=p.requires_grad)
+            module.experts.register_parameter(name, sharded)
+    ep_group = mesh.ep.get_group() if layout.ep > 1 else None
+    stats_group = mesh.dp.get_group() if layout.dp > 1 else None
+    if ep_group is not None or stats_group is not None:
+        module.parallel = ExpertParallel(ep_group, stats_group)
+    return module
+
+
+def parallelize_moe(model: nn.Module, mesh, compute_dtype: torch.dtype | None = None) -> list[int]:
+    """`apply_moe_parallel` on every MoE layer of `model`; returns their block indices."""
+    layers = moe_layers(model)
+    for _, ffn in layers:
+        apply_moe_parallel(ffn, mesh, compute_dtype)
+    return [i for i, _ in layers]
+
+
+def expert_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of every routed-expert weight held by expert parallelism (DTensors on the ep mesh)."""
+    out = []
+    for i, ffn in moe_layers(model):
+        if getattr(ffn.parallel, "ep", 1) > 1:
+            out += [(f"blocks.{i}.ffn.experts.{n}", p) for n, p in ffn.experts.named_parameters(recurse=False)]
+    return out
+
+
+def shard_experts(model: nn.Module, mesh, fsdp: bool, mp_policy=None) -> set[nn.Parameter]:
+    """The data-parallel side of the expert weights (call after `apply_moe_parallel`, before FSDP2 or DDP of the
+    rest over mesh.dp). An expert weight's gradient must be summed over mesh.dp_out and divided by the whole
+    data-parallel size dp: a gradient hook on each expert weight does exactly that (an all-reduce over dp_out when
+    it has more than one process, then the division), once per backward, so it is right under gradient
+    accumulation too. The experts are left out of the data-parallel wrapper of the rest: under ddp they are set as
+    DDP's parameters to ignore; under fsdp pass the returned set as `ignored_params` to every `fully_shard` over
+    mesh.dp. Returns the expert weights (empty without expert parallelism).
+
+    Under fsdp the expert weights are sharded by expert over ep and replicated over dp_out (dp_out = dp / ep is 1
+    when ep spans the data-parallel processes): FSDP2 reduces a unit's gradients in the hooks of that unit's
+    forward, and the experts' stacked weights are read inside the MoE layer's forward, never through a forward of
+    their own. `mp_policy` is accepted for the loop's symmetry: the experts cast their weights to the matmul dtype
+    (autocast's) themselves."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    del mp_policy
+    layout = mesh.layout
+    experts = expert_parameters(model)
+    if not experts:
+        return set()
+    group = mesh.dp_out.get_group() if layout.dp_out > 1 else None
+
+    def reduce(grad: torch.Tensor) -> torch.Tensor:
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        if group is not None:
+            dist.all_reduce(local, group=group)
+        local.div_(layout.dp)
+        return grad
+
+    for _, p in experts:
+        p.register_hook(reduce)
+    if not fsdp:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in experts])
+    return {p for _, p in experts}
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The global gradient norm (a plain tensor) of parameters that may be DTensors on different meshes (experts on
+    the ep mesh, the rest plain or FSDP-sharded over dp), and the gradients scaled to at most `max_norm` (0: only
+    the norm). torch's clip_grad_norm_ needs every gradient on one mesh."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        by_mesh.setdefault(getattr(g, "device_mesh", None), []).append(g)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+    if max_norm > 0 and grads:
+        coef = max_norm / (float(total) + 1e-6)
+        if coef < 1:
+            for g in grads:
+                g.mul_(coef)
+    return total
