@@ -82,30 +82,34 @@ def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device,
     process. A data-parallel size of one leaves the model as it is. Returns the model, changed in place."""
     mp = fsdp_mixed_precision(device, amp_dtype)
     fsdp = parallel.kind == "fsdp"
+    experts: set[nn.Parameter] = set()
     if mesh.layout.ep > 1:
         from archspec.train.expert_parallel import shard_experts
 
-        shard_experts(model, mesh, fsdp=fsdp, mp_policy=mp)
+        experts = shard_experts(model, mesh, fsdp=fsdp, mp_policy=mp)  # reduced over dp_out by their own hooks
     if mesh.layout.dp == 1:
         return model
-    return _data_parallel(model, mesh.dp, fsdp, parallel, mp)
+    return _data_parallel(model, mesh.dp, fsdp, parallel, mp, ignored=experts)
 
 
-def _data_parallel(model: nn.Module, dp_mesh, fsdp: bool, parallel, mp) -> nn.Module:
+def _data_parallel(model: nn.Module, dp_mesh, fsdp: bool, parallel, mp,
+                   ignored: set[nn.Parameter] | None = None) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
+    ignored = ignored or None
     if not fsdp:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         for block in model.blocks:
-            replicate(block, mesh=dp_mesh, mp_policy=mp)
-        replicate(model, mesh=dp_mesh, mp_policy=mp)
+            replicate(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
+        replicate(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         return model
     for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward,
+                    ignored_params=ignored)
     # The root's parameters (embeddings, head) are used at both ends of the step: keeping them gathered after the
     # forward avoids gathering them again at once for the head's backward.
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
     return model
 
 
