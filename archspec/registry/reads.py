@@ -186,11 +186,11 @@ class RunRow:
 
     @property
     def tokens_per_step(self) -> int | None:
-        """Tokens one optimizer step trained on (batch × grad_accum × seq_len × processes); None when the stored
-        recipe does not say (a damaged row)."""
+        """Tokens one optimizer step trained on (batch × grad_accum × seq_len × data-parallel replicas); None when
+        the stored recipe does not say (a damaged row)."""
         r = self.recipe
         try:
-            n = int(r["batch_size"]) * int(r["grad_accum"]) * int(r["seq_len"]) * int(self.tags.get("world_size") or 1)
+            n = int(r["batch_size"]) * int(r["grad_accum"]) * int(r["seq_len"]) * int(r.get("data_parallel") or 1)
         except (KeyError, TypeError, ValueError):
             return None
         return n if n > 0 else None
