@@ -256,11 +256,15 @@ class MoEFeedForward(nn.Module):
         return logits, probs, top_e, gates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Tensor parallel: this process's sequence shard (B, T/tp, D_MODEL) → the tp group's tokens, plus a copy for
+        # what every process computes whole (the router). One process: x, twice.
+        x, x_whole = self.parallel.gather(x)
         B, T, _ = x.shape
         xf = x.reshape(B * T, D_MODEL)  # (N, D_MODEL)
         n_tokens = xf.shape[0]
         n_assign = n_tokens * MOE_TOP_K
-        logits, probs, top_e, gates = self.route(xf)
+        logits, probs, top_e, gates = self.route(x_whole.reshape(B * T, D_MODEL))
+        gates = self.parallel.replicated(gates)  # tp: the experts' outputs are partial sums, so is the gates' gradient
         flat_e = top_e.reshape(-1)  # (N·K,): assignment a is token a // K's (a % K)-th choice
         counts = torch.bincount(flat_e, minlength=MOE_N_EXPERTS)  # (MOE_N_EXPERTS,)
         # Group the assignments by expert; the stable sort keeps each expert's slice in priority order.
@@ -303,7 +307,7 @@ class MoEFeedForward(nn.Module):
         with torch.no_grad():
             dropped, entropy = totals[-2] / (tokens * MOE_TOP_K), totals[-3] / tokens
             self.router_stats = torch.cat([load, torch.stack([dropped, entropy, padding.float()])]).detach()
-        return out.view(B, T, D_MODEL)
+        return self.parallel.scatter(out.view(B, T, D_MODEL))  # tp: partial sums → this process's shard, summed
 
     def _padded(self, xf: torch.Tensor, token_of: torch.Tensor, expert_of: torch.Tensor, rank: torch.Tensor,
                 counts: torch.Tensor, cap: int, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,10 +318,10 @@ class MoEFeedForward(nn.Module):
             slot = torch.where(keep, slot, MOE_N_EXPERTS * cap)  # dropped → a spare last row, never read
         buf = xf.new_zeros(MOE_N_EXPERTS * cap + 1, D_MODEL).index_copy(0, slot, xf.index_select(0, token_of))
         buf = buf[:-1].view(MOE_N_EXPERTS, cap, D_MODEL)
-        h = torch.bmm(buf, self.experts.up_proj.transpose(1, 2))  # (E, cap, MOE_HIDDEN)
-        h_gate = torch.bmm(buf, self.experts.gate_proj.transpose(1, 2))
+        h = torch.bmm(buf, local_tensor(self.experts.up_proj).transpose(1, 2))  # (E, cap, MOE_HIDDEN)
+        h_gate = torch.bmm(buf, local_tensor(self.experts.gate_proj).transpose(1, 2))
         h = F.silu(h_gate) * h
-        y = torch.bmm(h, self.experts.down_proj.transpose(1, 2))  # (E, cap, D_MODEL)
+        y = torch.bmm(h, local_tensor(self.experts.down_proj).transpose(1, 2))  # (E, cap, D_MODEL)
         y_of = y.reshape(MOE_N_EXPERTS * cap, D_MODEL)[slot.clamp(max=MOE_N_EXPERTS * cap - 1)]  # dropped: gate 0
         padding = torch.full((), MOE_N_EXPERTS * cap / token_of.numel(), device=xf.device)
         return y_of, padding

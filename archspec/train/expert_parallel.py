@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from archspec.errors import UserError
-from archspec.runtime.experts import ExpertParallel
+from archspec.runtime.experts import ExpertParallel, local_tensor
 
 
 def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
@@ -52,15 +55,19 @@ def _grouped_in_use(module: nn.Module, compute_dtype: torch.dtype | None) -> Non
 def apply_moe_parallel(module: nn.Module, mesh, compute_dtype: torch.dtype | None = None) -> nn.Module:
     """Make one generated MoE FFN (`block.ffn`) work on `mesh` (an archspec.train.mesh.JobMesh), in place: under ep
     its experts become DTensors sharded by expert over mesh.ep and its rows are dispatched to their experts'
-    processes; with more than one data-parallel process its router statistics are summed over mesh.dp. The module
-    keeps taking and returning this process's (B, T, D) tokens. `compute_dtype`: the experts' matmul dtype (autocast's),
+    processes; under tp its experts (and shared experts) are split by hidden over mesh.tp, and the module takes
+    this process's sequence shard (B, T/tp, D) and returns the same shard of its output, summed over tp; with more
+    than one data-parallel process its router statistics are summed over mesh.dp. Without tp the module keeps
+    taking and returning this process's (B, T, D) tokens. `compute_dtype`: the experts' matmul dtype (autocast's),
     checked against the grouped GEMM. Returns the module."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     layout = mesh.layout
+    if layout.tp > 1 and layout.ep > 1:
+        raise UserError(f"train.parallel.ep: expert parallelism together with tensor parallelism (tp {layout.tp}) is "
+                        "not built yet; set ep: 1 (the MoE layer is then split by hidden over tp) or tp: 1")
     if layout.tp > 1:
-        raise UserError("train.parallel.tp: an MoE layer under tensor parallelism is not built yet; set tp: 1 "
-                        "(expert parallelism, train.parallel.ep, is)")
+        _split_by_hidden(module, mesh.tp)
     if layout.ep > 1:
         n_experts = module.experts.up_proj.shape[0]
         if n_experts % layout.ep:
@@ -73,9 +80,50 @@ def apply_moe_parallel(module: nn.Module, mesh, compute_dtype: torch.dtype | Non
             module.experts.register_parameter(name, sharded)
     ep_group = mesh.ep.get_group() if layout.ep > 1 else None
     stats_group = mesh.dp.get_group() if layout.dp > 1 else None
-    if ep_group is not None or stats_group is not None:
-        module.parallel = ExpertParallel(ep_group, stats_group)
+    tp_group = mesh.tp.get_group() if layout.tp > 1 else None
+    if ep_group is not None or stats_group is not None or tp_group is not None:
+        module.parallel = ExpertParallel(ep_group, stats_group, tp_group)
     return module
+
+
+def _local_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, local_tensor(linear.weight), None if linear.bias is None else local_tensor(linear.bias))
+
+
+def _split_by_hidden(module: nn.Module, tp_mesh) -> None:
+    """Tensor parallelism of one MoE layer: every expert's hidden units split over tp (gate/up by their output rows,
+    down by its input columns; DTensors, so names and global shapes stay), the shared expert likewise (colwise
+    gate/up, rowwise down), the router and the shared gate whole on every process. Biases would be added once per
+    process on the rowwise side: refused (the spec rule says so first)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    tp = tp_mesh.size()
+    biased = [n for n, _ in module.experts.named_parameters(recurse=False) if n.endswith("_bias")]
+    if biased:
+        raise UserError(f"train.parallel.tp: an MoE layer whose experts have biases ({', '.join(biased)}) is not "
+                        "split by tensor parallelism; set the expert's bias: false, or tp: 1")
+    experts = module.experts
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        p = getattr(experts, name, None)
+        if p is None:
+            continue
+        dim = 2 if name == "down_proj" else 1  # (E, hidden, D) by hidden rows; down (E, D, hidden) by hidden columns
+        if p.shape[dim] % tp:
+            raise UserError(f"train.parallel.tp: must divide the experts' hidden size ({p.shape[dim]}), got {tp}")
+        experts.register_parameter(name, nn.Parameter(distribute_tensor(p.detach(), tp_mesh, [Shard(dim)]),
+                                                      requires_grad=p.requires_grad))
+    shared = getattr(module, "shared_expert", None)
+    if shared is not None:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            linear = getattr(shared, name, None)
+            if linear is None:
+                continue
+            dim = 1 if name == "down_proj" else 0  # nn.Linear weights are (out, in)
+            if linear.weight.shape[dim] % tp:
+                raise UserError(f"train.parallel.tp: must divide the shared experts' hidden size "
+                                f"({linear.weight.shape[dim]}), got {tp}")
+            linear.weight = nn.Parameter(distribute_tensor(linear.weight.detach(), tp_mesh, [Shard(dim)]))
+            linear.forward = functools.partial(_local_linear, linear)
 
 
 def parallelize_moe(model: nn.Module, mesh, compute_dtype: torch.dtype | None = None) -> list[int]:

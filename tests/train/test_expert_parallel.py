@@ -71,6 +71,9 @@ WORKER = textwrap.dedent("""
         ref_loss = ref(x, y)[1]
         ref_aux = ref.auxiliary_losses()
         (ref_loss + sum(ref_aux.values())).backward()
+        if hasattr(model, "after_micro_batch"):  # bias balancing: the step's expert loads
+            model.after_micro_batch()
+            ref.after_micro_batch()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         row = {"loss": [mean.item() / world, ref_loss.item()],
@@ -82,9 +85,19 @@ WORKER = textwrap.dedent("""
         row["norm"] = [clip_grad_norm_(model.parameters(), 0.5).item(),
                        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5).item()]
         opt.step(); ref_opt.step(); opt.zero_grad(); ref_opt.zero_grad()
+        if hasattr(model, "after_optimizer_step"):  # the loads summed over the data-parallel processes
+            def all_sum(t):
+                dist.all_reduce(t, group=mesh.dp.get_group())
+                return t
+            model.after_optimizer_step(all_sum)
+            ref.after_optimizer_step()
         steps.append(row)
     params = {n: float((full(p.detach()) - ref_params[n].detach()).abs().max()) for n, p in model.named_parameters()}
     types = {n: type(p).__name__ for n, p in model.named_parameters()}
+    ref_buffers = dict(ref.named_buffers())
+    buffers = {n: float((full(b) - ref_buffers[n]).abs().max()) for n, b in model.named_buffers()
+               if n.endswith("selection_bias")}
+    moved = {n: float(b.abs().max()) for n, b in model.named_buffers() if n.endswith("selection_bias")}
     if kind == "ddp":
         save_sharded(Path(out) / "ep2.dcp", model, opt)
         state = {"params": {n: full(p.detach()) for n, p in model.named_parameters()},
@@ -92,16 +105,18 @@ WORKER = textwrap.dedent("""
         if rank == 0:
             torch.save(state, f"{out}/full.pt")
     if rank == 0:
-        json.dump({"steps": steps, "params": params, "types": types, "layers": layers}, open(f"{out}/result.json", "w"))
+        json.dump({"steps": steps, "params": params, "types": types, "layers": layers, "buffers": buffers,
+                   "moved": moved}, open(f"{out}/result.json", "w"))
     dist.barrier()
     del wrapped, model, opt
     dist.destroy_process_group()
 """)
 
 
-def tiny_moe(**parallel) -> dict:
-    """Two layers, GQA attention; layer 0 a GLU FFN, layer 1 an MoE (top-2 of 4 GLU experts, z-loss on)."""
-    return {
+def tiny_moe(moe: dict | None = None, **parallel) -> dict:
+    """Two layers, GQA attention; layer 0 a GLU FFN, layer 1 an MoE (top-2 of 4 GLU experts, z-loss on; `moe`
+    merged into it)."""
+    spec = {
         "name": "tiny-moe",
         "model": {"vocab_size": 96, "context_length": 16, "d_model": 32, "n_layers": 2,
                   "attention": {"n_heads": 4, "n_kv_heads": 2}, "ffn": {"kind": "glu", "hidden_dim": 64},
@@ -110,11 +125,19 @@ def tiny_moe(**parallel) -> dict:
                       "z_loss_coef": 0.001}}}},
         "train": {"parallel": {"kind": "ddp", **parallel}},
     }
+    spec["model"]["layers"]["moe"]["ffn"].update(moe or {})
+    return spec
 
 
-def _torchrun(tmp_path: Path, kind: str) -> dict:
-    (tmp_path / "spec.json").write_text(json.dumps(tiny_moe(ep=2)))
-    (tmp_path / "worker.py").write_text(WORKER)
+# DeepSeek-V3's routing: sigmoid scores, a selection bias moved outside the gradient (bias balancing), a shared expert
+DEEPSEEK_V3 = {"score": "sigmoid", "selection_bias": True, "bias_update_rate": 0.01, "n_shared_experts": 1}
+# Qwen2-MoE's shared expert with its gate
+QWEN2 = {"n_shared_experts": 1, "shared_hidden_dim": 32, "shared_gate": True}
+
+
+def _torchrun(tmp_path: Path, kind: str, spec: dict, worker: str = WORKER) -> dict:
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "worker.py").write_text(worker)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-W", "ignore::FutureWarning", "-m", "torch.distributed.run", "--standalone",
@@ -124,11 +147,11 @@ def _torchrun(tmp_path: Path, kind: str) -> dict:
     return json.loads((tmp_path / "result.json").read_text())
 
 
-def _assert_equal_to_one_process(result: dict) -> None:
+def _assert_equal_to_one_process(result: dict, spec: dict) -> None:
     # fp32 throughout; what differs is only the order of sums (the all-reduces, the per-rank batches): 1e-5 relative
     from archspec.codegen import generate
 
-    names = {n for n, _ in generate(load_spec_dict(tiny_moe()), write=False).Model().named_parameters()}
+    names = {n for n, _ in generate(load_spec_dict(spec), write=False).Model().named_parameters()}
     assert result["layers"] == [1]
     for row in result["steps"]:
         mine, ref = row["loss"]
@@ -152,8 +175,8 @@ def _assert_equal_to_one_process(result: dict) -> None:
 
 @pytest.mark.slow
 def test_ep2_under_ddp_trains_as_one_process_and_its_checkpoint_loads_under_ep1(tmp_path):
-    result = _torchrun(tmp_path, "ddp")
-    _assert_equal_to_one_process(result)
+    result = _torchrun(tmp_path, "ddp", tiny_moe(ep=2))
+    _assert_equal_to_one_process(result, tiny_moe())
 
     # The ep=2 DCP checkpoint (names and global shapes as one process has them) loads into a plain model.
     from archspec.codegen import generate
@@ -171,7 +194,123 @@ def test_ep2_under_ddp_trains_as_one_process_and_its_checkpoint_loads_under_ep1(
 
 
 @pytest.mark.slow
-def test_ep2_under_fsdp_trains_as_one_process(tmp_path):
-    result = _torchrun(tmp_path, "fsdp")
-    _assert_equal_to_one_process(result)
+def test_ep2_under_fsdp_with_shared_expert_and_bias_balancing_trains_as_one_process(tmp_path):
+    result = _torchrun(tmp_path, "fsdp", tiny_moe(DEEPSEEK_V3, ep=2))
+    _assert_equal_to_one_process(result, tiny_moe(DEEPSEEK_V3))
+    # the selection bias moved (by multiples of the rate) and stayed in step with one process's
+    assert result["moved"]["blocks.1.ffn.selection_bias"] == pytest.approx(0.03, abs=0.021)  # 1 to 3 steps of 0.01
+    assert result["buffers"] == {"blocks.1.ffn.selection_bias": 0.0}
     assert {t for n, t in result["types"].items()} == {"DTensor"}  # the rest FSDP-sharded over the 2 processes
+
+
+# Under torchrun, tp=2: one MoE layer split by hidden over the two processes, each given its sequence shard of the
+# same batch (what the tensor-parallel blocks hand it), against a plain copy on the whole sequence.
+TP_WORKER = textwrap.dedent("""
+    import copy, json, sys
+    import torch
+    import torch.distributed as dist
+    from archspec.codegen import generate
+    from archspec.spec import load_spec_dict
+    from archspec.train.expert_parallel import apply_moe_parallel
+    from archspec.train.mesh import JobMesh, Layout
+
+    spec_json, kind, out = sys.argv[1:]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    spec = load_spec_dict(json.load(open(spec_json)))
+    torch.manual_seed(0)
+    ffn = generate(spec, write=False).Model().blocks[1].ffn
+    ref = copy.deepcopy(ffn)
+    mesh = JobMesh.build("cpu", Layout.of(spec.train.parallel, tp))
+    apply_moe_parallel(ffn, mesh)
+    g = torch.Generator().manual_seed(1)
+    B, T, D = 4, 16, spec.model.d_model
+    x = torch.randn(B, T, D, generator=g)
+    upstream = torch.randn(B, T, D, generator=g)  # the gradient the rest of the model sends back
+    mine = slice(rank * T // tp, (rank + 1) * T // tp)
+    x_mine = x[:, mine].clone().requires_grad_()
+    y = ffn(x_mine)
+    ((y * upstream[:, mine]).sum() + ffn.router_losses.sum()).backward()
+    x_ref = x.clone().requires_grad_()
+    y_ref = ref(x_ref)
+    ((y_ref * upstream).sum() + ref.router_losses.sum()).backward()
+    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
+    ref_params = dict(ref.named_parameters())
+    result = {
+        "shape": list(y.shape),
+        "out": float((y - y_ref[:, mine]).abs().max() / y_ref.abs().max()),
+        "x_grad": float((x_mine.grad - x_ref.grad[:, mine]).abs().max() / x_ref.grad.abs().max()),
+        "losses": float((ffn.router_losses - ref.router_losses).abs().max()),
+        "stats": float((ffn.router_stats - ref.router_stats).abs().max()),
+        "grads": {n: float((full(p.grad) - ref_params[n].grad).abs().max() / ref_params[n].grad.abs().max())
+                  for n, p in ffn.named_parameters()},
+        "types": {n: type(p).__name__ for n, p in ffn.named_parameters()},
+    }
+    if rank == 0:
+        json.dump(result, open(f"{out}/result.json", "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_tp2_splits_an_moe_layer_by_hidden_and_gives_the_single_process_output_and_gradients(tmp_path):
+    result = _torchrun(tmp_path, "tp", tiny_moe(QWEN2, tp=2), TP_WORKER)
+    assert result["shape"] == [4, 8, 32]  # this process's sequence shard in, the same shard out
+    assert result["out"] < 1e-5 and result["x_grad"] < 1e-5
+    assert result["losses"] < 1e-7 and result["stats"] < 1e-6
+    assert set(result["grads"]) == {"router.weight", "experts.gate_proj", "experts.up_proj", "experts.down_proj",
+                                    "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight",
+                                    "shared_expert.down_proj.weight", "shared_expert_gate.weight"}
+    assert max(result["grads"].values()) < 1e-5, result["grads"]
+    split = {n for n, t in result["types"].items() if t == "DTensor"}
+    assert split == set(result["grads"]) - {"router.weight", "shared_expert_gate.weight"}  # router, gate: whole
+
+
+# ── the spec rules: refused at load, before any process-group work, naming the field and the smallest change ─────
+
+
+def _problems(data: dict) -> list[str]:
+    with pytest.raises(UserError) as e:
+        load_spec_dict(data)
+    return e.value.problems or [str(e.value)]
+
+
+def test_the_rules_refuse_what_expert_or_tensor_parallelism_cannot_split():
+    load_spec_dict(tiny_moe(ep=2))
+    load_spec_dict(tiny_moe(QWEN2, tp=2))
+    assert _problems(tiny_moe(ep=3)) == [
+        "train.parallel.ep: must divide model.layers.moe.ffn.n_experts (4), got 3: each process holds n_experts / ep "
+        "experts; e.g. ep 2, or n_experts 6"]
+    no_moe = tiny_moe(ep=2)
+    del no_moe["model"]["layers"]
+    assert _problems(no_moe) == ["train.parallel.ep: the spec has no MoE layer: expert parallelism spreads an MoE "
+                                 "layer's experts over processes; set ep: 1, got 2"]
+    (capacity,) = _problems(tiny_moe({"capacity_factor": 1.5}, ep=2))
+    assert capacity.startswith("model.layers.moe.ffn.capacity_factor: expert parallelism (train.parallel.ep 2) "
+                               "needs dropless routing") and "capacity_factor: null, or ep: 1" in capacity
+    (unaligned,) = _problems(tiny_moe({"expert": {"kind": "glu", "hidden_dim": 36}}, ep=2))
+    assert unaligned.startswith("train.parallel.ep: expert parallelism runs model.layers.moe.ffn's experts through "
+                                "the grouped GEMM") and "(36) to be multiples of 8" in unaligned
+    (both,) = _problems(tiny_moe(ep=2, tp=2))
+    assert both.startswith("train.parallel.ep: expert parallelism together with tensor parallelism (tp 2) is not "
+                           "built yet")
+    (hidden,) = _problems(tiny_moe({"expert": {"kind": "glu", "hidden_dim": 40}}, tp=2))
+    assert hidden.startswith("train.parallel.tp: must divide model.layers.moe.ffn.expert.hidden_dim (40) into "
+                             "slices of a multiple of 8") and hidden.endswith("got 2; e.g. "
+                                                                              "model.layers.moe.ffn.expert.hidden_dim 48")
+    (shared,) = _problems(tiny_moe({"n_shared_experts": 1, "shared_hidden_dim": 33}, tp=2))
+    assert shared.startswith("train.parallel.tp: must divide model.layers.moe.ffn.shared_hidden_dim (33)")
+    (bias,) = _problems(tiny_moe({"expert": {"kind": "glu", "hidden_dim": 32, "bias": True}}, tp=2))
+    assert bias.startswith("model.layers.moe.ffn.expert.bias: tensor parallelism (train.parallel.tp 2) splits")
+
+
+def test_one_process_keeps_the_identity_hooks():
+    from archspec.codegen import generate
+    from archspec.runtime import ONE_PROCESS
+
+    model = generate(load_spec_dict(tiny_moe()), write=False).Model()
+    assert model.blocks[1].ffn.parallel is ONE_PROCESS
+    x = torch.randn(2, 8, 32)
+    assert ONE_PROCESS.gather(x) == (x, x) and ONE_PROCESS.scatter(x) is x and ONE_PROCESS.batch_sum(x) is x

@@ -37,6 +37,13 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
   `shared_hidden_dim` (default n_shared_experts · expert.hidden_dim, DeepSeek-MoE); `shared_gate: true` scales its
   output by sigmoid(x · w) (Qwen2-MoE's `shared_expert_gate`).
 
+Past one process (archspec.train.expert_parallel; the hooks in archspec.runtime.experts, the identity on one
+process): the balancing loss, z-loss and load statistics are over the whole global batch (the router's sums all-reduced
+over the data-parallel processes, differentiably), so N processes give one process's losses. `train.parallel.ep`
+spreads the routed experts over processes (dropless grouped path only; ep divides n_experts); `train.parallel.tp`
+splits every expert's hidden units (and the shared experts'), the router computed whole on each tp process
+(`parallel_problems` holds the rules).
+
 Accounting: routed experts count top_k / n_experts of their total in `active`; router and shared experts in full.
 FLOPs per token: top_k experts + the router + shared experts (+ the shared gate): the useful work. Padding is NOT
 counted. Dropless MoE (sizes multiples of 8; CPU fp32/bf16, CUDA bf16 on Hopper+) computes no padding: the sorted
@@ -144,8 +151,9 @@ class MoESpec(FFNKind):
 
     def parallel_problems(self, m, parallel, path: tuple[str, ...]) -> list[Problem]:
         """How `train.parallel` (ep, tp) can split this MoE layer (archspec.train.expert_parallel): ep must divide
-        the experts, and expert parallelism takes the dropless grouped path only; the MoE layer under tensor
-        parallelism is not built yet."""
+        the experts, and expert parallelism takes the dropless grouped path only; tp splits every expert's (and
+        the shared experts') hidden units, so it must divide them (into multiples of 8 for the grouped GEMM), and
+        ep with tp together is not built yet."""
         out: list[Problem] = []
         where = ".".join(path)
         ep, tp = parallel.ep, parallel.tp
@@ -165,9 +173,25 @@ class MoESpec(FFNKind):
                             f"grouped GEMM, which needs model.d_model ({m.d_model}) and {where}.expert.hidden_dim "
                             f"({self.expert.hidden_dim}) to be multiples of 8; make them so, or set ep: 1", ep))
         if tp > 1:
-            out.append((("train", "parallel", "tp"), f"{where} is an MoE layer, which tensor parallelism does not "
-                        "split yet; set tp: 1 (expert parallelism, train.parallel.ep, spreads its experts instead)",
-                        tp))
+            if ep > 1:
+                out.append((("train", "parallel", "ep"), f"expert parallelism together with tensor parallelism (tp "
+                            f"{tp}) is not built yet; set ep: 1 ({where} is then split by hidden over tp) or tp: 1",
+                            ep))
+            if self.expert.bias:
+                out.append((path + ("expert", "bias"), f"tensor parallelism (train.parallel.tp {tp}) splits {where}'s "
+                            "experts by hidden, and their output biases would be added once per process; set bias: "
+                            "false, or tp: 1", self.expert.bias))
+            for field, hidden in (("expert.hidden_dim", self.expert.hidden_dim),
+                                  ("shared_hidden_dim", self.shared_hidden_dim if self.n_shared_experts else None)):
+                if hidden is None:
+                    continue
+                step = 8 * tp if field == "expert.hidden_dim" and self.grouped(m) else tp
+                if hidden % step:
+                    why = (f" (the grouped GEMM needs each process's {hidden // tp if hidden % tp == 0 else 'slice'} "
+                           "hidden units to be a multiple of 8)" if step != tp else "")
+                    out.append((("train", "parallel", "tp"), f"must divide {where}.{field} ({hidden}) into slices "
+                                f"of a multiple of {step // tp}{why}, got {tp}; e.g. {where}.{field} "
+                                f"{math.ceil(hidden / step) * step}", tp))
         return out
 
     @property
