@@ -68,10 +68,32 @@ def _inputs(module: nn.Module) -> int:
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
 
 
+def _settled(output_layouts, use_local_output, mod, outputs, device_mesh):
+    """The colwise/rowwise styles' output step with a synchronous redistribute. Torch's own is async (an
+    AsyncCollectiveTensor), and with torch.compile anywhere in the backward (a compiled block) that tensor's gradient
+    reaches the redistribute as a plain tensor and backward fails (torch 2.13, CPU gloo, also backend "eager")."""
+    if outputs.placements != output_layouts:
+        outputs = outputs.redistribute(placements=output_layouts, async_op=False)
+    return outputs.to_local() if use_local_output else outputs
+
+
+def _styles():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    class Colwise(ColwiseParallel):
+        _prepare_output_fn = staticmethod(_settled)
+
+    class Rowwise(RowwiseParallel):
+        _prepare_output_fn = staticmethod(_settled)
+
+    return Colwise, Rowwise
+
+
 def _style(module: nn.Module, split: Split):
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput, SequenceParallel
+
+    ColwiseParallel, RowwiseParallel = _styles()
 
     rest = (None,) * (_inputs(module) - 1)
     if split.style == "colwise":
