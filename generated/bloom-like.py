@@ -100,6 +100,7 @@ class Attention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
+        self.first_head = 0  # index of this module's first query head (per-head slopes); a rank's own under tp
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -124,7 +125,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
         k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        alibi = alibi_slopes(N_HEADS, q.device)  # (N_HEADS,): scores + alibi[h] · (key position - query position)
+        alibi = alibi_slopes(N_HEADS, q.device)[self.first_head : self.first_head + self.n_heads]  # this module's heads: + alibi[h]·(k - q pos)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
             start = cache.length

@@ -173,7 +173,7 @@ class Const:
         return f"{self.name} = {self.value}" + (f"  # {self.why}" if self.why else "")
 
 
-# ── tensor parallelism: what each unit's module becomes when its matmuls are split over tp processes ─────────────
+# ── tensor parallelism: what each unit's module becomes when its matmuls are split over tp processes ───────────
 # Torch-free: a unit declares its plan here; archspec.train.tensor_parallel turns it into torch's parallel styles
 # (parallelize_module). Between modules the residual stream is each rank's sequence shard, a plain (B, T/tp, D)
 # tensor: a module whose plan gathers its input sees the whole sequence and hands back its output sequence-sharded
@@ -192,7 +192,8 @@ class Split:
     over the sequence (what it returns is already sequence-sharded, by a rowwise projection inside) · `around`: the
     same gather, and its output (whole sequence, equal on every rank) split back over the sequence · `vocab`: the
     token embedding split by vocabulary rows (its output reduce-scattered over the sequence), or the head split by
-    vocabulary columns (its input the sequence shard, its logits left vocabulary-sharded for the loss) · `delegate`: the
+    vocabulary columns (its input the sequence shard, its logits left vocabulary-sharded for the loss) · `delegate`:
+    the
     module is handed to `fn` ("package.module:function", called as fn(module, tp_mesh)), which takes and returns the
     sequence shard itself."""
 
@@ -217,11 +218,13 @@ class Divides:
 class TPPlan:
     """A unit's tensor-parallel plan: `splits` by submodule name inside the unit's module ("" the module itself);
     `local`: attributes of the module holding per-rank counts, name → the global count (each rank holds count // tp:
-    the generated code reshapes by them); `divides`: the counts tp must divide; `refused`: (field path relative to
+    the generated code reshapes by them); `offsets`: attributes holding where this rank's share starts, name → the
+    global count (rank r: r · count // tp); `divides`: the counts tp must divide; `refused`: (field path relative to
     the unit, why) when this configuration of the kind cannot be split."""
 
     splits: dict[str, Split] = field(default_factory=dict)
     local: dict[str, int] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
     divides: tuple[Divides, ...] = ()
     refused: tuple[tuple[str, ...], str] | None = None
 
@@ -407,6 +410,9 @@ class PositionalKind(KindUnit):
     # model's kind acts inside each layer's attention (`in_attention`: rope, alibi), not on the embeddings.
     in_attention: ClassVar[bool] = False
     inert: ClassVar[bool] = False
+    # Whether its `attention_qk` hook reads per-head values (ALiBi's slopes) by `self.first_head`, the index of the
+    # Attention module's first query head: 0, or this rank's under tensor parallelism (set by the attention's plan).
+    per_head: ClassVar[bool] = False
 
     @classmethod
     def head_dim_step(cls, fields: dict[str, Any]) -> int:

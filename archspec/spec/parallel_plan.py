@@ -117,5 +117,6 @@ def tp_problems(spec: "Spec") -> list[Problem]:
                 out.append((TP_PATH, msg, tp))
     if seq_len % tp:
         out.append((TP_PATH, f"train.seq_len ({seq_len}) is not divisible by tp {tp} (each rank holds seq_len / tp "
-                    f"positions of the residual stream): use tp in {{{fits}}} or seq_len {max(tp, seq_len // tp * tp)}", tp))
+                    f"positions of the residual stream): use tp in {{{fits}}} or seq_len "
+                    f"{max(tp, seq_len // tp * tp)}", tp))
     return out

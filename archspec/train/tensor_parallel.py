@@ -15,8 +15,8 @@ the loss reads under `loss_parallel()`. Every parameter ends a DTensor on the tp
 gradients of replicated ones are summed over tp by DTensor itself.
 
 The fused qkv_proj (rows [q heads | k heads | v heads]) is *permuted* in memory, not split into three: its rows are
-reordered rank-major, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (q_r: rank r's N_HEADS/tp query heads), so that ColwiseParallel's
-contiguous Shard(0) gives each rank its own heads of all three. The parameter keeps its name and shape; checkpoints
+reordered rank-major, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (q_r: rank r's N_HEADS/tp query heads), so that
+ColwiseParallel's contiguous Shard(0) gives each rank its own heads of all three. The parameter keeps its name and shape; checkpoints
 keep the natural layout: `checkpoint_state` / `restore_state` (archspec.train.checkpoint calls them around DCP) put
 the rows back in natural order for the model and for AdamW's exp_avg and exp_avg_sq, and permute them again on load.
 Memory cost of that boundary: during a save or a load each rank holds every layer's whole fused weight (and bias)
@@ -68,10 +68,32 @@ def _inputs(module: nn.Module) -> int:
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
 
 
+def _settled(output_layouts, use_local_output, mod, outputs, device_mesh):
+    """The colwise/rowwise styles' output step with a synchronous redistribute. Torch's own is async (an
+    AsyncCollectiveTensor), and with torch.compile anywhere in the backward (a compiled block) that tensor's gradient
+    reaches the redistribute as a plain tensor and backward fails (torch 2.13, CPU gloo, also backend "eager")."""
+    if outputs.placements != output_layouts:
+        outputs = outputs.redistribute(placements=output_layouts, async_op=False)
+    return outputs.to_local() if use_local_output else outputs
+
+
+def _styles():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    class Colwise(ColwiseParallel):
+        _prepare_output_fn = staticmethod(_settled)
+
+    class Rowwise(RowwiseParallel):
+        _prepare_output_fn = staticmethod(_settled)
+
+    return Colwise, Rowwise
+
+
 def _style(module: nn.Module, split: Split):
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput, SequenceParallel
+
+    ColwiseParallel, RowwiseParallel = _styles()
 
     rest = (None,) * (_inputs(module) - 1)
     if split.style == "colwise":
@@ -109,6 +131,7 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Modul
     if tp == 1:
         return model
     state = TensorParallel(tp_mesh)
+    rank = tp_mesh.get_local_rank()
     styles: dict[str, Any] = {}
     delegates: list[tuple[str, str]] = []
     counts: list[tuple[nn.Module, str, int]] = []
@@ -130,6 +153,7 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Modul
                             state.permuted[_fqn(fqn, pname)] = order
         module = model.get_submodule(placed.module)
         counts += [(module, attr, count // tp) for attr, count in placed.plan.local.items()]
+        counts += [(module, attr, rank * (count // tp)) for attr, count in placed.plan.offsets.items()]
     for fqn, fn in delegates:
         where, _, name = fn.partition(":")
         try:
@@ -175,7 +199,7 @@ def local_value(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-# ── the checkpoint boundary: natural row order in the files ─────────────────────────────────────────────────────
+# ── the checkpoint boundary: natural row order in the files ────────────────────────────────────────────────
 
 
 def _optimizer_tensors(optim_state: dict[str, Any], name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -230,7 +254,8 @@ def restore_state(model: nn.Module, model_state: dict[str, Any], optim_state: di
         for (name, key), like in held.items():
             order = state.permuted[name]
             whole = model_state[name] if key is None else optim_state["state"][name][key]
-            _put(model_state, optim_state, name, key,
-                 distribute_tensor(whole[order.to(whole.device)], like.device_mesh, like.placements, src_data_rank=None))
+            mine = distribute_tensor(whole[order.to(whole.device)], like.device_mesh, like.placements,
+                                     src_data_rank=None)  # every rank holds the whole: no communication
+            _put(model_state, optim_state, name, key, mine)
 
     return finish

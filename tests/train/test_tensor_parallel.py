@@ -42,6 +42,30 @@ SPEC = {
     "train": {"seq_len": 16, "parallel": {"tp": 2}},
 }
 
+
+def _variant(name: str, **model) -> dict:
+    base = {k: v for k, v in SPEC["model"].items() if k not in ("layers", "attention", "ffn")}
+    return {"name": name, "model": {**base, **model}, "train": SPEC["train"]}
+
+
+# The other positional kinds and block wirings, each checked the same way in the same launch: learned positions
+# (gathered around, the table split by features) with LayerNorm, sandwich blocks, an embedding norm, biases and an
+# untied head; ALiBi (each rank its heads' slopes) in sliding-window layers (the blockwise kernel on CPU) with a
+# shared-norm parallel block; sinusoidal positions with output-norm blocks.
+VARIANTS = [
+    _variant("tp-learned", norm={"kind": "layernorm"}, block={"norm_placement": "sandwich"}, embedding_norm=True,
+             attention={"n_heads": 4, "head_dim": 8, "bias": True, "positional": {"kind": "learned"}},
+             ffn={"kind": "mlp", "activation": "gelu", "hidden_dim": 64, "bias": True},
+             tie_embeddings=False, lm_head_bias=True),
+    _variant("tp-alibi", block={"parallel": True, "shared_norm": True},
+             attention={"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "positional": {"kind": "alibi"},
+                        "sparsity": {"kind": "sliding_window", "window": 6}},
+             ffn={"kind": "glu", "hidden_dim": 48}),
+    _variant("tp-sinusoidal", block={"norm_placement": "output"},
+             attention={"n_heads": 2, "head_dim": 16, "positional": {"kind": "sinusoidal"}},
+             ffn={"kind": "glu", "activation": "gelu", "hidden_dim": 32}),
+]
+
 WORKER = textwrap.dedent("""
     import copy, json, sys
     from pathlib import Path
@@ -50,75 +74,90 @@ WORKER = textwrap.dedent("""
     from torch.distributed.device_mesh import init_device_mesh
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
-    from archspec.train.checkpoint import save_sharded
+    from archspec.train.checkpoint import load_sharded, save_sharded
     from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context
 
-    mode, spec_json, out = sys.argv[1:]
+    mode, specs_json, out = sys.argv[1:]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    spec = load_spec_dict(json.load(open(spec_json)))
-    torch.manual_seed(0)
-    Model = generate(spec, write=False).module.Model
-    model = Model()  # the same weights on every rank (same seed)
-    single = copy.deepcopy(model)  # one process's model, run here alongside
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    apply_tensor_parallel(model, spec, mesh)
-    tied = model.lm_head.weight is model.tok_emb.weight
-    permuted = model._archspec_tp.permuted
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, 64, (4, 16), generator=g)
-    targets = torch.randint(0, 64, (4, 16), generator=g)
+    results = {}
 
-    def natural(name, t):
+    def natural(model, name, t):
+        permuted = model._archspec_tp.permuted
         t = t.full_tensor()
         return t[torch.argsort(permuted[name])] if name in permuted else t
 
-    if mode == "compile":
-        model.blocks[0].compile()  # one block compiled: the others stay eager
-        single.blocks[0].compile()
-    out_json = {"tied": tied, "losses": [], "single": [], "grads": {}}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    ref = torch.optim.AdamW(single.parameters(), lr=1e-2, weight_decay=0.1)
-    steps = 3 if mode == "train" else 1
-    for step in range(steps):
-        with loss_context(model):
-            logits, loss = model(idx, targets)
-            loss.backward()
-        _, ref_loss = single(idx, targets)
-        ref_loss.backward()
-        out_json["losses"].append(local_value(loss).item())
-        out_json["single"].append(ref_loss.item())
-        grads = {n: natural(n, p.grad) for n, p in model.named_parameters()}
-        ref_grads = {n: p.grad for n, p in single.named_parameters()}
-        for n in ref_grads:
-            torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=f"step {step}: grad of {n}")
-        opt.step(); ref.step(); opt.zero_grad(); ref.zero_grad()
-    out_json["logits_placements"] = [str(p) for p in logits.placements]
-    weights = {n: natural(n, p) for n, p in model.state_dict().items()}
-    for n, p in single.state_dict().items():
-        torch.testing.assert_close(weights[n], p, rtol=1e-4, atol=1e-4, msg=f"weight {n}")
-    out_json["grads"] = sorted(grads)
-    out_json["local_heads"] = [model.blocks[0].attn.n_heads, model.blocks[0].attn.n_kv_heads]
-    out_json["local_qkv_rows"] = model.blocks[0].attn.qkv_proj.weight.to_local().shape[0]
-    if mode == "train":
-        save_sharded(Path(out) / "ckpt.dcp", model, opt)
-        moments = {n: natural(n, opt.state[p]["exp_avg"]) for n, p in model.named_parameters()}
-        if rank == 0:
-            torch.save({"weights": weights, "moments": moments}, Path(out) / "full.pt")
+    for i, data in enumerate(json.load(open(specs_json))):
+        spec = load_spec_dict(data)
+        torch.manual_seed(0)
+        Model = generate(spec, write=False).module.Model
+        model = Model()  # the same weights on every rank (same seed)
+        single = copy.deepcopy(model)  # one process's model, run here alongside
+        apply_tensor_parallel(model, spec, mesh)
+        g = torch.Generator().manual_seed(1)
+        idx = torch.randint(0, 64, (4, 16), generator=g)
+        targets = torch.randint(0, 64, (4, 16), generator=g)
+        if mode == "compile":
+            model.blocks[0].compile()  # one block compiled: the others stay eager
+        res = {"tied": model.lm_head.weight is model.tok_emb.weight, "losses": [], "single": []}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        ref = torch.optim.AdamW(single.parameters(), lr=1e-2, weight_decay=0.1)
+        for step in range(3 if mode == "train" else 1):
+            with loss_context(model):
+                logits, loss = model(idx, targets)
+                loss.backward()
+            _, ref_loss = single(idx, targets)
+            ref_loss.backward()
+            res["losses"].append(local_value(loss).item())
+            res["single"].append(ref_loss.item())
+            grads = {n: natural(model, n, p.grad) for n, p in model.named_parameters()}
+            for n, p in single.named_parameters():
+                torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6,
+                                           msg=lambda m: f"{spec.name} step {step}: grad of {n}: {m}")
+            opt.step(); ref.step(); opt.zero_grad(); ref.zero_grad()
+        weights = {n: natural(model, n, p) for n, p in model.state_dict().items()}
+        for n, p in single.state_dict().items():
+            torch.testing.assert_close(weights[n], p, rtol=1e-4, atol=1e-4, msg=lambda m: f"{spec.name}: {n}: {m}")
+        res["logits_placements"] = [str(p) for p in logits.placements]
+        res["local_heads"] = [model.blocks[0].attn.n_heads, model.blocks[0].attn.n_kv_heads]
+        heads = [None, None]
+        dist.all_gather_object(heads, getattr(model.blocks[0].attn, "first_head", None))
+        res["first_head"] = heads  # each rank's
+        res["local_qkv_rows"] = model.blocks[0].attn.qkv_proj.weight.to_local().shape[0]
+        if mode == "train" and i == 0:
+            save_sharded(Path(out) / "ckpt.dcp", model, opt)
+            moments = {n: natural(model, n, opt.state[p]["exp_avg"]) for n, p in model.named_parameters()}
+            if rank == 0:
+                torch.save({"weights": weights, "moments": moments}, Path(out) / "full.pt")
+            # and back into a fresh tp=2 model: the files' natural order permuted again on load
+            torch.manual_seed(5)
+            again = apply_tensor_parallel(Model(), spec, mesh)
+            again_opt = torch.optim.AdamW(again.parameters(), lr=1e-2, weight_decay=0.1)
+            load_sharded(Path(out) / "checkpoint.pt", Path(out) / "ckpt.dcp", again, again_opt)
+            for n, p in again.state_dict().items():
+                torch.testing.assert_close(p.full_tensor(), model.state_dict()[n].full_tensor(), rtol=0, atol=0)
+            for n, p in again.named_parameters():
+                mine = dict(model.named_parameters())[n]
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(again_opt.state[p][key].full_tensor(),
+                                               opt.state[mine][key].full_tensor(), rtol=0, atol=0)
+            res["reloaded_at_tp2"] = True
+        results[spec.name] = res
     if rank == 0:
-        json.dump(out_json, open(Path(out) / f"{mode}.json", "w"))
+        json.dump(results, open(Path(out) / f"{mode}.json", "w"))
     dist.destroy_process_group()
 """)
 
 
-def _torchrun(tmp_path: Path, mode: str) -> dict:
-    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+def _torchrun(tmp_path: Path, mode: str, specs: list[dict]) -> dict:
+    (tmp_path / "specs.json").write_text(json.dumps(specs))
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), mode, str(tmp_path / "spec.json"), str(tmp_path)],
+         str(tmp_path / "worker.py"), mode, str(tmp_path / "specs.json"), str(tmp_path)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -127,13 +166,19 @@ def _torchrun(tmp_path: Path, mode: str) -> dict:
 
 @pytest.mark.slow
 def test_tp2_trains_like_one_process_and_its_checkpoint_loads_at_tp1(tmp_path):
-    result = _torchrun(tmp_path, "train")  # grads and weights are compared inside, at every step
-    torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(result["single"]), rtol=1e-5, atol=0)
-    assert result["losses"][0] > result["losses"][-1]  # it trains
+    results = _torchrun(tmp_path, "train", [SPEC, *VARIANTS])  # grads and weights are compared inside, every step
+    for name, result in results.items():
+        torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(result["single"]), rtol=1e-5,
+                                   atol=0, msg=name)
+        assert result["losses"][0] > result["losses"][-1], name  # it trains
+        assert result["logits_placements"] == ["S(2)"], name  # vocabulary-sharded logits, never gathered
+    result = results["tp-tiny"]
     assert result["tied"]  # still one matrix after distribution
+    assert not results["tp-learned"]["tied"]
     assert result["local_heads"] == [2, 1]  # each rank: half the query heads, half the K/V heads
     assert result["local_qkv_rows"] == (2 + 2 * 1) * 8
-    assert result["logits_placements"] == ["S(2)"]  # vocabulary-sharded logits, never gathered
+    assert results["tp-alibi"]["first_head"] == [0, 2] and result["first_head"] == [None, None]  # ALiBi's slopes
+    assert result["reloaded_at_tp2"]
 
     # The tp=2 DCP checkpoint, loaded by one process into a plain model: natural row order, today's names.
     spec = load_spec_dict({**SPEC, "train": {"seq_len": 16}})
@@ -149,11 +194,11 @@ def test_tp2_trains_like_one_process_and_its_checkpoint_loads_at_tp1(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_tp_block_runs_and_matches_one_process(tmp_path):
-    result = _torchrun(tmp_path, "compile")
+    result = _torchrun(tmp_path, "compile", [SPEC])["tp-tiny"]  # grads compared inside
     torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(result["single"]), rtol=1e-5, atol=0)
 
 
-# ── the rules: refused at load, naming train.parallel.tp and the smallest change ───────────────────────────────────
+# ── the rules: refused at load, naming train.parallel.tp and the smallest change ───────────────────────────
 
 
 def _refusal(**changes) -> list[str]:
@@ -178,6 +223,6 @@ def test_rules_refuse_unsplittable_specs_with_the_path():
     assert any("train.seq_len (16) is not divisible by tp 3" in p for p in problems)
     scope = _refusal(model__attention__qk_norm={"scope": "projection"})
     assert scope and "model.attention.qk_norm.scope: projection normalises q and k over all heads" in scope[0]
-    alibi = _refusal(model__attention__positional={"kind": "alibi"})
-    assert alibi == ["train.parallel.tp: model.attention.positional: kind 'alibi' has no tensor-parallel plan; use "
-                     "tp 1, or a kind that has one"]
+    mqa = _refusal(model__attention__n_kv_heads=1)  # one K/V head cannot be split
+    assert mqa == ["train.parallel.tp: model.attention.n_kv_heads (1) is not divisible by tp 2: use tp in {1} or "
+                   "n_kv_heads 2"]

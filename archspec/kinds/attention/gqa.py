@@ -92,6 +92,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         if self.qk_norm is not None:  # on (B, heads, T, HEAD_DIM): each rank's heads, dim 1
             splits |= {"q_norm": Split("sequence", dim=1), "k_norm": Split("sequence", dim=1)}
         return TPPlan(splits, local={"n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads},
+                      offsets={"first_head": self.n_heads} if type(self.positional).per_head else {},
                       divides=(Divides(("n_heads",), self.n_heads, "n_heads"),
                                Divides(("n_kv_heads",), self.n_kv_heads, "n_kv_heads")))
 
@@ -183,6 +184,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"layout": self.layout, "gqa": self.n_kv_heads != self.n_heads,
+                "first_head": type(self.positional).per_head,
                 "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
                 "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection",
                 **self.score_context(m)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from archspec.kinds.base import PositionalKind, register
+from archspec.kinds.base import PositionalKind, TPPlan, register
 
 
 @register
@@ -23,6 +23,11 @@ class AlibiPositional(PositionalKind):
     relative = True  # the bias depends on the offset alone
     score_args = ", alibi=alibi"
     in_attention = True  # a layer group may switch it off (its layers then take no bias)
+    per_head = True  # the slopes of the module's own heads: self.first_head onwards
+
+    def tensor_parallel(self, m):
+        """Slopes are computed, not stored: each rank takes its own heads' (the attention kind sets first_head)."""
+        return TPPlan()
 
     def describe(self, m) -> str:
         return "ALiBi attention biases"
