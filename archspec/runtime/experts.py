@@ -19,13 +19,18 @@ slice (the experts it holds), and a plain tensor itself.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a DTensor (its experts, or its hidden slice); a plain tensor unchanged."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
+    """This process's part of a DTensor (its experts, or its hidden slice); a plain tensor unchanged. (No DTensor
+    exists before torch.distributed.tensor is imported: one process never imports it here.)"""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(t, dtensor.DTensor):
+        return t.to_local()
+    return t
 
 
 class MoEParallel:

@@ -200,3 +200,23 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torc
             for g in grads:
                 g.mul_(coef)
     return total
+
+
+def separate_dtensors(groups: list[dict]) -> list[dict]:
+    """Optimizer parameter groups with the expert DTensors apart from plain parameters: AdamW's fused and foreach
+    kernels take one kind per group (under ddp the experts are DTensors on the ep mesh, the rest plain tensors;
+    under FSDP2 every parameter is a DTensor and nothing changes). Same settings (lr_mult included) in both halves,
+    so the update is the same."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for group in groups:
+        dtensors = [p for p in group["params"] if isinstance(p, DTensor)]
+        plain = [p for p in group["params"] if not isinstance(p, DTensor)]
+        if dtensors and plain:
+            out.append({**group, "params": plain})
+            out.append({**group, "params": dtensors, **({"name": f"{group['name']} experts"} if "name" in group
+                                                        else {})})
+        else:
+            out.append(group)
+    return out

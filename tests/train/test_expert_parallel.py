@@ -31,8 +31,10 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import save_sharded
-    from archspec.train.expert_parallel import clip_grad_norm_, moe_layers, parallelize_moe, shard_experts
+    from archspec.train.expert_parallel import (clip_grad_norm_, moe_layers, parallelize_moe, separate_dtensors,
+                                                shard_experts)
     from archspec.train.mesh import JobMesh, Layout
+    from archspec.train.optim import param_groups
 
     spec_json, kind, out = sys.argv[1:]
     torch.set_num_threads(1)
@@ -54,8 +56,9 @@ WORKER = textwrap.dedent("""
     else:
         from torch.nn.parallel import DistributedDataParallel
         wrapped = DistributedDataParallel(model, process_group=mesh.dp.get_group())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    # the loop's groups (decay / no decay) and its fused AdamW; under ddp the experts get groups of their own
+    opt = torch.optim.AdamW(separate_dtensors(param_groups(model, 0.1)), lr=1e-2, fused=True)
+    ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), lr=1e-2, fused=True)
     full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
     ref_params = dict(ref.named_parameters())
     g = torch.Generator().manual_seed(1)
@@ -181,11 +184,12 @@ def test_ep2_under_ddp_trains_as_one_process_and_its_checkpoint_loads_under_ep1(
     # The ep=2 DCP checkpoint (names and global shapes as one process has them) loads into a plain model.
     from archspec.codegen import generate
     from archspec.train.checkpoint import load_sharded
+    from archspec.train.optim import param_groups
 
     full = torch.load(tmp_path / "full.pt", weights_only=True)
     gen = generate(load_spec_dict(tiny_moe()), write=False)
     one = gen.Model()
-    opt = torch.optim.AdamW(one.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(param_groups(one, 0.1), lr=1e-2, fused=True)  # one process: the loop's two groups
     load_sharded(tmp_path / "checkpoint.pt", tmp_path / "ep2.dcp", one, opt)
     for name, p in one.named_parameters():
         assert torch.equal(p.detach(), full["params"][name]), name
