@@ -17,13 +17,12 @@ whole data-parallel size dp (= dp_out · ep), not by dp_out: `shard_experts` set
 
 The loop's order: build the model (same seed on every rank) → `apply_moe_parallel(block.ffn, mesh)` for every MoE
 layer (`parallelize_moe(model, mesh)` does them all) → activation checkpointing / compile → `ignored = shard_experts(model,
-mesh, fsdp)` → FSDP2 (`fully_shard(..., ignored_params=ignored)`) or DDP of the rest over `mesh.dp` → the optimizer → `clip_grad_norm_` of this module
-for the gradient norm (the expert gradients are DTensors on another mesh than the rest).
+mesh, fsdp)` → FSDP2 (`fully_shard(..., ignored_params=ignored)`) or replication of the rest over `mesh.dp`
+(archspec.train.parallel.shard_data_parallel) → the optimizer (archspec.train.optim.separate_dtensors) →
+archspec.train.parallel.clip_gradients for the gradient norm (the expert gradients are DTensors on another mesh).
 """
 
 from __future__ import annotations
-
-from typing import Iterable
 
 import functools
 
@@ -179,44 +178,3 @@ def shard_experts(model: nn.Module, mesh, fsdp: bool, mp_policy=None) -> set[nn.
     if not fsdp:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in experts])
     return {p for _, p in experts}
-
-
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """The global gradient norm (a plain tensor) of parameters that may be DTensors on different meshes (experts on
-    the ep mesh, the rest plain or FSDP-sharded over dp), and the gradients scaled to at most `max_norm` (0: only
-    the norm). torch's clip_grad_norm_ needs every gradient on one mesh."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    by_mesh: dict[object, list[torch.Tensor]] = {}
-    for g in grads:
-        by_mesh.setdefault(getattr(g, "device_mesh", None), []).append(g)
-    norms = []
-    for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(group)
-        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
-    if max_norm > 0 and grads:
-        coef = max_norm / (float(total) + 1e-6)
-        if coef < 1:
-            for g in grads:
-                g.mul_(coef)
-    return total
-
-
-def separate_dtensors(groups: list[dict]) -> list[dict]:
-    """Optimizer parameter groups with the expert DTensors apart from plain parameters: AdamW's fused and foreach
-    kernels take one kind per group (under ddp the experts are DTensors on the ep mesh, the rest plain tensors;
-    under FSDP2 every parameter is a DTensor and nothing changes). Same settings (lr_mult included) in both halves,
-    so the update is the same."""
-    from torch.distributed.tensor import DTensor
-
-    out = []
-    for group in groups:
-        dtensors = [p for p in group["params"] if isinstance(p, DTensor)]
-        plain = [p for p in group["params"] if not isinstance(p, DTensor)]
-        if dtensors and plain:
-            out.append({**group, "params": plain})
-            out.append({**group, "params": dtensors, **({"name": f"{group['name']} experts"} if "name" in group
-                                                        else {})})
-        else:
-            out.append(group)
-    return out

@@ -76,7 +76,7 @@ from archspec.train.mesh import JobMesh, Layout
 from archspec.train.parallel import (apply_activation_checkpointing, clip_gradients, full_value, shard_data_parallel,
                                      shard_fsdp, split_model)
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
-from archspec.train.optim import build_optimizer, lr_at, set_lr
+from archspec.train.optim import build_optimizer, lr_at, restore_hyperparameters, set_lr
 from archspec.train.progress import ProgressBar, eval_line
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import peak_flops
@@ -330,6 +330,15 @@ class Trainer:
         weights["digest"] = weights_digest(weights["model"])
         return weights
 
+    def _replica_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over the data-parallel replicas, in place: every process without a mesh; over mesh.dp
+        with one (the processes of a tensor-parallel group hold the same tokens' statistics: counted once)."""
+        if self.mesh is None:
+            return self.world.all_sum(tensor)
+        if self.layout.dp > 1:
+            torch.distributed.all_reduce(tensor, group=self.mesh.dp.get_group())
+        return tensor
+
     def _loss_context(self):
         """The context a forward and its backward run in: under tensor parallelism the logits stay sharded by
         vocabulary and the cross-entropy is computed on the shards (loss_parallel); elsewhere nothing."""
@@ -412,6 +421,7 @@ class Trainer:
         sharded = sharded_directory(path, state)
         if sharded is not None:  # FSDP's sharded state: loads here whatever the world size, one process included
             load_sharded(path, sharded, self.model, self.optimizer)
+            restore_hyperparameters(self.optimizer, self.model, self.recipe)
         elif self.sharded:
             raise UserError(f"{path}: a whole (non-sharded) checkpoint cannot seed a sharded run (FSDP, tp or ep) yet; "
                             "resume it on one process or under DDP without tp/ep, whose checkpoints sharded runs do not "
@@ -485,6 +495,8 @@ class Trainer:
         with no_sync(self.ddp_model, sync), self.loss_context():
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
+                # under tp a replicated DTensor: its value (differentiably), so the plain auxiliary losses add to it
+                loss = full_value(loss)
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
             if hasattr(self.model, "after_micro_batch"):  # state a model keeps over a step's training forwards
                 self.model.after_micro_batch()
@@ -493,8 +505,7 @@ class Trainer:
                 self.scaler.scale(total / accum).backward()
             else:
                 (total / accum).backward()
-        # (under tp the loss is a replicated DTensor: its value is every rank's)
-        return (full_value(loss.detach()).float(),
+        return (loss.detach().float(),
                 {name: full_value(v.detach()).float().reshape(()) for name, v in aux.items()})
 
     def train_step(self) -> StepStats:
@@ -536,7 +547,7 @@ class Trainer:
             if probed and not overflow:
                 self.stability.after_update()
             if hasattr(self.model, "after_optimizer_step") and not overflow:  # updates outside the gradient
-                self.model.after_optimizer_step(self.world.all_sum)
+                self.model.after_optimizer_step(self._replica_sum)
             self.optimizer.zero_grad(set_to_none=True)
             self._sync()
             self.step += 1

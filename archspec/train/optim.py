@@ -50,9 +50,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return out
 
 
+def separate_dtensors(groups: list[dict]) -> list[dict]:
+    """Optimizer parameter groups with DTensors apart from plain parameters: AdamW's fused and foreach kernels take
+    one kind per group (under ep with ddp the experts are DTensors on the ep mesh and the rest plain; under tp the
+    MoE routers stay plain beside the split weights; under FSDP2 every parameter is a DTensor and nothing changes).
+    Same settings (lr_mult included) in both halves, so the update is the same."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for group in groups:
+        dtensors = [p for p in group["params"] if isinstance(p, DTensor)]
+        plain = [p for p in group["params"] if not isinstance(p, DTensor)]
+        if dtensors and plain:
+            out.append({**group, "params": plain})
+            out.append({**group, "params": dtensors, **({"name": f"{group['name']} experts"} if "name" in group
+                                                        else {})})
+        else:
+            out.append(group)
+    return out
+
+
 def build_optimizer(model: nn.Module, recipe: TrainSpec, device: torch.device) -> torch.optim.AdamW:
     optimizer = torch.optim.AdamW(
-        param_groups(model, recipe.weight_decay),
+        separate_dtensors(param_groups(model, recipe.weight_decay)),
         lr=lr_at(0, recipe),
         betas=(recipe.beta1, recipe.beta2),
         eps=recipe.adam_eps,
@@ -62,6 +82,22 @@ def build_optimizer(model: nn.Module, recipe: TrainSpec, device: torch.device) -
     )
     set_lr(optimizer, lr_at(0, recipe))  # each group's multiplier from the first step on
     return optimizer
+
+
+def restore_hyperparameters(optimizer: torch.optim.Optimizer, model: nn.Module, recipe: TrainSpec) -> None:
+    """After a sharded load: every group's settings as this run's recipe and model make them. The groups are a
+    function of the layout (DTensors apart from plain tensors), so a state saved under another layout (tp=2 → one
+    process) brings other groups' settings, or none; what a group's settings are is never the checkpoint's to say
+    (the recipe is checked equal at resume)."""
+    template = {id(p): g for g in separate_dtensors(param_groups(model, recipe.weight_decay)) for p in g["params"]}
+    for group in optimizer.param_groups:
+        for key, value in optimizer.defaults.items():
+            group.setdefault(key, value)
+        own = template.get(id(group["params"][0])) if group["params"] else None
+        if own is not None:
+            group.pop("lr_mult", None)
+            group.update({k: v for k, v in own.items() if k != "params"})
+    # (the learning rate is set at every step: lr_at(step))
 
 
 def lr_at(step: int, recipe: TrainSpec) -> float:

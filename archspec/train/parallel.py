@@ -64,7 +64,7 @@ def split_model(model: nn.Module, spec, mesh) -> None:
     if layout.tp > 1:
         from archspec.train.tensor_parallel import apply_tensor_parallel
 
-        apply_tensor_parallel(model, spec, mesh.tp)  # MoE layers under tp included
+        apply_tensor_parallel(model, spec, mesh.tp, mesh)  # MoE layers under tp included (their plan delegates)
     elif layout.ep > 1:
         from archspec.train.expert_parallel import apply_moe_parallel
 

@@ -117,10 +117,11 @@ def _style(module: nn.Module, split: Split):
     raise ValueError(f"tensor parallelism: unknown style {split.style!r}")  # a unit's bug, not user input
 
 
-def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: Any = None) -> nn.Module:
     """Split `model` (the generated Model of `spec`, whole on every rank, the same weights on each) over `tp_mesh`
     in place, following each unit's plan; returns it. UserError (train.parallel.tp: ...) for a spec that cannot be
-    split, before any collective."""
+    split, before any collective. `job_mesh`: the job's archspec.train.mesh.JobMesh, which a delegated unit (MoE)
+    is given (its experts also need the data-parallel axis); a unit is given `tp_mesh` without it."""
     tp = tp_mesh.size()
     if tp != spec.train.parallel.tp:
         raise UserError(f"train.parallel.tp: the tensor-parallel mesh has {tp} processes, the spec asks for "
@@ -160,7 +161,7 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Modul
             function = getattr(import_module(where), name)
         except (ImportError, AttributeError):
             raise UserError(f"train.parallel.tp: {fqn} is handed to {fn}, which is not available here; use tp 1")
-        function(model.get_submodule(fqn), tp_mesh)
+        function(model.get_submodule(fqn), job_mesh if job_mesh is not None else tp_mesh)
     tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.tok_emb.weight
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -171,7 +172,8 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any) -> nn.Modul
         setattr(module, attr, count)
     from torch.distributed.tensor import DTensor
 
-    plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+    handed = tuple(f"{fqn}." for fqn, _ in delegates)  # a delegate keeps what it keeps whole in step itself
+    plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor) and not n.startswith(handed)]
     if plain:  # a parameter no plan covers would train unsynchronised on each rank
         raise ValueError(f"tensor parallelism: no plan covers {', '.join(plain[:4])}")  # a unit's bug
     model._archspec_tp = state
@@ -190,13 +192,6 @@ def loss_context(model: nn.Module) -> AbstractContextManager:
     from torch.distributed.tensor.parallel import loss_parallel
 
     return loss_parallel()
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor:
-    """A loss or metric as a plain tensor (under tp the loss is a replicated DTensor)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 # ── the checkpoint boundary: natural row order in the files ────────────────────────────────────────────────

@@ -31,10 +31,10 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import save_sharded
-    from archspec.train.expert_parallel import (clip_grad_norm_, moe_layers, parallelize_moe, separate_dtensors,
-                                                shard_experts)
+    from archspec.train.expert_parallel import moe_layers, parallelize_moe, shard_experts
     from archspec.train.mesh import JobMesh, Layout
-    from archspec.train.optim import param_groups
+    from archspec.train.optim import param_groups, separate_dtensors
+    from archspec.train.parallel import clip_gradients as clip_grad_norm_
 
     spec_json, kind, out = sys.argv[1:]
     torch.set_num_threads(1)
@@ -85,7 +85,7 @@ WORKER = textwrap.dedent("""
                "splits": [ffn.parallel.last_splits for _, ffn in moe_layers(model)],
                "grads": {n: float((full(p.grad) - ref_params[n].grad).abs().max() / ref_params[n].grad.abs().max())
                          for n, p in model.named_parameters()}}
-        row["norm"] = [clip_grad_norm_(model.parameters(), 0.5).item(),
+        row["norm"] = [clip_grad_norm_(list(model.parameters()), 0.5).item(),
                        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5).item()]
         opt.step(); ref_opt.step(); opt.zero_grad(); ref_opt.zero_grad()
         if hasattr(model, "after_optimizer_step"):  # the loads summed over the data-parallel processes

@@ -75,9 +75,9 @@ def test_pipeline_stages_are_refused_until_built():
 
 
 def test_run_key_counts_data_parallel_replicas_not_processes(corpus_dir):
-    one = load_spec_dict(tiny_spec_dict(corpus_dir, batch_size=8))
-    tp2 = load_spec_dict(tiny_spec_dict(corpus_dir, batch_size=8, parallel={"kind": "ddp", "tp": 2}))
-    dp2 = load_spec_dict(tiny_spec_dict(corpus_dir, batch_size=8))
+    one = load_spec_dict(_spec(corpus_dir, batch_size=8))
+    tp2 = load_spec_dict(_spec(corpus_dir, batch_size=8, parallel={"kind": "ddp", "tp": 2}))
+    dp2 = load_spec_dict(_spec(corpus_dir, batch_size=8))
     r_one, r_tp2, r_dp2 = run_recipe(one), run_recipe(tp2, world_size=2), run_recipe(dp2, world_size=2)
     assert "data_parallel" not in r_tp2 and r_dp2["data_parallel"] == 2
     key = lambda r: run_key("m" * 64, r, "d" * 64, 0)  # noqa: E731

@@ -60,7 +60,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, FFNKind, Problem, Since, kind_union, lit_bool, lit_float, lit_int, register
+from archspec.kinds.base import (Const, FFNKind, Problem, Since, Split, TPPlan, kind_union, lit_bool, lit_float, lit_int,
+                                 register)
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
 from archspec.kinds.ffn.glu import GLUSpec
@@ -148,6 +149,12 @@ class MoESpec(FFNKind):
                 out.append((path + ("top_k",), f"must be at most topk_group · n_experts / n_group ({reach}: the "
                             f"experts of the {self.topk_group} kept group(s)), got {self.top_k}", self.top_k))
         return out
+
+    def tensor_parallel(self, m):
+        """The layer is handed whole to archspec.train.expert_parallel.apply_moe_parallel, which splits every
+        expert's hidden units over tp and takes and returns the sequence shard itself; what tp must divide is
+        `parallel_problems`'s rule."""
+        return TPPlan({"": Split("delegate", fn="archspec.train.expert_parallel:apply_moe_parallel")})
 
     def parallel_problems(self, m, parallel, path: tuple[str, ...]) -> list[Problem]:
         """How `train.parallel` (ep, tp) can split this MoE layer (archspec.train.expert_parallel): ep must divide
