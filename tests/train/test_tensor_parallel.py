@@ -12,6 +12,7 @@ Gloo on CPU runs every collective these styles need (all-gather, reduce-scatter,
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from archspec import testing as T
 from archspec.codegen import generate
 from archspec.errors import UserError
 from archspec.spec import load_spec_dict
@@ -226,3 +230,56 @@ def test_rules_refuse_unsplittable_specs_with_the_path():
     mqa = _refusal(model__attention__n_kv_heads=1)  # one K/V head cannot be split
     assert mqa == ["train.parallel.tp: model.attention.n_kv_heads (1) is not divisible by tp 2: use tp in {1} or "
                    "n_kv_heads 2"]
+
+
+# ── every accepted spec's plan fits its module ─────────────────────────────────────────────────────────────────────
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=T.spec_dicts(train=False), data=st.data())
+def test_every_accepted_spec_has_a_plan_that_fits_its_module(raw, data):
+    """Accepted under tp: each split's widths divide by tp and add up to the module's (local × tp = global), the
+    fused parts tile the fused weight, the per-rank counts are the module's own attributes, and every parameter is
+    covered by a style (else apply_tensor_parallel would refuse). Refused: every problem names train.parallel.tp.
+    tp is drawn among the values that divide the plan's counts when there are any (else 2: a refusal)."""
+    plain = load_spec_dict(raw)
+    counts = [d.value for p in model_plan(plain.model) if p.plan for d in p.plan.divides]
+    every = math.gcd(plain.model.context_length, *counts)
+    tp = data.draw(st.sampled_from([d for d in range(2, min(every, 8) + 1) if every % d == 0] or [2]), label="tp")
+    raw = {**raw, "train": {"parallel": {"tp": tp}, "seq_len": raw["model"]["context_length"]}}
+    try:
+        spec = load_spec_dict(raw)
+    except UserError as e:
+        problems = getattr(e, "problems", None) or [str(e)]
+        assert any(p.startswith("train.parallel.tp: ") for p in problems) or not any(
+            "parallel" in p for p in problems), problems
+        return
+    with torch.device("meta"):
+        model = generate(spec, write=False).module.Model()
+    covered: set[str] = set()
+    for placed in model_plan(spec.model):
+        assert placed.plan is not None and placed.plan.refused is None, placed.path
+        for name, split in placed.plan.splits.items():
+            fqn = ".".join(p for p in (placed.module, name) if p)
+            module = model.get_submodule(fqn)
+            if split.style in ("colwise", "rowwise", "sequence", "vocab"):
+                covered |= {f"{fqn}.{n}" for n, _ in module.named_parameters()}
+            if split.style == "colwise" or (split.style == "vocab" and isinstance(module, torch.nn.Linear)):
+                width = module.out_features if isinstance(module, torch.nn.Linear) else module.embedding_dim
+                assert width % tp == 0 or split.replicated_output and module.embedding_dim % tp == 0, fqn
+                if split.parts:
+                    assert sum(split.parts) == width and all(part % tp == 0 for part in split.parts), fqn
+            if split.style == "rowwise":
+                assert module.in_features % tp == 0, fqn
+            if split.style == "vocab" and isinstance(module, torch.nn.Embedding):
+                assert module.num_embeddings % tp == 0, fqn
+        module = model.get_submodule(placed.module)
+        for attr, count in {**placed.plan.local, **placed.plan.offsets}.items():
+            assert count % tp == 0, (placed.path, attr)
+            if attr in placed.plan.local:
+                assert getattr(module, attr) == count, (placed.module, attr)  # the global count, until split
+            else:
+                assert hasattr(module, attr), (placed.module, attr)
+    assert spec.train.seq_len % tp == 0
+    names = {n for n, _ in model.named_parameters()}  # tied weights once, by their first name
+    assert names <= covered | ({"lm_head.weight"} if spec.model.tie_embeddings else set()), names - covered
