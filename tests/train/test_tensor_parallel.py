@@ -283,3 +283,62 @@ def test_every_accepted_spec_has_a_plan_that_fits_its_module(raw, data):
     assert spec.train.seq_len % tp == 0
     names = {n for n, _ in model.named_parameters()}  # tied weights once, by their first name
     assert names <= covered | ({"lm_head.weight"} if spec.model.tie_embeddings else set()), names - covered
+
+
+def test_kinds_without_a_plan_are_refused_by_name():
+    from archspec.kinds.base import KindUnit
+    from archspec.spec import load_spec
+
+    with pytest.raises(UserError) as e:  # MLA: no plan (its latent projections are shared by all heads)
+        load_spec(ROOT / "specs" / "deepseek-v3-like-tiny.yaml", ["train.parallel.tp=2"])
+    assert "train.parallel.tp: model.attention: kind 'mla' has no tensor-parallel plan; use tp 1, or a kind that " \
+           "has one" in e.value.problems
+    from archspec.kinds.ffn.moe import MoESpec
+
+    spec = load_spec(ROOT / "specs" / "mixtral-like-tiny.yaml")
+    if MoESpec.tensor_parallel is KindUnit.tensor_parallel:  # MoE's own plan (experts by hidden) not there yet
+        with pytest.raises(UserError) as e:
+            load_spec(ROOT / "specs" / "mixtral-like-tiny.yaml", ["train.parallel.tp=2"])
+        assert any("model.ffn: kind 'moe' has no tensor-parallel plan" in p for p in e.value.problems)
+    else:  # the MoE unit hands its module to expert parallelism's function, which takes the sequence shard
+        splits = MoESpec.tensor_parallel(spec.model.ffn, spec.model).splits
+        assert splits[""].style == "delegate" and splits[""].fn.startswith("archspec.train.expert_parallel:")
+
+
+class _Mesh:
+    """Enough of a 2-process DeviceMesh for apply_tensor_parallel to reach its delegates (nothing collective yet)."""
+
+    def size(self):
+        return 2
+
+    def get_local_rank(self):
+        return 0
+
+
+def test_a_delegated_module_is_handed_to_its_function_or_refused_when_it_is_missing(monkeypatch):
+    from archspec.kinds.base import Split, TPPlan
+    from archspec.kinds.ffn.glu import GLUSpec
+    from archspec.train.tensor_parallel import apply_tensor_parallel
+
+    spec = load_spec_dict(SPEC)
+    model = generate(spec, write=False).module.Model()
+    handed = []
+
+    class Handed(Exception):
+        pass
+
+    def take(module, mesh):
+        handed.append((type(module).__name__, mesh))
+        raise Handed  # stop before parallelize_module, which needs a real mesh
+
+    monkeypatch.setattr(sys.modules[__name__], "take", take, raising=False)
+    monkeypatch.setattr(GLUSpec, "tensor_parallel",
+                        lambda self, m: TPPlan({"": Split("delegate", fn=f"{__name__}:take")}))
+    mesh = _Mesh()
+    with pytest.raises(Handed):
+        apply_tensor_parallel(model, spec, mesh)
+    assert handed == [("GLUFeedForward", mesh)]  # layer 0's (layer 1 is an MLP)
+    monkeypatch.setattr(GLUSpec, "tensor_parallel",
+                        lambda self, m: TPPlan({"": Split("delegate", fn="archspec.train.no_such_module:apply")}))
+    with pytest.raises(UserError, match=r"train.parallel.tp: blocks.0.ffn is handed to archspec.train.no_such_module"):
+        apply_tensor_parallel(generate(spec, write=False).module.Model(), spec, mesh)
