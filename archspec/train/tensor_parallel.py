@@ -202,6 +202,21 @@ def local_value(t: torch.Tensor) -> torch.Tensor:
 # ── the checkpoint boundary: natural row order in the files ────────────────────────────────────────────────
 
 
+def natural_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the model's state_dict as whole plain tensors in today's layout (fused rows in natural order), the
+    same on every rank: what a weights checkpoint or an HF export of a tensor-parallel model must be given."""
+    from torch.distributed.tensor import DTensor
+
+    state = getattr(model, "_archspec_tp", None)
+    out = {}
+    for name, t in model.state_dict().items():
+        whole = t.full_tensor() if isinstance(t, DTensor) else t
+        if state is not None and name in state.permuted:
+            whole = whole[torch.argsort(state.permuted[name]).to(whole.device)]
+        out[name] = whole
+    return out
+
+
 def _optimizer_tensors(optim_state: dict[str, Any], name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
     entry = (optim_state or {}).get("state", {}).get(name, {})
     return {k: v for k, v in entry.items() if isinstance(v, torch.Tensor) and v.shape == like.shape}

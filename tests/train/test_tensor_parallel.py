@@ -79,7 +79,7 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import load_sharded, save_sharded
-    from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context
+    from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context, natural_state_dict
 
     mode, specs_json, out = sys.argv[1:]
     torch.set_num_threads(1)
@@ -114,6 +114,9 @@ WORKER = textwrap.dedent("""
                 loss.backward()
             _, ref_loss = single(idx, targets)
             ref_loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the loop's clipping, on DTensors
+            torch.testing.assert_close(local_value(norm), torch.nn.utils.clip_grad_norm_(single.parameters(), 1.0),
+                                       rtol=1e-5, atol=0)
             res["losses"].append(local_value(loss).item())
             res["single"].append(ref_loss.item())
             grads = {n: natural(model, n, p.grad) for n, p in model.named_parameters()}
@@ -121,7 +124,7 @@ WORKER = textwrap.dedent("""
                 torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6,
                                            msg=lambda m: f"{spec.name} step {step}: grad of {n}: {m}")
             opt.step(); ref.step(); opt.zero_grad(); ref.zero_grad()
-        weights = {n: natural(model, n, p) for n, p in model.state_dict().items()}
+        weights = natural_state_dict(model)
         for n, p in single.state_dict().items():
             torch.testing.assert_close(weights[n], p, rtol=1e-4, atol=1e-4, msg=lambda m: f"{spec.name}: {n}: {m}")
         res["logits_placements"] = [str(p) for p in logits.placements]
