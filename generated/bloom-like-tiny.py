@@ -125,7 +125,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
         k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        alibi = alibi_slopes(N_HEADS, q.device)[self.first_head : self.first_head + self.n_heads]  # this module's heads: + alibi[h]·(k - q pos)
+        alibi = alibi_slopes(N_HEADS, q.device)[self.first_head : self.first_head + q.size(1)]  # this module's heads: + alibi[h]·(k - q pos)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
             start = cache.length

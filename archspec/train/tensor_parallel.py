@@ -19,6 +19,15 @@ reordered rank-major, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (q_r: rank r's N_HEADS/t
 ColwiseParallel's contiguous Shard(0) gives each rank its own heads of all three. The parameter keeps its name and shape; checkpoints
 keep the natural layout: `checkpoint_state` / `restore_state` (archspec.train.checkpoint calls them around DCP) put
 the rows back in natural order for the model and for AdamW's exp_avg and exp_avg_sq, and permute them again on load.
+A unit may hand its whole module to a function of its own instead (style `delegate`, "package.module:function",
+called as fn(module, tp_mesh)): the module then gets this rank's sequence shard as a plain (B, T/tp, D) tensor and
+returns the same shape, already summed over tp, as any FFN does here; its parameters must end DTensors on the mesh.
+That is the MoE unit's contract with archspec.train.expert_parallel.apply_moe_parallel; until MoESpec declares it,
+MoE has no plan and is refused under tp > 1.
+
+Dropout under tp draws its masks on each rank's shard (and, inside attention, its heads) from the same seed: a valid
+dropout, not one process's masks; the equality tests run at dropout 0.
+
 Memory cost of that boundary: during a save or a load each rank holds every layer's whole fused weight (and bias)
 three times (weight, exp_avg, exp_avg_sq) in the parameter dtype, besides its shards; nothing at training time.
 """
@@ -195,6 +204,21 @@ def loss_context(model: nn.Module) -> AbstractContextManager:
 
 
 # ── the checkpoint boundary: natural row order in the files ────────────────────────────────────────────────
+
+
+def natural_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the model's state_dict as whole plain tensors in today's layout (fused rows in natural order), the
+    same on every rank: what a weights checkpoint or an HF export of a tensor-parallel model must be given."""
+    from torch.distributed.tensor import DTensor
+
+    state = getattr(model, "_archspec_tp", None)
+    out = {}
+    for name, t in model.state_dict().items():
+        whole = t.full_tensor() if isinstance(t, DTensor) else t
+        if state is not None and name in state.permuted:
+            whole = whole[torch.argsort(state.permuted[name]).to(whole.device)]
+        out[name] = whole
+    return out
 
 
 def _optimizer_tensors(optim_state: dict[str, Any], name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:

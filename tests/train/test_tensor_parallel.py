@@ -12,6 +12,7 @@ Gloo on CPU runs every collective these styles need (all-gather, reduce-scatter,
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from archspec import testing as T
 from archspec.codegen import generate
 from archspec.errors import UserError
 from archspec.spec import load_spec_dict
@@ -75,7 +79,7 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import load_sharded, save_sharded
-    from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context
+    from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context, natural_state_dict
 
     mode, specs_json, out = sys.argv[1:]
     torch.set_num_threads(1)
@@ -110,6 +114,9 @@ WORKER = textwrap.dedent("""
                 loss.backward()
             _, ref_loss = single(idx, targets)
             ref_loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the loop's clipping, on DTensors
+            torch.testing.assert_close(local_value(norm), torch.nn.utils.clip_grad_norm_(single.parameters(), 1.0),
+                                       rtol=1e-5, atol=0)
             res["losses"].append(local_value(loss).item())
             res["single"].append(ref_loss.item())
             grads = {n: natural(model, n, p.grad) for n, p in model.named_parameters()}
@@ -117,7 +124,7 @@ WORKER = textwrap.dedent("""
                 torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6,
                                            msg=lambda m: f"{spec.name} step {step}: grad of {n}: {m}")
             opt.step(); ref.step(); opt.zero_grad(); ref.zero_grad()
-        weights = {n: natural(model, n, p) for n, p in model.state_dict().items()}
+        weights = natural_state_dict(model)
         for n, p in single.state_dict().items():
             torch.testing.assert_close(weights[n], p, rtol=1e-4, atol=1e-4, msg=lambda m: f"{spec.name}: {n}: {m}")
         res["logits_placements"] = [str(p) for p in logits.placements]
@@ -226,3 +233,115 @@ def test_rules_refuse_unsplittable_specs_with_the_path():
     mqa = _refusal(model__attention__n_kv_heads=1)  # one K/V head cannot be split
     assert mqa == ["train.parallel.tp: model.attention.n_kv_heads (1) is not divisible by tp 2: use tp in {1} or "
                    "n_kv_heads 2"]
+
+
+# ── every accepted spec's plan fits its module ─────────────────────────────────────────────────────────────────────
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=T.spec_dicts(train=False), data=st.data())
+def test_every_accepted_spec_has_a_plan_that_fits_its_module(raw, data):
+    """Accepted under tp: each split's widths divide by tp and add up to the module's (local × tp = global), the
+    fused parts tile the fused weight, the per-rank counts are the module's own attributes, and every parameter is
+    covered by a style (else apply_tensor_parallel would refuse). Refused: every problem names train.parallel.tp.
+    tp is drawn among the values that divide the plan's counts when there are any (else 2: a refusal)."""
+    plain = load_spec_dict(raw)
+    counts = [d.value for p in model_plan(plain.model) if p.plan for d in p.plan.divides]
+    every = math.gcd(plain.model.context_length, *counts)
+    tp = data.draw(st.sampled_from([d for d in range(2, min(every, 8) + 1) if every % d == 0] or [2]), label="tp")
+    raw = {**raw, "train": {"parallel": {"tp": tp}, "seq_len": raw["model"]["context_length"]}}
+    try:
+        spec = load_spec_dict(raw)
+    except UserError as e:
+        problems = getattr(e, "problems", None) or [str(e)]
+        assert any(p.startswith("train.parallel.tp: ") for p in problems) or not any(
+            "parallel" in p for p in problems), problems
+        return
+    with torch.device("meta"):
+        model = generate(spec, write=False).module.Model()
+    covered: set[str] = set()
+    for placed in model_plan(spec.model):
+        assert placed.plan is not None and placed.plan.refused is None, placed.path
+        for name, split in placed.plan.splits.items():
+            fqn = ".".join(p for p in (placed.module, name) if p)
+            module = model.get_submodule(fqn)
+            if split.style in ("colwise", "rowwise", "sequence", "vocab"):
+                covered |= {f"{fqn}.{n}" for n, _ in module.named_parameters()}
+            if split.style == "colwise" or (split.style == "vocab" and isinstance(module, torch.nn.Linear)):
+                width = module.out_features if isinstance(module, torch.nn.Linear) else module.embedding_dim
+                assert width % tp == 0 or split.replicated_output and module.embedding_dim % tp == 0, fqn
+                if split.parts:
+                    assert sum(split.parts) == width and all(part % tp == 0 for part in split.parts), fqn
+            if split.style == "rowwise":
+                assert module.in_features % tp == 0, fqn
+            if split.style == "vocab" and isinstance(module, torch.nn.Embedding):
+                assert module.num_embeddings % tp == 0, fqn
+        module = model.get_submodule(placed.module)
+        for attr, count in {**placed.plan.local, **placed.plan.offsets}.items():
+            assert count % tp == 0, (placed.path, attr)
+            if attr in placed.plan.local:
+                assert getattr(module, attr) == count, (placed.module, attr)  # the global count, until split
+            else:
+                assert hasattr(module, attr), (placed.module, attr)
+    assert spec.train.seq_len % tp == 0
+    names = {n for n, _ in model.named_parameters()}  # tied weights once, by their first name
+    assert names <= covered | ({"lm_head.weight"} if spec.model.tie_embeddings else set()), names - covered
+
+
+def test_kinds_without_a_plan_are_refused_by_name():
+    from archspec.kinds.base import KindUnit
+    from archspec.spec import load_spec
+
+    with pytest.raises(UserError) as e:  # MLA: no plan (its latent projections are shared by all heads)
+        load_spec(ROOT / "specs" / "deepseek-v3-like-tiny.yaml", ["train.parallel.tp=2"])
+    assert "train.parallel.tp: model.attention: kind 'mla' has no tensor-parallel plan; use tp 1, or a kind that " \
+           "has one" in e.value.problems
+    from archspec.kinds.ffn.moe import MoESpec
+
+    spec = load_spec(ROOT / "specs" / "mixtral-like-tiny.yaml")
+    if MoESpec.tensor_parallel is KindUnit.tensor_parallel:  # MoE's own plan (experts by hidden) not there yet
+        with pytest.raises(UserError) as e:
+            load_spec(ROOT / "specs" / "mixtral-like-tiny.yaml", ["train.parallel.tp=2"])
+        assert any("model.ffn: kind 'moe' has no tensor-parallel plan" in p for p in e.value.problems)
+    else:  # the MoE unit hands its module to expert parallelism's function, which takes the sequence shard
+        splits = MoESpec.tensor_parallel(spec.model.ffn, spec.model).splits
+        assert splits[""].style == "delegate" and splits[""].fn.startswith("archspec.train.expert_parallel:")
+
+
+class _Mesh:
+    """Enough of a 2-process DeviceMesh for apply_tensor_parallel to reach its delegates (nothing collective yet)."""
+
+    def size(self):
+        return 2
+
+    def get_local_rank(self):
+        return 0
+
+
+def test_a_delegated_module_is_handed_to_its_function_or_refused_when_it_is_missing(monkeypatch):
+    from archspec.kinds.base import Split, TPPlan
+    from archspec.kinds.ffn.glu import GLUSpec
+    from archspec.train.tensor_parallel import apply_tensor_parallel
+
+    spec = load_spec_dict(SPEC)
+    model = generate(spec, write=False).module.Model()
+    handed = []
+
+    class Handed(Exception):
+        pass
+
+    def take(module, mesh):
+        handed.append((type(module).__name__, mesh))
+        raise Handed  # stop before parallelize_module, which needs a real mesh
+
+    monkeypatch.setattr(sys.modules[__name__], "take", take, raising=False)
+    monkeypatch.setattr(GLUSpec, "tensor_parallel",
+                        lambda self, m: TPPlan({"": Split("delegate", fn=f"{__name__}:take")}))
+    mesh = _Mesh()
+    with pytest.raises(Handed):
+        apply_tensor_parallel(model, spec, mesh)
+    assert handed == [("GLUFeedForward", mesh)]  # layer 0's (layer 1 is an MLP)
+    monkeypatch.setattr(GLUSpec, "tensor_parallel",
+                        lambda self, m: TPPlan({"": Split("delegate", fn="archspec.train.no_such_module:apply")}))
+    with pytest.raises(UserError, match=r"train.parallel.tp: blocks.0.ffn is handed to archspec.train.no_such_module"):
+        apply_tensor_parallel(generate(spec, write=False).module.Model(), spec, mesh)

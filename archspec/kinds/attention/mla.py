@@ -168,7 +168,8 @@ class MLASpec(ScoreOptions, AttentionKind):
 
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"gqa": False, "q_lora": self.q_lora_rank is not None, "mscale": self.softmax_mscale != 1.0,
-                "rolling": self.sparsity.cache_class != "KVCache", **self.score_context(m)}
+                "rolling": self.sparsity.cache_class != "KVCache", "first_head": type(self.positional).per_head,
+                **self.score_context(m)}
 
     # ── HF transformers interop (archspec.kinds.hf): transformers' deepseek_v3 ──
     hf_block = "latent_attention"
