@@ -79,7 +79,8 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import load_sharded, save_sharded
-    from archspec.train.tensor_parallel import apply_tensor_parallel, local_value, loss_context, natural_state_dict
+    from archspec.train.parallel import full_value as local_value
+    from archspec.train.tensor_parallel import apply_tensor_parallel, loss_context, natural_state_dict
 
     mode, specs_json, out = sys.argv[1:]
     torch.set_num_threads(1)
