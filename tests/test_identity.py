@@ -28,7 +28,7 @@ def test_two_train_sections_build_byte_identical_code_and_one_specs_row(tmp_path
     url = f"sqlite:///{tmp_path / 'reg.db'}"
     spec_file, out = tmp_path / "s.yaml", tmp_path / "gen"
     texts = []
-    for train in ({"lr": 1e-3, "steps": 10, "warmup_steps": 1}, {"lr": 3e-4, "steps": 500, "seq_len": 16, "compile": False}):
+    for train in ({"lr": 1e-3, "steps": 10, "warmup_steps": 1}, {"lr": 3e-4, "steps": 500, "seq_len": 16, "compile": "none"}):
         spec_file.write_text(yaml.safe_dump({"name": "same", "model": MODEL, "train": train}))
         rc, _, err = run(capsys, "build", str(spec_file), "--out", str(out), "--registry", url, "--json")
         assert rc == 0, err

@@ -3,8 +3,8 @@
     result = train(load_spec("specs/llama-like-tiny.yaml"), steps=50)
     result.status, result.metrics["val_loss"], result.losses
 
-Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
-DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`
+Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → compile (train.compile, as
+archspec.train.compile resolves it) → AdamW → DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`
 (a model with `after_micro_batch()` / `after_optimizer_step(all_sum)` has them called after each training forward
 and after the update: state it keeps outside the gradient, summed over micro-batches and ranks).
 Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints,
@@ -58,6 +58,7 @@ from archspec.train.checkpoint import (
     set_rng_state,
 )
 from archspec.train.build import Build, prepare
+from archspec.train.compile import compile_whole, resolve_compile
 from archspec.train.metrics import (STABILITY_PREFIX, KindStats, RunMetrics, SpikeCounter, StabilityProbe, StepStats,
                                     average_rate_label)
 from archspec.train.data import TrainData, build_data
@@ -189,7 +190,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 class Trainer:
     def __init__(self, spec: Spec, *, device: str = "auto", logger: RunLogger | None = None,
-                 resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
+                 resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | str | None = None,
                  progress: bool = False, cache: str | Path | None = None, world: World | None = None,
                  init_from: str | Path | None = None, build: Build | None = None):
         """build: this run's `archspec.train.build.prepare` when the caller made it already (the sweep runner,
@@ -240,9 +241,10 @@ class Trainer:
                             if self.recipe.precision == "fp8" else [])
         # torchtitan's order: checkpointing, then compile, then sharding; the optimizer holds the sharded parameters.
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
-        self.compiled = self._should_compile(compile)
+        self.compile_mode, self.compile_reason = self._should_compile(compile)
+        self.compiled = self.compile_mode != "none"
         if self.compiled:
-            self._compile_blocks()
+            self._compile_before_sharding()
         self.fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
         if self.fsdp:
             self.ddp_model = shard_fsdp(self.model, self.world, self.recipe.parallel, self.amp_dtype)
@@ -310,12 +312,30 @@ class Trainer:
         weights["digest"] = weights_digest(weights["model"])
         return weights
 
-    def _should_compile(self, requested: bool | None) -> bool:
-        wanted = self.recipe.compile if requested is None else requested
-        if wanted and self.device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
-            self.progress.log("[yellow]no C++ compiler found: torch.compile needs one on CPU; running eager[/]")
-            return False
-        return wanted
+    def _should_compile(self, requested: bool | str | None) -> tuple[str, str]:
+        """The compile mode of this run and why (archspec.train.compile.resolve_compile). `requested` (the
+        `compile=` argument) replaces train.compile: True is per_block, False none (`--no-compile`)."""
+        if requested is None:
+            wanted = self.recipe.compile
+        elif isinstance(requested, bool):
+            wanted = "per_block" if requested else "none"
+        else:
+            from archspec.spec.train import COMPILE_MODES
+
+            if requested not in COMPILE_MODES:
+                raise UserError(f"train.compile: expected one of {' | '.join(COMPILE_MODES)}, got "
+                                f"{printable(repr(requested), 40)}")
+            wanted = requested
+        fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
+        return resolve_compile(wanted, self.spec, self.device, fsdp=fsdp, processes=self.world.size)
+
+    def _compile_before_sharding(self) -> None:
+        """per_block: each block, before fully_shard (torchtitan's order); whole and cudagraphs: the whole model, here
+        when it is not sharded (under FSDP after sharding, in `_warm_up_compiled`: its hooks must be in place)."""
+        if self.compile_mode == "per_block":
+            self._compile_blocks()
+        elif not (self.world.distributed and self.recipe.parallel.kind == "fsdp"):
+            compile_whole(self.model, self.compile_mode)
 
     def _compile_blocks(self) -> None:
         """Compile each block (identical code and shapes, so one graph serves all: compile time does not grow with
@@ -326,13 +346,33 @@ class Trainer:
         if callable(getattr(type(self.model), "head", None)):
             self.model.head = torch.compile(self.model.head)  # instance attribute: forward's self.head finds it
 
+    def _mark_step(self) -> None:
+        """cudagraphs: a new iteration of the CUDA graph trees before each forward (the previous replay's outputs,
+        already read, may be overwritten)."""
+        if self.compile_mode == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def _graphed_eval(self) -> bool:
+        """Whether evaluation runs through the training's compiled graphs. A compiled forward guards on grad mode
+        and on each module's `training` flag: under no_grad, or after model.eval(), it compiles again (measured on
+        CPU: an inference graph per evaluation mode). So evaluation keeps grad enabled (no backward: the graph's
+        saved tensors are freed with the loss) and train mode, which differ from eval mode only in dropout: only
+        without dropout. Not under FSDP (a forward without backward leaves its unit states half-way; not tried) nor
+        cudagraphs (a forward-only replay leaves the graph tree a pending backward; not measured without a device):
+        those evaluate eager, as does a ragged last batch (another shape would be another graph)."""
+        return (self.compiled and self.compile_mode != "cudagraphs" and self.spec.model.dropout == 0
+                and not getattr(self, "fsdp", False))
+
     def _warm_up_compiled(self) -> float:
         """Build the compiled graphs now, with a forward and backward on a dummy batch (through the sharded model
         under FSDP: every rank does it), so compile time is reported on its own and the first step is a real step.
         The RNG is forked so that compiling leaves the training random stream untouched."""
         t0 = time.perf_counter()
+        if self.compile_mode in ("whole", "cudagraphs") and self.fsdp:  # after fully_shard, as torchtitan does
+            compile_whole(self.model, self.compile_mode)
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self._mark_step()
             with self.autocast():
                 loss = self.model(dummy, dummy)[1]
             loss.backward()
@@ -412,7 +452,7 @@ class Trainer:
             code_version=code_version(), host=socket.gethostname(),
             tags={"device": str(self.device), "precision": "float8" if self.fp8_linears else
                   str(self.amp_dtype or torch.float32).replace("torch.", ""),
-                  "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
+                  "world_size": str(self.world.size), "compile": self.compile_mode,
                   "parallel": "fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"),
                   "activation_checkpointing": f"{len(self.checkpointed)}/{len(self.model.blocks)} blocks",
                   "corpus": d["corpus"], "corpus_hash": d["corpus_hash"], "tokenizer": d["tokenizer"],
@@ -450,6 +490,7 @@ class Trainer:
         DDP all-reduces the gradients only when `sync` (the last micro-batch of a step)."""
         inputs, targets = self._to_device(self.data.sampler.next_batch())
         with no_sync(self.ddp_model, sync):
+            self._mark_step()
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
@@ -517,17 +558,22 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over the fixed validation windows (every window holds seq_len targets, so the mean of window
-        means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
-        self.model.eval()
+        means is the token mean), and its perplexity. Through the training's compiled graphs where `_graphed_eval`
+        (no second compile), else eager."""
+        graphed = self._graphed_eval()
+        if not graphed:
+            self.model.eval()
         loss_sum, windows = 0.0, 0
         kind_stats = KindStats(self.spec)  # of the kinds whose modules report statistics
         # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
         scorer = self.data.scorer() if callable(getattr(self.data, "scorer", None)) else None
-        with torch.compiler.set_stance("force_eager"):
-            for i, batch in enumerate(self.data.val_batches):
-                inputs, targets = self._to_device(batch)
-                # the first batch (the same windows at every evaluation) also records the per-layer stability figures
-                probe = self.stability is not None and i == 0
+        for i, batch in enumerate(self.data.val_batches):
+            inputs, targets = self._to_device(batch)
+            # the first batch (the same windows at every evaluation) also records the per-layer stability figures
+            probe = self.stability is not None and i == 0
+            # hooks (the probe) or another shape would make a compiled forward compile again: those batches run eager
+            through_graph = graphed and not probe and len(inputs) == self.recipe.batch_size
+            with (torch.enable_grad() if through_graph else torch.compiler.set_stance("force_eager")):
                 with self.autocast(), self.stability.recording() if probe else nullcontext():
                     logits, loss = self.model(inputs, targets)
                 if scorer is not None:
@@ -669,10 +715,14 @@ class Trainer:
         if self.amp_dtype == torch.bfloat16 and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
-        if self.compiled:
+        self.progress.log(f"compile: {self.compile_mode} ({_shown(self.compile_reason)})")
+        if self.compile_mode == "per_block":
             classes = len({type(b) for b in self.model.blocks})  # one graph per distinct block class, not per layer
             self.progress.log(f"compiled {len(self.model.blocks)} blocks ({classes} block class"
                               f"{'es' if classes > 1 else ''}) in {self.compile_s:.1f} s")
+        elif self.compiled:
+            self.progress.log(f"compiled the whole model{' (CUDA graphs)' if self.compile_mode == 'cudagraphs' else ''}"
+                              f" in {self.compile_s:.1f} s")
         if self.step:
             self.progress.log(f"resumed from step {self.step}")
         plan = self.memory_plan

