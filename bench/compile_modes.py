@@ -96,23 +96,26 @@ def measure(size: str, name: str, mode: str, steps: int) -> dict:
     step()  # the first real step (a cudagraphs run records its graphs here)
     first_s = time.perf_counter() - t0
     step()
-    times = []
+    times, cpu_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     tokens = spec.train.batch_size * spec.train.seq_len
     median = statistics.median(times)
     return {"size": name, "mode": mode, "used": used, "reason": reason, "compile_s": compile_s,
             "first_step_s": first_s, "step_s": median, "step_times_s": times, "tokens_per_step": tokens,
-            "tokens_per_s": tokens / median}
+            "tokens_per_s": tokens / median,
+            # CPU seconds of the process's threads: barely moved by other work on a shared machine
+            "step_cpu_s": statistics.median(cpu_times)}
 
 
-def run_one(size: str, name: str, mode: str, steps: int, timeout: float) -> dict:
+def run_one(size: str, name: str, mode: str, steps: int, timeout: float, cold: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="inductor-") as inductor:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}  # cold: a new spec on a new machine
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor} if cold else dict(os.environ)  # cold: a new spec
         try:
             out = subprocess.run([sys.executable, __file__, "--one", size, name, mode, "--steps", str(steps)],
                                  capture_output=True, text=True, env=env, timeout=timeout, check=False)
@@ -136,6 +139,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="stop starting processes past this many seconds (the device limit is 10 minutes)")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--cache", choices=["cold", "warm"], help="inductor cache per process: a fresh one (cold, "
+                        "the default: compile seconds as a new spec sees them) or the user's (warm; smoke's default)")
     parser.add_argument("--one", nargs=3, metavar=("SIZE", "NAME", "MODE"), help=argparse.SUPPRESS)  # internal
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -152,16 +157,17 @@ def main() -> None:
     else:
         ceiling, source = measure_matmul_flops(device, dtype), "this machine's measured fp32 matmul rate"
     modes = [m for m in (args.modes.split(",") if args.modes else (MODES_CUDA if cuda else MODES_CPU))]
+    cold = (args.cache or ("warm" if size == "smoke" else "cold")) == "cold"
     started = time.perf_counter()
-    report = {"machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    report = {"inductor_cache": "cold" if cold else "warm", "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
                          + (f", {torch.cuda.get_device_name(device)}" if cuda else ""),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
-              "precision": "bf16 autocast" if cuda else "fp32", "ceiling_flops": ceiling, "ceiling_source": source,
+              "precision": "bf16 autocast" if cuda else "fp32", "load_average_start": os.getloadavg(), "ceiling_flops": ceiling, "ceiling_source": source,
               "results": []}
     print(f"# {report['machine']} · {report['precision']} · ceiling {ceiling / 1e12:.2f} TFLOP/s ({source})",
           flush=True)
     print(f"{'size':<11} {'params':>7} {'mode':<10} {'used':<10} {'compile s':>9} {'step ms':>9} {'tok/s':>10} "
-          f"{'MFU':>6} {'vs eager':>8}", flush=True)
+          f"{'MFU':>6} {'vs eager':>8} {'CPU s ÷ eager':>13}", flush=True)
     for name in SIZES[size]:
         spec = size_spec(size, name)
         acc = account(spec, seq_len=spec.train.seq_len)
@@ -173,23 +179,27 @@ def main() -> None:
                 print(f"{name:<11} {mode}: skipped (budget spent)", flush=True)
                 report["results"].append({"size": name, "mode": mode, "error": "skipped: budget spent"})
                 continue
-            r = run_one(size, name, mode, steps, timeout=left)
+            r = run_one(size, name, mode, steps, timeout=left, cold=cold)
             r["params"] = acc.total
             if "error" not in r:
                 r["mfu"] = acc.flops_train * r["tokens_per_s"] / ceiling
                 if mode == "none":
-                    eager = r["tokens_per_s"]
-                r["vs_eager"] = r["tokens_per_s"] / eager if eager else None
+                    eager = r
+                r["vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"] if eager else None
+                r["cpu_time_vs_eager"] = r["step_cpu_s"] / eager["step_cpu_s"] if eager else None
                 r["train_flops_per_s"] = acc.flops_train * r["tokens_per_s"]
                 print(f"{name:<11} {acc.total / 1e6:>6.1f}M {mode:<10} {r['used']:<10} {r['compile_s']:>9.1f} "
                       f"{r['step_s'] * 1e3:>9.1f} {r['tokens_per_s']:>10,.0f} {r['mfu']:>6.1%} "
-                      f"{(r['vs_eager'] or 0):>7.2f}×", flush=True)
+                      f"{(r['vs_eager'] or 0):>7.2f}× {(r['cpu_time_vs_eager'] or 0):>13.2f}", flush=True)
                 if r["used"] != mode and mode != "nanogpt":
                     print(f"  {mode} → {r['used']}: {r['reason']}", flush=True)
             else:
                 print(f"{name:<11} {mode}: FAILED {r['error']}", flush=True)
             report["results"].append(r)
     report["wall_s"] = time.perf_counter() - started
+    report["load_average_end"] = os.getloadavg()
+    print(f"# {report['wall_s']:.0f} s; load average {report['load_average_start'][0]:.1f} at the start, "
+          f"{report['load_average_end'][0]:.1f} at the end", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     out = os.environ.get("OUT")

@@ -12,6 +12,7 @@ used as the run's `compile` tag. None of this is part of a run's identity (archs
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import torch
@@ -31,10 +32,11 @@ from archspec.spec import Spec
 # time of each mode relative to eager, at two sizes. auto predicts the run's eager time from its training FLOPs and
 # the eager rate measured there, and picks the mode with the least compile + training time.
 CPU_MEASURED = {
-    # params: (compile seconds per mode, step time ÷ eager step time per mode, eager training FLOP/s)
-    "tiny": {"params": 0.0, "compile_s": {"per_block": 0.0, "whole": 0.0},
+    # params and layers of the measured spec; compile seconds per mode; step CPU seconds ÷ eager's per mode; the
+    # eager training FLOP/s (exact training FLOPs per token × tokens/s)
+    "tiny": {"params": 0, "n_layers": 2, "compile_s": {"per_block": 0.0, "whole": 0.0},
              "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
-    "small": {"params": 0.0, "compile_s": {"per_block": 0.0, "whole": 0.0},
+    "small": {"params": 0, "n_layers": 4, "compile_s": {"per_block": 0.0, "whole": 0.0},
               "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
 }
 
@@ -55,23 +57,28 @@ def has_cxx() -> bool:
 
 
 def _cpu_auto(spec: Spec) -> tuple[str, str]:
-    """The CPU rule: the least predicted compile + training seconds, from the measurements at the nearer size."""
-    t = spec.train
+    """The CPU rule: the least predicted compile + training seconds. Step ratios and the eager rate from the measured
+    size nearer in parameters; whole-model compile seconds grow with depth (one graph holds every layer), so they
+    are drawn through the two measurements by layer count, while per-block compile seconds do not (one graph per
+    block class), so they are the nearer measurement's, once per distinct block configuration."""
+    t, m = spec.train, spec.model
     params = account(spec).total
-    near = min(CPU_MEASURED.values(), key=lambda r: abs(_log(params) - _log(r["params"])))
+    near = min(CPU_MEASURED.values(), key=lambda r: abs(math.log(max(params, 1)) - math.log(max(r["params"], 1))))
     flops = account(spec, seq_len=t.seq_len).flops_train * t.batch_size * t.seq_len * t.grad_accum * t.steps
     eager_s = flops / near["eager_flops"]
-    cost = {"none": eager_s, **{m: near["compile_s"][m] + eager_s * near["step_ratio"][m] for m in ("per_block", "whole")}}
+    compile_s = {"per_block": near["compile_s"]["per_block"] * len(m.block_groups()),
+                 "whole": _whole_compile_s(m.n_layers)}
+    cost = {"none": eager_s, **{k: compile_s[k] + eager_s * near["step_ratio"][k] for k in compile_s}}
     best = min(cost, key=cost.get)
-    shown = ", ".join(f"{m} {cost[m]:.0f} s" for m in ("none", "per_block", "whole"))
-    return best, (f"auto on cpu: predicted compile + {t.steps} steps: {shown} (measured at {near['params'] / 1e6:.1f}M "
-                  "params, bench/compile_modes.py; docs/BENCHMARKS.md)")
+    shown = ", ".join(f"{k} {cost[k]:,.0f} s" for k in ("none", "per_block", "whole"))
+    return best, (f"auto on cpu: predicted compile + {t.steps} steps: {shown} (from figures measured at "
+                  f"{near['params'] / 1e6:.1f}M params by bench/compile_modes.py, docs/BENCHMARKS.md)")
 
 
-def _log(x: float) -> float:
-    import math
-
-    return math.log(max(x, 1.0))
+def _whole_compile_s(n_layers: int) -> float:
+    (l0, c0), (l1, c1) = sorted((r["n_layers"], r["compile_s"]["whole"]) for r in CPU_MEASURED.values())
+    per_layer = max(0.0, (c1 - c0) / (l1 - l0)) if l1 != l0 else 0.0
+    return max(c0, c0 + per_layer * (n_layers - l0))
 
 
 def resolve_compile(mode: str, spec: Spec, device: torch.device, *, fsdp: bool = False,

@@ -374,7 +374,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self._mark_step()
             with self.autocast():
-                loss = self.model(dummy, dummy)[1]
+                loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
             loss.backward()
         self.model.zero_grad(set_to_none=True)
         self._sync()
