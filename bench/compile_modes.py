@@ -139,6 +139,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="stop starting processes past this many seconds (the device limit is 10 minutes)")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--repeats", type=int, default=1, help="processes per (size, mode), the modes alternating; the "
+                        "fastest counts (load from other work only ever slows one down)")
     parser.add_argument("--cache", choices=["cold", "warm"], help="inductor cache per process: a fresh one (cold, "
                         "the default: compile seconds as a new spec sees them) or the user's (warm; smoke's default)")
     parser.add_argument("--one", nargs=3, metavar=("SIZE", "NAME", "MODE"), help=argparse.SUPPRESS)  # internal
@@ -172,14 +174,21 @@ def main() -> None:
         spec = size_spec(size, name)
         acc = account(spec, seq_len=spec.train.seq_len)
         runs = modes + (["nanogpt"] if name in PEER_FOR else [])
+        best: dict[str, dict] = {}
+        for _ in range(args.repeats):  # alternate, so drifting load falls on every mode alike
+            for mode in runs:
+                left = args.budget_s - (time.perf_counter() - started)
+                if left < 30:
+                    best.setdefault(mode, {"size": name, "mode": mode, "error": "skipped: budget spent"})
+                    continue
+                r = run_one(size, name, mode, steps, timeout=left, cold=cold)
+                if "error" in r and "error" not in best.get(mode, r):
+                    continue
+                if mode not in best or "error" in best[mode] or r.get("tokens_per_s", 0) > best[mode]["tokens_per_s"]:
+                    best[mode] = r
         eager = None
         for mode in runs:
-            left = args.budget_s - (time.perf_counter() - started)
-            if left < 30:
-                print(f"{name:<11} {mode}: skipped (budget spent)", flush=True)
-                report["results"].append({"size": name, "mode": mode, "error": "skipped: budget spent"})
-                continue
-            r = run_one(size, name, mode, steps, timeout=left, cold=cold)
+            r = best[mode]
             r["params"] = acc.total
             if "error" not in r:
                 r["mfu"] = acc.flops_train * r["tokens_per_s"] / ceiling

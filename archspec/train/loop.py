@@ -576,11 +576,12 @@ class Trainer:
             with (torch.enable_grad() if through_graph else torch.compiler.set_stance("force_eager")):
                 with self.autocast(), self.stability.recording() if probe else nullcontext():
                     logits, loss = self.model(inputs, targets)
-                if scorer is not None:
-                    scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
-                loss_sum += loss.item() * len(inputs)
-                windows += len(inputs)
-                kind_stats.add(self.model, len(inputs))
+            logits, loss = logits.detach(), loss.detach()  # the rest under no_grad; the forward's graph freed
+            if scorer is not None:
+                scorer.add(logits, targets, self.data.val_buckets[i].to(targets.device))
+            loss_sum += loss.item() * len(inputs)
+            windows += len(inputs)
+            kind_stats.add(self.model, len(inputs))
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
