@@ -4,9 +4,10 @@
     result.status, result.metrics["val_loss"], result.losses
 
 Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → compile (train.compile, as
-archspec.train.compile resolves it) → AdamW → DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`
-(a model with `after_micro_batch()` / `after_optimizer_step(all_sum)` has them called after each training forward
-and after the update: state it keeps outside the gradient, summed over micro-batches and ranks).
+archspec.train.compile resolves it) → AdamW → DDP → resume. One step (`train_step`): `grad_accum` micro-batches →
+clip → non-finite check → AdamW at `lr_at(step)` (a model with `after_micro_batch()` / `after_optimizer_step(all_sum)`
+has them called after each training forward and after the update: state it keeps outside the gradient, summed over
+micro-batches and ranks).
 Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints,
 heartbeats, final status.
 """
