@@ -27,17 +27,19 @@ from archspec.spec import Spec
 # cudagraphs where the model can be graphed, else whole. Under FSDP auto keeps per_block (torchtitan's order: each
 # block compiled before fully_shard), the mode measured at 886M (53% MFU); whole under FSDP is unmeasured on a GPU.
 #
-# CPU: compiling pays for itself only over enough steps. Measured by bench/compile_modes.py --size cpu (docs/
-# BENCHMARKS.md, "Compile modes"): the seconds each mode takes to compile (cold inductor cache) and the steady step
-# time of each mode relative to eager, at two sizes. auto predicts the run's eager time from its training FLOPs and
-# the eager rate measured there, and picks the mode with the least compile + training time.
+# CPU: compiling pays for itself only over enough steps. Measured by bench/compile_modes.py --size cpu on the shared
+# 2-core AMD EPYC (torch 2.13, fp32; docs/BENCHMARKS.md, "Compile modes", 2026-12-02, load average 4-9): compile
+# seconds with a cold inductor cache, and the fastest steady step of each mode over every process of three passes
+# (the load only ever slows a step down), at llama-like-tiny (0.41M, 2 layers, batch 8 × 128) and a 4-layer
+# llama-like (9.44M, d_model 384, batch 4 × 256). auto predicts the run's eager seconds from its training FLOPs at the
+# eager rate measured at the nearer size, and picks the mode with the least compile + training seconds.
 CPU_MEASURED = {
-    # params and layers of the measured spec; compile seconds per mode; step CPU seconds ÷ eager's per mode; the
-    # eager training FLOP/s (exact training FLOPs per token × tokens/s)
-    "tiny": {"params": 0, "n_layers": 2, "compile_s": {"per_block": 0.0, "whole": 0.0},
-             "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
-    "small": {"params": 0, "n_layers": 4, "compile_s": {"per_block": 0.0, "whole": 0.0},
-              "step_ratio": {"per_block": 1.0, "whole": 1.0}, "eager_flops": 1.0},
+    # params and layers of the measured spec; compile seconds per mode (cold cache); fastest step ÷ eager's fastest
+    # per mode; the eager rate in training FLOP/s (exact training FLOPs per token × tokens/s at the fastest step)
+    "tiny": {"params": 410_240, "n_layers": 2, "compile_s": {"per_block": 65.6, "whole": 95.4},
+             "step_ratio": {"per_block": 0.128, "whole": 0.131}, "eager_flops": 9.0e9},
+    "small": {"params": 9_440_640, "n_layers": 4, "compile_s": {"per_block": 71.6, "whole": 116.7},
+              "step_ratio": {"per_block": 0.991, "whole": 0.81}, "eager_flops": 9.42e10},
 }
 
 
