@@ -106,7 +106,8 @@ def resolve_compile(mode: str, spec: Spec, device: torch.device, *, fsdp: bool =
             refusals.append(f"not measured under {processes} processes (DDP's all-reduce hooks run outside the graph)")
         if refusals:
             mode = "whole"
-            why = f"{'auto: ' if asked == 'auto' else 'train.compile: '}cudagraphs refused: {'; '.join(refusals)}; using whole"
+            asked_as = "auto: " if asked == "auto" else "train.compile: "
+            why = f"{asked_as}cudagraphs refused: {'; '.join(refusals)}; using whole"
     if mode == "whole" and fsdp:  # tried on CPU (gloo, 2 processes): equal losses, 3 graphs for 2 blocks
         why += "; under FSDP compiled after fully_shard, the graph split at its hooks"
     return mode, why
