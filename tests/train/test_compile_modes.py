@@ -1,6 +1,6 @@
 """train.compile modes (issue 32): the spelling, the fallbacks and their reasons, the run id, and equal training.
 
-Two tests compile (per_block, whole: tens of seconds each on CPU) and are marked slow; the rest decide without
+Three tests compile (per_block, whole, whole under FSDP: tens of seconds each on CPU) and are marked slow; the rest decide without
 compiling (archspec.train.compile.resolve_compile) or train eager.
 """
 
@@ -150,3 +150,47 @@ def test_each_mode_trains_to_the_same_losses_and_evaluates_without_compiling_aga
         assert run.losses == pytest.approx(eager.losses, rel=1e-4)
         assert [v for _, v in run.evals] == pytest.approx([v for _, v in eager.evals], rel=1e-4)
         assert len(run.evals) == 3 and run.metrics["compile_s"] > 0
+
+
+FSDP_WORKER = """
+import gc, json, os, sys
+import torch
+from archspec.spec import load_spec_dict
+from archspec.train.loop import Trainer
+
+spec_json, cache, out = sys.argv[1:]
+torch.set_num_threads(1)
+trainer = Trainer(load_spec_dict(json.load(open(spec_json))), device="cpu", cache=cache, run_dir=f"{out}/run")
+losses = [trainer.train_step().loss for _ in range(3)]
+info = {"losses": losses, "mode": trainer.compile_mode, "reason": trainer.compile_reason, "fsdp": trainer.fsdp,
+        "tag": trainer.run_info().tags["compile"]}
+world = trainer.world
+del trainer
+gc.collect()  # FSDP's DTensors hold the process group: release them before destroying it
+world.close()
+if int(os.environ["RANK"]) == 0:
+    json.dump(info, open(f"{out}/fsdp.json", "w"))
+"""
+
+
+@pytest.mark.slow
+def test_whole_under_fsdp_compiles_after_sharding_and_trains_like_one_process(corpus_dir, tmp_path, cache, make_spec):
+    """Two gloo processes, fully_shard per block and root, then the whole-model compile: the losses of one eager
+    process on the same global batch (fp32; the gradient sums differ in order only)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    steps = {"steps": 3, "warmup_steps": 1, "eval_interval": 3}
+    single = train(make_spec(batch_size=8, **steps), run_dir=tmp_path / "single", cache=cache)
+    spec = tiny_spec_dict(corpus_dir, batch_size=4, parallel={"kind": "fsdp"}, compile="whole", **steps)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "worker.py").write_text(FSDP_WORKER)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), str(cache), str(tmp_path)],
+                          capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads((tmp_path / "fsdp.json").read_text())
+    assert got["fsdp"] and got["mode"] == got["tag"] == "whole" and "after fully_shard" in got["reason"]
+    assert got["losses"] == pytest.approx(single.losses, rel=1e-4)
