@@ -1,7 +1,7 @@
 """train.compile modes (issue 32): the spelling, the fallbacks and their reasons, the run id, and equal training.
 
-Three tests compile (per_block, whole, whole under FSDP: tens of seconds each on CPU) and are marked slow; the rest decide without
-compiling (archspec.train.compile.resolve_compile) or train eager.
+Three tests compile (per_block, whole, whole under FSDP: tens of seconds each on CPU) and are marked slow; the rest
+decide without compiling (archspec.train.compile.resolve_compile) or train eager.
 """
 
 from __future__ import annotations
