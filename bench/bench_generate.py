@@ -218,7 +218,7 @@ def _trained(name: str, model: dict, steps: int, work: Path, lr: float):
     if not (run_dir / "checkpoint.pt").is_file():
         spec = load_spec_dict({"name": name, "model": model, "train": {
             "steps": steps, "batch_size": 8, "seq_len": 128, "lr": lr, "warmup_steps": 20, "eval_interval": steps,
-            "compile": False}})
+            "compile": "none"}})
         train(spec, run_dir=run_dir, progress=True)
     return load_model(str(run_dir), device="cpu")
 

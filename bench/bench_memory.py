@@ -75,7 +75,7 @@ def measure(overrides: list[str], steps: int) -> dict:
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     spec = load_spec(ROOT / "specs" / "llama-like.yaml", [
-        *overrides, f"train.steps={steps}", "train.warmup_steps=1", "train.compile=false",
+        *overrides, f"train.steps={steps}", "train.warmup_steps=1", "train.compile=none",
         f"train.data.corpus={{kind: files, paths: [{corpus_dir()}]}}"])
     plan = plan_memory(spec, device="cpu")
     prepare_tokens(spec.train.data, spec.model.vocab_size, cache_dir())  # tokenise outside the measurement

@@ -69,7 +69,7 @@ def bench_spec(pair: str, size: str, batch: int, vocab: int, seq_len: int):
     return load_spec(ROOT / "specs" / PRESET[pair], [
         *SIZES[(pair, size)], f"model.context_length={seq_len}", f"model.vocab_size={vocab}",
         f"train.seq_len={seq_len}", f"train.batch_size={batch}", "train.steps=1000", "train.warmup_steps=10",
-        "train.lr=6e-4", "train.compile=true",
+        "train.lr=6e-4", "train.compile=per_block",
     ])
 
 

@@ -44,7 +44,7 @@ def main() -> None:
     from archspec.train.loop import Trainer
 
     interval = math.ceil(args.steps / args.eval_points)
-    overrides = [f"train.steps={args.steps}", f"train.eval_interval={interval}", "train.compile=false",
+    overrides = [f"train.steps={args.steps}", f"train.eval_interval={interval}", "train.compile=none",
                  "train.stability=true", *args.set]
     spec = load_spec(args.spec, overrides)
     with tempfile.TemporaryDirectory() as tmp:

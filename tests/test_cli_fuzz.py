@@ -58,7 +58,7 @@ def world(tmp_path_factory):
     spec = root / "tiny.yaml"
     spec.write_text(
         "name: tiny\nmodel: {vocab_size: 320, context_length: 32, d_model: 16, n_layers: 1, attention: {n_heads: 2}}\n"
-        f"train: {{steps: 2, batch_size: 2, seq_len: 16, warmup_steps: 1, eval_tokens: 32, compile: false, "
+        f"train: {{steps: 2, batch_size: 2, seq_len: 16, warmup_steps: 1, eval_tokens: 32, compile: none, "
         f"data: {{corpus: {{kind: files, paths: ['{corpus}']}}, val_fraction: 0.2}}}}\n")
     specs = root / "specs"
     specs.mkdir()

@@ -28,7 +28,7 @@ def test_two_train_sections_build_byte_identical_code_and_one_specs_row(tmp_path
     url = f"sqlite:///{tmp_path / 'reg.db'}"
     spec_file, out = tmp_path / "s.yaml", tmp_path / "gen"
     texts = []
-    for train in ({"lr": 1e-3, "steps": 10, "warmup_steps": 1}, {"lr": 3e-4, "steps": 500, "seq_len": 16, "compile": False}):
+    for train in ({"lr": 1e-3, "steps": 10, "warmup_steps": 1}, {"lr": 3e-4, "steps": 500, "seq_len": 16, "compile": "none"}):
         spec_file.write_text(yaml.safe_dump({"name": "same", "model": MODEL, "train": train}))
         rc, _, err = run(capsys, "build", str(spec_file), "--out", str(out), "--registry", url, "--json")
         assert rc == 0, err
@@ -61,7 +61,7 @@ def test_the_run_key_covers_what_is_learned_and_nothing_else():
     spec = load_spec_dict({"name": "a", "model": MODEL})
     recipe = spec.train.model_dump(mode="json")
     key = run_key(model_hash(spec), recipe, "data", 0)
-    for observed in ({"compile": not recipe["compile"]}, {"eval_interval": 7}, {"eval_batches": 9}, {"eval_tokens": 999},
+    for observed in ({"compile": "none"}, {"compile": "whole"}, {"eval_interval": 7}, {"eval_batches": 9}, {"eval_tokens": 999},
                      {"checkpoint_interval": 3}, {"world_size": 1}, {"log_to": ["tensorboard", "mlflow"]}):
         assert run_key(model_hash(spec), {**recipe, **observed}, "data", 0) == key, observed
     for learned in ({"lr": 1.0}, {"steps": 3}, {"batch_size": 3}, {"seq_len": 8}, {"grad_accum": 2},

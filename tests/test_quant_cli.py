@@ -37,7 +37,7 @@ def run(tmp_path_factory):
         (corpus / name.replace(".py", ".txt")).write_text((stdlib / name).read_text(encoding="utf-8"))
     spec = root / "q.yaml"
     spec.write_text(f"name: q\nmodel: {MODEL}\ntrain: {{data: {{corpus: {{kind: files, paths: ['{corpus}']}}, "
-                    "val_fraction: 0.2}, batch_size: 4, seq_len: 32, steps: 6, compile: false, warmup_steps: 0, "
+                    "val_fraction: 0.2}, batch_size: 4, seq_len: 32, steps: 6, compile: none, warmup_steps: 0, "
                     "eval_interval: 3, eval_tokens: 512, lr: 3.0e-3}\n")
     registry = f"sqlite:///{root}/registry.db"
     out = io.StringIO()

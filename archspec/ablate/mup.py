@@ -104,7 +104,7 @@ def brief_recipe(spec: Spec, steps: int, batch_size: int, seq_len: int, lr: floa
     data = canonical_dict(spec)
     train = data["train"]
     train.update(steps=steps, batch_size=batch_size, seq_len=min(seq_len, spec.model.context_length), grad_accum=1,
-                 warmup_steps=steps // 5 if schedule else 0, min_lr_ratio=0.1 if schedule else 1.0, compile=False,
+                 warmup_steps=steps // 5 if schedule else 0, min_lr_ratio=0.1 if schedule else 1.0, compile="none",
                  eval_tokens=min(train["eval_tokens"], 4096), stability=False)
     if lr is not None:
         train["lr"] = lr

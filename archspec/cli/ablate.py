@@ -152,7 +152,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                    "training only the new runs; the report then holds every seed.")
 @click.option("--dry-run", is_flag=True, help="Print the variant table and train nothing.")
 @device_option
-@click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (faster for very short runs).")
+@click.option("--no-compile", is_flag=True, help="Train eager: train.compile=none for every run (faster for very short runs).")
 @log_to_option
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")

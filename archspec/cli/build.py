@@ -100,7 +100,7 @@ def _record_spec(registry_url: str | None, spec, gen, acc: Accounting, console: 
               help="Directory for the generated module [default: generated/ for a spec in ./specs/, else the "
                    "spec's own directory].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (name, hash, params, FLOPs) on stdout.")
-@click.option("--compile", "do_compile", is_flag=True, help="Also torch.compile each block and report compile time.")
+@click.option("--compile", "do_compile", is_flag=True, help="Also torch.compile each block (train.compile: per_block) and report compile time.")
 @registry_option
 @click.option("--no-record", is_flag=True, help="Do not record the spec in the registry.")
 @click.option("--match", "match", metavar="MEASURE=N", default=None,

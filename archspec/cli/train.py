@@ -71,7 +71,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @log_to_option
 @click.option("--run-dir", metavar="DIR",
               help="Where the generated module and checkpoint go [default: runs/<name>-<run id>].")
-@click.option("--no-compile", is_flag=True, help="Skip per-block torch.compile (overrides train.compile).")
+@click.option("--no-compile", is_flag=True, help="Train eager: train.compile=none, whatever the spec says.")
 @click.option("--json", "json_out", is_flag=True, help="Print the final metrics as one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or run lines on stderr.")
 @click.option("--dry-run", is_flag=True,

@@ -275,6 +275,12 @@ class KindUnit(Strict):
     def constants(self, m: "ModelSpec") -> list[Const]:
         return []
 
+    # training
+    def cuda_graph_refusal(self, m: "ModelSpec", device_type: str) -> str | None:
+        """Why a model with this unit cannot be captured as CUDA graphs (`train.compile: cudagraphs`, which then
+        falls back to whole, archspec.train.compile), or None: it can."""
+        return None
+
     def describe(self, m: "ModelSpec") -> str:
         """A few words for the generated file's docstring."""
         return str(getattr(self, "kind", type(self).__name__))
@@ -459,6 +465,14 @@ class SparsityKind(KindUnit):
         """Bytes per token one layer's attention keeps for backward when it takes the sparse patterns' blockwise path
         (on CPU, and on any device with attention dropout), `mm` the matmul element size (archspec.memory); None:
         the layer goes through SDPA (dense)."""
+        return None
+
+    def cuda_graph_refusal(self, m: "ModelSpec", device_type: str) -> str | None:
+        """A pattern with a blockwise path takes it on CPU and under attention dropout: a graph break by design
+        (archspec.runtime.sparse), its chunk loop eager."""
+        if self.blockwise_kept_bytes(m, 4) is not None and (device_type == "cpu" or m.dropout > 0):
+            return (f"{self.kind} attention takes its blockwise path here (CPU, or attention dropout), which runs "
+                    "eagerly between graphs")
         return None
 
     def cached_positions(self, context_length: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from archspec.data import data_family  # registers the built-in data kinds (archspec.data)
 from archspec.data.base import bind as _bind_data
@@ -19,6 +19,7 @@ from archspec.data.tokenizer.byte import ByteTokenizer  # noqa: F401
 from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
 from archspec.kinds.base import Since
+from archspec.spec.legacy import note
 
 
 # Where a run is recorded besides the registry (archspec.train.sinks): each an optional extra, `archspec[<name>]`.
@@ -92,6 +93,11 @@ class EveryKCheckpointing(_Strict):
 ActivationCheckpointing = kind_union(NoCheckpointing, FullCheckpointing, EveryKCheckpointing, default="none")
 
 
+# How torch.compile is applied (archspec.train.compile.resolve_compile). Stored with a run, not identity.
+CompileMode = Literal["auto", "none", "per_block", "whole", "cudagraphs"]
+COMPILE_MODES = ("auto", "none", "per_block", "whole", "cudagraphs")
+
+
 class TrainSpec(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="model init, data order and dropout")
     steps: int = Field(200, ge=1, le=MAX_STEPS, description="optimizer steps; also the length of the schedule")
@@ -121,7 +127,11 @@ class TrainSpec(_Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = "auto"
     fp8_scaling: Annotated[Literal["tensorwise", "rowwise"], Since("0.4")] = Field(
         "tensorwise", description="precision fp8: one scale per tensor, or per row (torchao's float8 recipes)")
-    compile: bool = True  # torch.compile per block; `archspec train --no-compile` overrides it
+    # How the model is compiled (archspec.train.compile): auto picks by device and size from measured figures (its
+    # reason is printed); none: eager; per_block: each block (one graph serves identical blocks); whole: the whole
+    # model one graph; cudagraphs: whole, replayed as CUDA graphs (mode="reduce-overhead"). `--no-compile`: none.
+    compile: CompileMode = Field("auto", description="auto | none | per_block | whole | cudagraphs; "
+                                 "`archspec train --no-compile` is none")
     parallel: Parallel = Field(default_factory=DDPParallel)  # under torchrun; see archspec.train.parallel
     activation_checkpointing: ActivationCheckpointing = Field(default_factory=NoCheckpointing)
     data: DataSpec = Field(default_factory=DataSpec)
@@ -135,6 +145,17 @@ class TrainSpec(_Strict):
         default_factory=list, exclude_if=lambda v: not v, description="also send the run's params, metrics and summary to these trackers "
                                           "(tensorboard, wandb, mlflow); the registry stays the record. "
                                           "`--log-to` replaces it")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_spelling(cls, value):
+        """The boolean spelling of earlier releases: true was the per-block compile, false eager."""
+        if isinstance(value, bool):
+            new = "per_block" if value else "none"
+            note(f"train.compile: {str(value).lower()} is now train.compile: {new} (modes: "
+                 f"{' | '.join(COMPILE_MODES)}); loaded as that")
+            return new
+        return value
 
     @property
     def eval_every(self) -> int:

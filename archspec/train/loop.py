@@ -3,10 +3,11 @@
     result = train(load_spec("specs/llama-like-tiny.yaml"), steps=50)
     result.status, result.metrics["val_loss"], result.losses
 
-Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → per-block compile → AdamW →
-DDP → resume. One step (`train_step`): `grad_accum` micro-batches → clip → non-finite check → AdamW at `lr_at(step)`
-(a model with `after_micro_batch()` / `after_optimizer_step(all_sum)` has them called after each training forward
-and after the update: state it keeps outside the gradient, summed over micro-batches and ranks).
+Setup (`Trainer.__init__`): world and device → data → the generated model (seeded) → compile (train.compile, as
+archspec.train.compile resolves it) → AdamW → DDP → resume. One step (`train_step`): `grad_accum` micro-batches →
+clip → non-finite check → AdamW at `lr_at(step)` (a model with `after_micro_batch()` / `after_optimizer_step(all_sum)`
+has them called after each training forward and after the update: state it keeps outside the gradient, summed over
+micro-batches and ranks).
 Around it (`run`): metrics every step, evaluation every `eval_interval` steps (default: ten a run), checkpoints,
 heartbeats, final status.
 """
@@ -58,6 +59,7 @@ from archspec.train.checkpoint import (
     set_rng_state,
 )
 from archspec.train.build import Build, prepare
+from archspec.train.compile import compile_whole, resolve_compile
 from archspec.train.metrics import (STABILITY_PREFIX, KindStats, RunMetrics, SpikeCounter, StabilityProbe, StepStats,
                                     average_rate_label)
 from archspec.train.data import TrainData, build_data
@@ -191,7 +193,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 class Trainer:
     def __init__(self, spec: Spec, *, device: str = "auto", logger: RunLogger | None = None,
-                 resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | None = None,
+                 resume: str | Path | None = None, run_dir: str | Path | None = None, compile: bool | str | None = None,
                  progress: bool = False, cache: str | Path | None = None, world: World | None = None,
                  init_from: str | Path | None = None, build: Build | None = None):
         """build: this run's `archspec.train.build.prepare` when the caller made it already (the sweep runner,
@@ -248,10 +250,16 @@ class Trainer:
         self.mesh = JobMesh.build(self.device.type, self.layout) if not self.layout.trivial else None
         if self.mesh is not None:
             split_model(self.model, spec, self.mesh)
+        self.compile_mode, self.compile_reason = self._should_compile(compile)
+        self.compiled = self.compile_mode != "none"
+        # Across a mesh each block's forward is compiled inside its checkpoint (torch 2.13 cannot trace a checkpoint
+        # whose saved values include a DeviceMesh); elsewhere the checkpoint is traced into the block's graph.
+        inside = self.compiled and self.mesh is not None
+        if inside:
+            self._compile_blocks(forward_only=True)
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
-        self.compiled = self._should_compile(compile)
-        if self.compiled:
-            self._compile_blocks()
+        if self.compiled and not inside:
+            self._compile_before_sharding()
         self.fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
         # Parameters held as DTensors (FSDP, or any split of the model): checkpoints are DCP's sharded state.
         self.sharded = self.fsdp or self.mesh is not None
@@ -348,31 +356,79 @@ class Trainer:
             return lambda: loss_context(self.model)
         return nullcontext
 
-    def _should_compile(self, requested: bool | None) -> bool:
-        wanted = self.recipe.compile if requested is None else requested
-        if wanted and self.device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
-            self.progress.log("[yellow]no C++ compiler found: torch.compile needs one on CPU; running eager[/]")
-            return False
-        return wanted
+    def _should_compile(self, requested: bool | str | None) -> tuple[str, str]:
+        """The compile mode of this run and why (archspec.train.compile.resolve_compile). `requested` (the
+        `compile=` argument) replaces train.compile: True is per_block, False none (`--no-compile`)."""
+        if requested is None:
+            wanted = self.recipe.compile
+        elif isinstance(requested, bool):
+            wanted = "per_block" if requested else "none"
+        else:
+            from archspec.spec.train import COMPILE_MODES
 
-    def _compile_blocks(self) -> None:
+            if requested not in COMPILE_MODES:
+                raise UserError(f"train.compile: expected one of {' | '.join(COMPILE_MODES)}, got "
+                                f"{printable(repr(requested), 40)}")
+            wanted = requested
+        fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
+        mode, why = resolve_compile(wanted, self.spec, self.device, fsdp=fsdp, processes=self.world.size)
+        if mode in ("whole", "cudagraphs") and not self.layout.trivial:
+            return "per_block", (f"{mode} refused: a model split over a mesh ({self.layout.describe()}) compiles per "
+                                 f"block (whole-model graphs across tp/ep are not built); per_block")
+        return mode, why
+
+    def _compile_before_sharding(self) -> None:
+        """per_block: each block, before fully_shard (torchtitan's order); whole and cudagraphs: the whole model, here
+        when it is not sharded (under FSDP after sharding, in `_warm_up_compiled`: its hooks must be in place)."""
+        if self.compile_mode == "per_block":
+            self._compile_blocks()
+        elif not (self.world.distributed and self.recipe.parallel.kind == "fsdp"):
+            compile_whole(self.model, self.compile_mode)
+
+    def _compile_blocks(self, forward_only: bool = False) -> None:
         """Compile each block (identical code and shapes, so one graph serves all: compile time does not grow with
         depth) and, when the model splits it out as `head(x, targets)`, the output head (final norm → logits →
-        loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step)."""
+        loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step). `forward_only`
+        (across a mesh): each block's forward method, so activation checkpointing can wrap the compiled forward;
+        the head stays eager there (under tp its loss runs in loss_parallel, a context the graph would not see)."""
         for block in self.model.blocks:
-            block.compile()
-        if callable(getattr(type(self.model), "head", None)):
+            if forward_only:
+                block.forward = torch.compile(block.forward)  # instance attribute: __call__ finds it
+            else:
+                block.compile()
+        if callable(getattr(type(self.model), "head", None)) and not forward_only:
             self.model.head = torch.compile(self.model.head)  # instance attribute: forward's self.head finds it
+
+    def _mark_step(self) -> None:
+        """cudagraphs: a new iteration of the CUDA graph trees before each forward (the previous replay's outputs,
+        already read, may be overwritten)."""
+        if self.compile_mode == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def _graphed_eval(self) -> bool:
+        """Whether evaluation runs through the training's compiled graphs. A compiled forward guards on grad mode
+        and on each module's `training` flag: under no_grad, or after model.eval(), it compiles again (measured on
+        CPU: an inference graph per evaluation mode). So evaluation keeps grad enabled (no backward: the graph's
+        saved tensors are freed with the loss) and train mode, which differ from eval mode only in dropout: only
+        without dropout. Not under FSDP (a forward without backward leaves its unit states half-way; not tried) nor
+        cudagraphs (a forward-only replay leaves the graph tree a pending backward; not measured without a device):
+        those evaluate eager, as does a ragged last batch (another shape would be another graph)."""
+        return (self.compiled and self.compile_mode != "cudagraphs" and self.spec.model.dropout == 0
+                and not getattr(self, "fsdp", False) and getattr(self, "mesh", None) is None)  # (a mesh: FSDP's
+        # machinery replicates or shards over dp, and tp's styles; not tried)
 
     def _warm_up_compiled(self) -> float:
         """Build the compiled graphs now, with a forward and backward on a dummy batch (through the sharded model
         under FSDP: every rank does it), so compile time is reported on its own and the first step is a real step.
         The RNG is forked so that compiling leaves the training random stream untouched."""
         t0 = time.perf_counter()
+        if self.compile_mode in ("whole", "cudagraphs") and self.fsdp:  # after fully_shard, as torchtitan does
+            compile_whole(self.model, self.compile_mode)
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self._mark_step()
             with self.autocast():
-                loss = self.model(dummy, dummy)[1]
+                loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
             loss.backward()
         self.model.zero_grad(set_to_none=True)
         self._sync()
@@ -452,7 +508,7 @@ class Trainer:
             code_version=code_version(), host=socket.gethostname(),
             tags={"device": str(self.device), "precision": "float8" if self.fp8_linears else
                   str(self.amp_dtype or torch.float32).replace("torch.", ""),
-                  "world_size": str(self.world.size), "compile": str(self.compiled).lower(),
+                  "world_size": str(self.world.size), "compile": self.compile_mode,
                   "parallel": ("fsdp" if self.fsdp else ("ddp" if self.world.distributed else "none"))
                   + ("" if self.layout.trivial else f" {self.layout.describe()}"),
                   "activation_checkpointing": f"{len(self.checkpointed)}/{len(self.model.blocks)} blocks",
@@ -493,6 +549,7 @@ class Trainer:
         DDP all-reduces the gradients only when `sync` (the last micro-batch of a step)."""
         inputs, targets = self._to_device(self.data.sampler.next_batch())
         with no_sync(self.ddp_model, sync), self.loss_context():
+            self._mark_step()
             with self.autocast():
                 loss = self.ddp_model(inputs, targets)[1]  # logits dropped now, not kept through backward
                 # under tp a replicated DTensor: its value (differentiably), so the plain auxiliary losses add to it
@@ -563,24 +620,32 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over the fixed validation windows (every window holds seq_len targets, so the mean of window
-        means is the token mean), and its perplexity. Runs eager: a no-grad graph would be a second compile."""
-        self.model.eval()
+        means is the token mean), and its perplexity. Through the training's compiled graphs where `_graphed_eval`
+        (no second compile), else eager."""
+        graphed = self._graphed_eval()
+        if not graphed:
+            self.model.eval()
         loss_sum, windows = 0.0, 0
         kind_stats = KindStats(self.spec)  # of the kinds whose modules report statistics
         # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
         scorer = self.data.scorer() if callable(getattr(self.data, "scorer", None)) else None
-        with torch.compiler.set_stance("force_eager"):
-            for i, batch in enumerate(self.data.val_batches):
-                inputs, targets = self._to_device(batch)
-                # the first batch (the same windows at every evaluation) also records the per-layer stability figures
-                probe = self.stability is not None and i == 0
+        for i, batch in enumerate(self.data.val_batches):
+            inputs, targets = self._to_device(batch)
+            # the first batch (the same windows at every evaluation) also records the per-layer stability figures
+            probe = self.stability is not None and i == 0
+            # hooks (the probe) or another shape would make a compiled forward compile again: those batches run eager
+            through_graph = graphed and not probe and len(inputs) == self.recipe.batch_size
+            with (torch.enable_grad() if through_graph else torch.compiler.set_stance("force_eager")):
                 with self.autocast(), self.stability.recording() if probe else nullcontext(), self.loss_context():
                     logits, loss = self.model(inputs, targets)
-                if scorer is not None:  # (under tp the logits are sharded by vocabulary: gathered for the answers)
-                    scorer.add(full_value(logits), targets, self.data.val_buckets[i].to(targets.device))
-                loss_sum += full_value(loss).item() * len(inputs)
-                windows += len(inputs)
-                kind_stats.add(self.model, len(inputs))
+            # the rest under no_grad; the forward's graph freed (under tp the loss is a replicated DTensor and the
+            # logits are sharded by vocabulary: gathered only for a task's answers)
+            logits, loss = logits.detach(), full_value(loss.detach())
+            if scorer is not None:
+                scorer.add(full_value(logits), targets, self.data.val_buckets[i].to(targets.device))
+            loss_sum += loss.item() * len(inputs)
+            windows += len(inputs)
+            kind_stats.add(self.model, len(inputs))
         self.model.train()
         loss_sum, windows = self.world.sum([loss_sum, windows])
         val_loss = loss_sum / windows
@@ -717,10 +782,14 @@ class Trainer:
         if self.amp_dtype == torch.bfloat16 and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
-        if self.compiled:
+        self.progress.log(f"compile: {self.compile_mode} ({_shown(self.compile_reason)})")
+        if self.compile_mode == "per_block":
             classes = len({type(b) for b in self.model.blocks})  # one graph per distinct block class, not per layer
             self.progress.log(f"compiled {len(self.model.blocks)} blocks ({classes} block class"
                               f"{'es' if classes > 1 else ''}) in {self.compile_s:.1f} s")
+        elif self.compiled:
+            self.progress.log(f"compiled the whole model{' (CUDA graphs)' if self.compile_mode == 'cudagraphs' else ''}"
+                              f" in {self.compile_s:.1f} s")
         if self.step:
             self.progress.log(f"resumed from step {self.step}")
         plan = self.memory_plan

@@ -39,6 +39,6 @@ def base_spec(corpus) -> dict:
         "model": {"vocab_size": 300, "context_length": 16, "d_model": 32, "n_layers": 1,
                   "attention": {"n_heads": 2}, "ffn": {"kind": "glu", "hidden_dim": 64}},
         "train": {"batch_size": 2, "seq_len": 16, "lr": 3e-3, "warmup_steps": 1, "eval_interval": 2,
-                  "eval_tokens": 64, "compile": False,
+                  "eval_tokens": 64, "compile": "none",
                   "data": {"corpus": {"kind": "files", "paths": [str(corpus)]}, "val_fraction": 0.1}},
     }

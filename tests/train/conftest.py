@@ -42,7 +42,7 @@ def _isolated_env(cache, tmp_path, monkeypatch):
 def tiny_spec_dict(corpus_dir: Path, **train) -> dict:
     recipe = {
         "seed": 0, "steps": 8, "batch_size": 4, "seq_len": 32, "lr": 3e-3, "warmup_steps": 2,
-        "eval_interval": 4, "eval_tokens": 256, "compile": False,
+        "eval_interval": 4, "eval_tokens": 256, "compile": "none",
         "data": {"corpus": {"kind": "files", "paths": [str(corpus_dir)]}, "val_fraction": 0.1},
     }
     recipe.update(train)

@@ -93,7 +93,7 @@ def test_a_checkpoint_from_before_model_identity_resumes_and_names_do_not_matter
     state["spec"] = {**state["spec"], "name": "called-something-else"}
     state["step"] = 2
     save_checkpoint(first.checkpoint, {k: v for k, v in state.items() if k != "format"})
-    spec = make_spec(steps=4, warmup_steps=1, checkpoint_interval=2, compile=False, eval_interval=3)
+    spec = make_spec(steps=4, warmup_steps=1, checkpoint_interval=2, compile="none", eval_interval=3)
     resumed = train(spec, resume=tmp_path / "a", cache=cache)
     assert resumed.status == "FINISHED" and resumed.step == 4
     state["spec"] = {k: v for k, v in state["spec"].items() if k != "model"}  # a spec with no model at all
@@ -117,7 +117,7 @@ def test_cli_resume_from_a_corrupt_file_exits_2_without_traceback(tmp_path, caps
     spec = tmp_path / "tiny.yaml"
     spec.write_text(f"name: tiny\nmodel: {{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, "
                     f"attention: {{n_heads: 2}}}}\ntrain: {{data: {{corpus: {{kind: files, paths: ['{corpus_dir}']}}}}, "
-                    f"batch_size: 2, compile: false}}\n")
+                    f"batch_size: 2, compile: none}}\n")
     assert main(["train", str(spec), "--steps", "2", "--set", "train.warmup_steps=1", "--resume", str(bad), "-q"]) == 2
     err = capsys.readouterr().err
     assert "not a readable checkpoint" in err and "Traceback" not in err

@@ -29,7 +29,7 @@ def _run(tmp_path, corpus_dir, tokenizer: str) -> tuple:
         "name: tiny\nmodel: {vocab_size: 320, context_length: 32, d_model: 32, n_layers: 2, "
         "attention: {n_heads: 2, n_kv_heads: 1}}\n"
         f"train: {{data: {{corpus: {{kind: files, paths: ['{corpus_dir}']}}, tokenizer: {tokenizer}}}, "
-        "batch_size: 4, seq_len: 32, compile: false, warmup_steps: 1, lr: 3.0e-3}\n", encoding="utf-8")
+        "batch_size: 4, seq_len: 32, compile: none, warmup_steps: 1, lr: 3.0e-3}\n", encoding="utf-8")
     run = tmp_path / "run"
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["train", str(spec), "--steps", "2", "--no-compile", "-q", "--device", "cpu",

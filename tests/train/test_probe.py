@@ -18,7 +18,7 @@ MODEL = "{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, attenti
 def _train(root, name: str, data: str, registry: str, cache) -> str:
     spec = root / f"{name}.yaml"
     spec.write_text(f"name: {name}\nmodel: {MODEL}\ntrain: {{data: {data}, batch_size: 8, seq_len: 32, steps: 4, "
-                    "compile: false, warmup_steps: 0, eval_interval: 2, lr: 3.0e-3}\n")
+                    "compile: none, warmup_steps: 0, eval_interval: 2, lr: 3.0e-3}\n")
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
         mp.setenv("ARCHSPEC_CACHE", str(cache))

@@ -23,7 +23,7 @@ def _spec_file(tmp_path, corpus_dir, tokenizer: str = "{kind: bpe, vocab_size: 3
         f"name: {name}\nmodel: {{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 2, "
         f"attention: {{n_heads: 2, n_kv_heads: 1}}}}\n"
         f"train: {{data: {{corpus: {{kind: files, paths: ['{corpus_dir}']}}, tokenizer: {tokenizer}}}, "
-        f"batch_size: 4, seq_len: 32, compile: false, warmup_steps: 1, lr: 3.0e-3}}\n")
+        f"batch_size: 4, seq_len: 32, compile: none, warmup_steps: 1, lr: 3.0e-3}}\n")
     return str(path)
 
 

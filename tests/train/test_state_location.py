@@ -23,7 +23,7 @@ def _spec(tmp_path: Path, corpus_dir: Path) -> Path:
     spec.write_text(
         f"name: tiny\nmodel: {{vocab_size: 320, context_length: 32, d_model: 32, n_layers: 1, attention: {{n_heads: 2}}}}\n"
         f"train: {{data: {{corpus: {{kind: files, paths: ['{corpus_dir}']}}}}, batch_size: 2, seq_len: 16, "
-        f"steps: 2, warmup_steps: 1, eval_tokens: 64, compile: false}}\n")
+        f"steps: 2, warmup_steps: 1, eval_tokens: 64, compile: none}}\n")
     return spec
 
 

@@ -154,7 +154,7 @@ def spec_dict(corpus: dict, **train) -> dict:
     return {"name": "task-tiny",
             "model": {"vocab_size": VOCAB_IDS, "context_length": 32, "d_model": 32, "n_layers": 1,
                       "attention": {"n_heads": 2}, "ffn": {"kind": "mlp", "hidden_dim": 64}},
-            "train": {"steps": 4, "batch_size": 8, "seq_len": 32, "compile": False, "warmup_steps": 0,
+            "train": {"steps": 4, "batch_size": 8, "seq_len": 32, "compile": "none", "warmup_steps": 0,
                       "eval_interval": 2, "data": {"corpus": corpus}, **train}}
 
 

@@ -286,6 +286,10 @@ class MoESpec(FFNKind):
         of 8 (its 16-byte stride alignment, for fp32 and bf16). Else the padded batched matmul is the only path."""
         return self.capacity_factor is None and m.d_model % 8 == 0 and self.expert.hidden_dim % 8 == 0
 
+    def cuda_graph_refusal(self, m, device_type: str) -> str | None:
+        return ("MoE routing has data-dependent shapes (bincount / argsort / index_add of the tokens each expert "
+                "takes), which CUDA graphs cannot capture")
+
     def describe(self, m) -> str:
         e = self.expert
         name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
