@@ -427,9 +427,10 @@ class Trainer:
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self._mark_step()
-            with self.autocast():
-                loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
-            loss.backward()
+            with self.loss_context():
+                with self.autocast():
+                    loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
+                full_value(loss).backward()
         self.model.zero_grad(set_to_none=True)
         self._sync()
         return time.perf_counter() - t0

@@ -160,15 +160,20 @@ def single(corpus_dir, cache, tmp_path_factory):
 @pytest.mark.parametrize("name,parallel,procs,batch", [
     ("tp2", {"kind": "ddp", "tp": 2}, 2, 8),  # one replica split in two: the same batch of 8
     ("ep2", {"kind": "ddp", "ep": 2}, 2, 4),  # two replicas of 4 sequences, the experts spread over them
-    ("dp2xtp2", {"kind": "fsdp", "tp": 2}, 4, 4),  # two FSDP replicas of 4, each split in two
+    ("dp2xtp2", {"kind": "fsdp", "tp": 2}, 4, 4),  # two FSDP replicas of 4, each split in two, checkpointed blocks
+    ("tp2-compiled", {"kind": "ddp", "tp": 2}, 2, 8),  # per-block compile inside the blocks' checkpoints
 ])
 def test_layouts_train_the_single_process_curve(single, corpus_dir, cache, tmp_path, name, parallel, procs, batch):
-    got = _torchrun(tmp_path / name, _spec(corpus_dir, batch_size=batch, parallel=parallel), cache, procs)
+    how = {"dp2xtp2": {"activation_checkpointing": {"kind": "full"}},
+           "tp2-compiled": {"activation_checkpointing": {"kind": "every_k", "k": 2}, "compile": "per_block"}}
+    got = _torchrun(tmp_path / name, _spec(corpus_dir, batch_size=batch, parallel=parallel, **how.get(name, {})),
+                    cache, procs)
     assert got["status"] == "FINISHED"
     assert got["losses"] == pytest.approx(single.losses, rel=1e-4)
     assert [v for _, v in got["evals"]] == pytest.approx([v for _, v in single.evals], rel=1e-4)
     assert got["tokens"] == single.metrics["tokens"]  # the same global batch
-    if name == "tp2":  # one replica: one process's experiment, one process's run id
+    if name.startswith("tp2"):  # one replica: one process's experiment, one process's run id (compile and
+        # checkpointing are how it is computed, not what)
         assert got["run_id"] == single.run_id
 
 
