@@ -18,7 +18,8 @@ What is counted, per device (one process):
 
 On CPU the estimate is checked against MemAvailable shared by this node's processes; on CUDA against the device's
 free memory (`torch.cuda.mem_get_info`) less a margin for the caching allocator. The formulas were checked against
-measured peak RSS on CPU (`bench/bench_memory.py`, docs/BENCHMARKS.md); the CUDA figures (bf16 autocast, FSDP mixed
+measured peak RSS on CPU (`bench/bench_memory.py`; per rank under ddp, fsdp, tp and ep: `bench/parallel_memory.py`;
+docs/BENCHMARKS.md); the CUDA figures (bf16 autocast, FSDP mixed
 precision) follow the same counting but have not been measured here: no GPU was available when they were written.
 """
 
