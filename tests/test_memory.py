@@ -285,7 +285,8 @@ def test_tp_on_cpu_plans_the_heap_kept_by_sequence_parallel_collectives():
     assert memory.sequence_parallel_collective_bytes(m, s) == (4 * 8 + 2) * stream
     assert memory.sequence_parallel_collective_bytes(m, memory.setup_from_spec(spec, world_size=2)) == 0
     plan = plan_memory(spec, s)
-    without = (memory.CPU_RUNTIME_BYTES + round(memory.CPU_RETAINED_GRADIENTS * plan.gradients
-                                                + memory.CPU_RETAINED_ACTIVATIONS * (plan.activations + plan.transient)))
+    retained = (memory.CPU_RETAINED_GRADIENTS * plan.gradients
+                + memory.CPU_RETAINED_ACTIVATIONS * (plan.activations + plan.transient))
+    without = memory.CPU_RUNTIME_BYTES + round(retained)
     assert plan.allocator - without == round(memory.CPU_RETAINED_COLLECTIVES * (4 * 8 + 2) * stream)
     assert plan_memory(spec, replace(s, device="cuda")).allocator == 0
