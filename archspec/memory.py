@@ -18,7 +18,8 @@ What is counted, per device (one process):
 
 On CPU the estimate is checked against MemAvailable shared by this node's processes; on CUDA against the device's
 free memory (`torch.cuda.mem_get_info`) less a margin for the caching allocator. The formulas were checked against
-measured peak RSS on CPU (`bench/bench_memory.py`, docs/BENCHMARKS.md); the CUDA figures (bf16 autocast, FSDP mixed
+measured peak RSS on CPU (`bench/bench_memory.py`; per rank under ddp, fsdp, tp and ep: `bench/parallel_memory.py`;
+docs/BENCHMARKS.md); the CUDA figures (bf16 autocast, FSDP mixed
 precision) follow the same counting but have not been measured here: no GPU was available when they were written.
 """
 
@@ -44,6 +45,12 @@ CUDA_MARGIN = 0.92  # of the free device memory: the caching allocator rounds an
 CPU_RUNTIME_BYTES = 32 << 20
 CPU_RETAINED_GRADIENTS = 0.3
 CPU_RETAINED_ACTIVATIONS = 0.1
+# Under tensor parallelism the heap also keeps the buffers of sequence parallelism's collectives (each block's
+# all-gathers and reduce-scatters of the whole-sequence stream, forward and backward, and gloo's staging copies):
+# small tensors allocated between the activations, which fragment it. Fitted on tp 2 and dp 2 × tp 2
+# (bench/parallel_memory.py, docs/BENCHMARKS.md): with glibc's mmap threshold fixed, the live tensors match the plan
+# without it within 2% and 8%; with glibc's default the peak is higher by about 1.5× these buffers' bytes.
+CPU_RETAINED_COLLECTIVES = 1.5
 
 Checkpointing = Literal["none", "full", "every_k"]
 
@@ -315,7 +322,8 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
     allocator = 0
     if s.device == "cpu":
         allocator = CPU_RUNTIME_BYTES + round(CPU_RETAINED_GRADIENTS * gradients
-                                              + CPU_RETAINED_ACTIVATIONS * (saved + transient))
+                                              + CPU_RETAINED_ACTIVATIONS * (saved + transient)
+                                              + CPU_RETAINED_COLLECTIVES * sequence_parallel_collective_bytes(m, s))
     total = weights + buffers + optimizer + communication + step_peak + allocator
     return MemoryPlan(spec.name, s, params, weights, buffers, gradients, optimizer, communication, saved, transient,
                       allocator, total, notes=notes)
@@ -346,6 +354,16 @@ def _tensor_parallel_activations(m: ModelSpec, s: Setup, saved: int, transient: 
     head = saved - sum(freed)
     saved = sum(per_block) + math.ceil(head / s.tp)
     return saved, math.ceil(transient / s.tp), per_block
+
+
+def sequence_parallel_collective_bytes(m: ModelSpec, s: Setup) -> int:
+    """Bytes of the whole-sequence stream that sequence parallelism moves per micro-batch under tp (0 without tp):
+    per block, the attention's and the FFN's input all-gathered and their output reduce-scattered, forward and
+    backward (the backward of a gather is a reduce-scatter and the other way round), plus the head's gather."""
+    if s.tp == 1:
+        return 0
+    stream = s.batch_size * s.seq_len * m.d_model * (2 if s.bf16 else 4)
+    return (m.n_layers * 2 * 2 * 2 + 2) * stream
 
 
 def _outside_blocks(spec: Spec, acc: Accounting) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,80 @@ def test_plan_is_within_20_percent_of_measured_peak_rss():
     assert sizes == sorted(sizes) and sizes[-1] > 2 * sizes[0]  # three distinct sizes
     for r in results:
         assert 0.8 <= r["planned_bytes"] / r["measured_bytes"] <= 1.2, r
+
+
+def _held_by_the_plan(spec, tp: int, ep: int) -> int:
+    """What one process holds of the instantiated module, counted from its parameters with the tensor-parallel plan's
+    own splits (archspec.spec.parallel_plan): a parameter under a colwise, rowwise or vocabulary split holds a tp-th,
+    under a sequence split (norms) it is replicated; routed experts (the stacked `experts.*` tensors) an ep-th."""
+    from archspec.codegen import generate
+    from archspec.spec.parallel_plan import model_plan
+
+    styles = {".".join(p for p in (placed.module, name) if p): split.style
+              for placed in model_plan(spec.model) if placed.plan for name, split in placed.plan.splits.items()}
+    model = generate(spec, write=False).Model()
+    held, seen = 0, set()
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen:  # tied: one matrix
+            continue
+        seen.add(p.data_ptr())
+        if ".experts." in f".{name}":
+            held += p.numel() // ep  # MoE under tp is not built yet: the experts split by expert only
+            continue
+        if tp == 1:
+            held += p.numel()
+            continue
+        module = name.rpartition(".")[0]
+        covering = max((fqn for fqn in styles if fqn == "" or module == fqn or module.startswith(fqn + ".")), key=len)
+        if styles[covering] in ("colwise", "rowwise", "vocab"):
+            held += p.numel() // tp
+        else:
+            assert styles[covering] in ("sequence", "gather", "around"), (name, styles[covering])
+            held += p.numel()
+    return held
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["model.tie_embeddings=false"], ["model.norm.kind=layernorm"], ["model.attention.n_kv_heads=4"],
+    ["model.ffn.kind=mlp", "model.ffn.activation=gelu"],
+], ids=lambda o: ",".join(o) or "llama-tiny")
+def test_held_params_under_tp_are_what_the_split_module_holds(overrides):
+    """The plan's per-process parameters at tp 2 (dp 1, and FSDP over dp 2) against the generated module's
+    parameters counted with the tensor-parallel plan's splits; the bytes follow (4 + 4 + 8 per held parameter)."""
+    spec = load_spec(ROOT / "specs" / "llama-like-tiny.yaml", ["model.n_layers=2", *overrides])
+    expected = _held_by_the_plan(spec, tp=2, ep=1)
+    assert expected < account(spec).total  # something is split
+    tp = memory.setup_from_spec(spec, world_size=2, tp=2)
+    assert memory.held_params(spec, tp) == expected
+    plan = plan_memory(spec, tp)
+    assert (plan.weights, plan.gradients, plan.optimizer) == (4 * expected, 4 * expected, 8 * expected)
+    fsdp = memory.setup_from_spec(spec, world_size=4, tp=2, parallel="fsdp")  # dp 2 × tp 2
+    assert fsdp.dp == 2 and memory.held_params(spec, fsdp) == -(-expected // 2)
+
+
+def test_held_params_under_ep_split_the_routed_experts_only():
+    spec = load_spec(ROOT / "specs" / "mixtral-like-tiny.yaml", ["model.n_layers=2"])
+    expected = _held_by_the_plan(spec, tp=1, ep=2)
+    ddp = memory.setup_from_spec(spec, world_size=2, ep=2)
+    assert memory.held_params(spec, ddp) == expected < account(spec).total
+    # FSDP over dp 2 with ep 2: the experts' dp_out is one (not sharded further), the rest halved
+    fsdp = memory.setup_from_spec(spec, world_size=2, ep=2, parallel="fsdp")
+    experts = _held_by_the_plan(spec, tp=1, ep=1) - expected  # the half of the routed experts this process holds
+    assert memory.held_params(spec, fsdp) == -(-(expected - experts) // 2) + experts
+
+
+def test_tp_on_cpu_plans_the_heap_kept_by_sequence_parallel_collectives():
+    """The CPU allocator term under tp counts the whole-sequence stream the collectives move (per block: two
+    gathers and two reduce-scatters, forward and backward; the head's gather), and nothing without tp or on CUDA."""
+    spec = load_spec(LLAMA, ["model.n_layers=4", "train.batch_size=4", "train.seq_len=256"])
+    m = spec.model
+    s = memory.setup_from_spec(spec, world_size=2, tp=2)
+    stream = 4 * 256 * m.d_model * 4
+    assert memory.sequence_parallel_collective_bytes(m, s) == (4 * 8 + 2) * stream
+    assert memory.sequence_parallel_collective_bytes(m, memory.setup_from_spec(spec, world_size=2)) == 0
+    plan = plan_memory(spec, s)
+    retained = (memory.CPU_RETAINED_GRADIENTS * plan.gradients
+                + memory.CPU_RETAINED_ACTIVATIONS * (plan.activations + plan.transient))
+    without = memory.CPU_RUNTIME_BYTES + round(retained)
+    assert plan.allocator - without == round(memory.CPU_RETAINED_COLLECTIVES * (4 * 8 + 2) * stream)
+    assert plan_memory(spec, replace(s, device="cuda")).allocator == 0
