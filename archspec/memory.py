@@ -89,8 +89,9 @@ class Setup:
 
     @property
     def expert_shards(self) -> int:
-        """FSDP's shards of an expert weight: over the data-parallel processes that hold the same experts."""
-        return max(1, self.dp // self.ep) if self.parallel == "fsdp" else 1
+        """Shards of an expert weight beyond ep's: none. Under ep the experts are left out of FSDP and replicated
+        over the data-parallel processes that hold the same experts (archspec.train.expert_parallel.shard_experts)."""
+        return 1
 
     def describe(self) -> str:
         ac = {"none": "no activation checkpointing", "full": "activation checkpointing on every block",

@@ -62,7 +62,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
     out += _layout_problems(t)
-    out += tp_problems(spec)  # train.parallel.tp: every unit can be split that many ways (archspec.spec.parallel_plan)
+    if not out:  # (a model already refused may lack what the plans read: head_dim, widths)
+        out += tp_problems(spec)  # train.parallel.tp: every unit can be split that many ways (spec.parallel_plan)
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
     out += t.data.tokenizer.problems(spec)
     return out
@@ -75,6 +76,13 @@ def _layout_problems(t) -> list[Problem]:
     if split and t.stability:
         out.append((("train", "stability"), f"per-layer stability metrics are not measured across a split model "
                     f"({', '.join(split)}): each process sees only its shards; set stability: false or tp/ep 1", True))
+    if par.pp > 1:
+        out.append((("train", "parallel", "pp"), "pipeline parallelism is not built yet; set pp: 1 (tensor and expert "
+                    "parallelism, tp and ep, are)", par.pp))
+    if split and t.precision == "fp16":
+        out.append((("train", "precision"), f"fp16 loss scaling across a split model ({', '.join(split)}) is not built: "
+                    "each process would find overflows in its own shards only and skip steps alone; use bf16, or "
+                    "tp/ep 1", t.precision))
     if par.tp > 1 and t.precision == "fp8":
         out.append((("train", "precision"), f"fp8 under tensor parallelism (tp {par.tp}) is not built: torchao's "
                     "float8 linears need their own parallel styles; use bf16, or tp 1", t.precision))

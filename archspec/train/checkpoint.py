@@ -349,8 +349,9 @@ def _identity(spec: Any) -> dict[str, Any]:
     spec = spec if isinstance(spec, dict) else {}
     train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     learning = learning_recipe(train)
-    learning.pop("world_size", None)  # a resume may change the layout (the data position is per sample); the global
-    # batch it must keep is checked by the loop (archspec.train.loop.Trainer._read_resume)
+    learning.pop("world_size", None)  # a resume may change the layout (the data position is per sample); one that
+    learning.pop("data_parallel", None)  # changes the data-parallel size changes the global batch: its run key, so the
+    # loop records it as a run of its own (Trainer._resumed_run_id)
     return {"model": spec.get("model"), "train": learning}
 
 

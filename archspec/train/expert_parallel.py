@@ -142,7 +142,7 @@ def expert_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return out
 
 
-def shard_experts(model: nn.Module, mesh, fsdp: bool, mp_policy=None) -> set[nn.Parameter]:
+def shard_experts(model: nn.Module, mesh, fsdp: bool) -> set[nn.Parameter]:
     """The data-parallel side of the expert weights (call after `apply_moe_parallel`, before FSDP2 or DDP of the
     rest over mesh.dp). An expert weight's gradient must be summed over mesh.dp_out and divided by the whole
     data-parallel size dp: a gradient hook on each expert weight does exactly that (an all-reduce over dp_out when
@@ -154,12 +154,10 @@ def shard_experts(model: nn.Module, mesh, fsdp: bool, mp_policy=None) -> set[nn.
     Under fsdp the expert weights are sharded by expert over ep and replicated over dp_out (dp_out = dp / ep is 1
     when ep spans the data-parallel processes): FSDP2 reduces a unit's gradients in the hooks of that unit's
     forward, and the experts' stacked weights are read inside the MoE layer's forward, never through a forward of
-    their own. `mp_policy` is accepted for the loop's symmetry: the experts cast their weights to the matmul dtype
-    (autocast's) themselves."""
+    their own."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    del mp_policy
     layout = mesh.layout
     experts = expert_parameters(model)
     if not experts:

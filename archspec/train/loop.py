@@ -260,7 +260,7 @@ class Trainer:
         self.checkpointed = apply_activation_checkpointing(self.model, self.recipe.activation_checkpointing)
         if self.compiled and not inside:
             self._compile_before_sharding()
-        self.fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
+        self.fsdp = self._fsdp()
         # Parameters held as DTensors (FSDP, or any split of the model): checkpoints are DCP's sharded state.
         self.sharded = self.fsdp or self.mesh is not None
         if self.mesh is not None:
@@ -338,6 +338,11 @@ class Trainer:
         weights["digest"] = weights_digest(weights["model"])
         return weights
 
+    def _fsdp(self) -> bool:
+        """Whether FSDP2 shards this run: kind fsdp over more than one data-parallel replica (tp=2 on two
+        processes has one replica: nothing to shard over)."""
+        return self.world.distributed and self.recipe.parallel.kind == "fsdp" and self.layout.dp > 1
+
     def _replica_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise sum over the data-parallel replicas, in place: every process without a mesh; over mesh.dp
         with one (the processes of a tensor-parallel group hold the same tokens' statistics: counted once)."""
@@ -370,8 +375,7 @@ class Trainer:
                 raise UserError(f"train.compile: expected one of {' | '.join(COMPILE_MODES)}, got "
                                 f"{printable(repr(requested), 40)}")
             wanted = requested
-        fsdp = self.world.distributed and self.recipe.parallel.kind == "fsdp"
-        mode, why = resolve_compile(wanted, self.spec, self.device, fsdp=fsdp, processes=self.world.size)
+        mode, why = resolve_compile(wanted, self.spec, self.device, fsdp=self._fsdp(), processes=self.world.size)
         if mode in ("whole", "cudagraphs") and not self.layout.trivial:
             return "per_block", (f"{mode} refused: a model split over a mesh ({self.layout.describe()}) compiles per "
                                  f"block (whole-model graphs across tp/ep are not built); per_block")
@@ -382,7 +386,7 @@ class Trainer:
         when it is not sharded (under FSDP after sharding, in `_warm_up_compiled`: its hooks must be in place)."""
         if self.compile_mode == "per_block":
             self._compile_blocks()
-        elif not (self.world.distributed and self.recipe.parallel.kind == "fsdp"):
+        elif not self._fsdp():
             compile_whole(self.model, self.compile_mode)
 
     def _compile_blocks(self, forward_only: bool = False) -> None:

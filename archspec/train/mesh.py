@@ -8,7 +8,7 @@ Ranks are laid out tp innermost (the processes of one tensor-parallel group are 
 fastest links), then ep, then the rest of data parallel, then pp outermost, as torchtitan does. Expert parallelism
 borrows from data parallelism: the ep processes of an expert group train on different data and send each token to the
 process holding its expert, so dp = dp_out · ep and a non-expert weight is replicated (or FSDP-sharded) over all dp,
-an expert weight over dp_out only.
+an expert weight replicated over dp_out only (left out of FSDP: its gradient is summed over dp_out by its own hook).
 
 `Layout.of` is torch-free and checks the sizes against the world before any process-group work; the model's own
 divisibility (heads, FFN hidden, experts by tp or ep) is the spec's rule (archspec.spec.rules), checked at load.

@@ -77,16 +77,16 @@ def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device,
                         amp_dtype: torch.dtype | None) -> nn.Module:
     """The data-parallel axis of a mesh job (tp or ep > 1): FSDP2 over `mesh.dp` (kind fsdp), or replication over it
     (kind ddp: `replicate`, DDP's semantics on FSDP2's machinery, which takes the tensor-parallel DTensors plain DDP
-    cannot). The experts of MoE layers under ep are sharded or replicated over the processes that hold the same
-    experts (`mesh.dp_out`) first (archspec.train.expert_parallel.shard_experts); the rest over every data-parallel
-    process. A data-parallel size of one leaves the model as it is. Returns the model, changed in place."""
+    cannot). The experts of MoE layers under ep are replicated over the processes that hold the same experts
+    (`mesh.dp_out`, their gradients reduced by their own hooks: archspec.train.expert_parallel.shard_experts) and left
+    out of the wrapper; the rest is sharded or replicated over every data-parallel process. A data-parallel size of one leaves the model as it is. Returns the model, changed in place."""
     mp = fsdp_mixed_precision(device, amp_dtype)
     fsdp = parallel.kind == "fsdp"
     experts: set[nn.Parameter] = set()
     if mesh.layout.ep > 1:
         from archspec.train.expert_parallel import shard_experts
 
-        experts = shard_experts(model, mesh, fsdp=fsdp, mp_policy=mp)  # reduced over dp_out by their own hooks
+        experts = shard_experts(model, mesh, fsdp=fsdp)  # reduced over dp_out by their own hooks
     if mesh.layout.dp == 1:
         return model
     return _data_parallel(model, mesh.dp, fsdp, parallel, mp, ignored=experts)

@@ -20,13 +20,13 @@ ColwiseParallel's contiguous Shard(0) gives each rank its own heads of all three
 keep the natural layout: `checkpoint_state` / `restore_state` (archspec.train.checkpoint calls them around DCP) put
 the rows back in natural order for the model and for AdamW's exp_avg and exp_avg_sq, and permute them again on load.
 A unit may hand its whole module to a function of its own instead (style `delegate`, "package.module:function",
-called as fn(module, tp_mesh)): the module then gets this rank's sequence shard as a plain (B, T/tp, D) tensor and
-returns the same shape, already summed over tp, as any FFN does here; its parameters must end DTensors on the mesh.
-That is the MoE unit's contract with archspec.train.expert_parallel.apply_moe_parallel; until MoESpec declares it,
-MoE has no plan and is refused under tp > 1.
+called as fn(module, mesh) with the job's archspec.train.mesh.JobMesh when the loop gives one, else the tp mesh): the
+module then gets this rank's sequence shard as a plain (B, T/tp, D) tensor and returns the same shape, already summed
+over tp, as any FFN does here; what it keeps whole it keeps in step itself. That is the MoE unit's plan
+(archspec.train.expert_parallel.apply_moe_parallel: experts split by hidden, the router whole on every rank).
 
-Dropout under tp draws its masks on each rank's shard (and, inside attention, its heads) from the same seed: a valid
-dropout, not one process's masks; the equality tests run at dropout 0.
+Dropout under tp draws its masks on each rank's shard (and, inside attention, its heads) from that rank's own
+dropout stream: a valid dropout, not one process's masks; the equality tests run at dropout 0.
 
 Memory cost of that boundary: during a save or a load each rank holds every layer's whole fused weight (and bias)
 three times (weight, exp_avg, exp_avg_sq) in the parameter dtype, besides its shards; nothing at training time.

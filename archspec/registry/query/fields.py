@@ -132,7 +132,8 @@ def resolve_field(name: str, target: str) -> FieldRef:
             from archspec.spec import is_known_key, known_keys
 
             if not is_known_key(rest):  # a typo would otherwise match nothing, silently
-                close = difflib.get_close_matches(rest, sorted(known_keys()), n=1)
+                renamed = {"train.world_size": "train.data_parallel"}  # (migration 0007: replicas, not processes)
+                close = [renamed[rest]] if rest in renamed else difflib.get_close_matches(rest, sorted(known_keys()), n=1)
                 hint = f"; did you mean params.{close[0]}?" if close else " (`archspec schema` lists the spec's keys)"
                 raise ValueError(f"unknown spec key {name!r}{hint}")
             return FieldRef("param", rest)
