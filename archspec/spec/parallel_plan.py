@@ -71,7 +71,8 @@ def model_plan(m: "ModelSpec") -> list[Placed]:
     return out
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of n (up to 1024, the largest degree train.parallel takes)."""
     return [d for d in range(1, min(n, 1024) + 1) if n % d == 0]
 
 
@@ -106,7 +107,7 @@ def tp_problems(spec: "Spec") -> list[Problem]:
             out.append((TP_PATH, msg, tp))
     seq_len = spec.train.seq_len or m.context_length
     every = math.gcd(seq_len, *(d.value for d in counts.values()))
-    fits = ", ".join(map(str, _divisors(every)))
+    fits = ", ".join(map(str, divisors(every)))
     for path, d in counts.items():
         if d.value % tp:
             padding = " (the vocabulary is not padded)" if d.what == "vocab_size" else ""

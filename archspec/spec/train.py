@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator
 
@@ -95,7 +95,7 @@ ActivationCheckpointing = kind_union(NoCheckpointing, FullCheckpointing, EveryKC
 
 # How torch.compile is applied (archspec.train.compile.resolve_compile). Stored with a run, not identity.
 CompileMode = Literal["auto", "none", "per_block", "whole", "cudagraphs"]
-COMPILE_MODES = ("auto", "none", "per_block", "whole", "cudagraphs")
+COMPILE_MODES = get_args(CompileMode)
 
 
 class TrainSpec(_Strict):

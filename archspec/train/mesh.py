@@ -20,10 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from archspec.errors import UserError
-
-
-def _factors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+from archspec.spec.parallel_plan import divisors
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ class Layout:
             raise UserError("train.parallel.pp: pipeline parallelism is not built yet; set pp: 1 (tensor and expert "
                             "parallelism, tp and ep, are)")
         if world_size % (tp * pp):
-            fits = [d for d in _factors(world_size) if d % pp == 0] or [1]
+            fits = [d for d in divisors(world_size) if d % pp == 0] or [1]
             raise UserError(f"train.parallel.tp: tp · pp ({tp} · {pp}) must divide the number of processes "
                             f"({world_size}); with {world_size} processes tp can be one of "
                             f"{', '.join(str(d // pp) for d in fits)}, or launch a multiple of {tp * pp} processes")
@@ -54,7 +51,7 @@ class Layout:
         if dp % ep:
             raise UserError(f"train.parallel.ep: must divide the data-parallel size ({dp} = {world_size} processes / "
                             f"(tp {tp} · pp {pp})): expert parallelism spreads the experts over data-parallel "
-                            f"processes; ep can be one of {', '.join(map(str, _factors(dp)))}")
+                            f"processes; ep can be one of {', '.join(map(str, divisors(dp)))}")
         return cls(world=world_size, dp=dp, tp=tp, ep=ep, pp=pp)
 
     @property
