@@ -61,7 +61,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
                     "leave it out or set precision: fp8", t.fp8_scaling))
     if t.warmup_steps > t.steps:
         out.append((("train", "warmup_steps"), f"must be at most train.steps ({t.steps}), got {t.warmup_steps}", t.warmup_steps))
-    out += _layout_problems(t)
+    out += _layout_problems(t, spec.model.n_layers)
     if not out:  # (a model already refused may lack what the plans read: head_dim, widths)
         out += tp_problems(spec)  # train.parallel.tp: every unit can be split that many ways (spec.parallel_plan)
     out += t.data.corpus.problems(spec)  # a capability task: its tokenizer and whether it fits (archspec.data)
@@ -69,23 +69,57 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     return out
 
 
-def _layout_problems(t) -> list[Problem]:
+def _layout_problems(t, n_layers: int) -> list[Problem]:
     """What the loop does not do across a split model yet (the model's own divisibility is each unit's rule)."""
     par, out = t.parallel, []
-    split = [f"{k} {getattr(par, k)}" for k in ("tp", "ep") if getattr(par, k) > 1]
+    split = [f"{k} {getattr(par, k)}" for k in ("tp", "ep", "pp") if getattr(par, k) > 1]
     if split and t.stability:
         out.append((("train", "stability"), f"per-layer stability metrics are not measured across a split model "
-                    f"({', '.join(split)}): each process sees only its shards; set stability: false or tp/ep 1", True))
-    if par.pp > 1:
-        out.append((("train", "parallel", "pp"), "pipeline parallelism is not built yet; set pp: 1 (tensor and expert "
-                    "parallelism, tp and ep, are)", par.pp))
+                    f"({', '.join(split)}): each process sees only its shards; set stability: false or tp/ep/pp 1",
+                    True))
     if split and t.precision == "fp16":
         out.append((("train", "precision"), f"fp16 loss scaling across a split model ({', '.join(split)}) is not built: "
                     "each process would find overflows in its own shards only and skip steps alone; use bf16, or "
-                    "tp/ep 1", t.precision))
+                    "tp/ep/pp 1", t.precision))
+    out += pipeline_problems(t, n_layers)
     if par.tp > 1 and t.precision == "fp8":
         out.append((("train", "precision"), f"fp8 under tensor parallelism (tp {par.tp}) is not built: torchao's "
                     "float8 linears need their own parallel styles; use bf16, or tp 1", t.precision))
+    return out
+
+
+def pipeline_problems(t, n_layers: int) -> list[Problem]:
+    """What train.parallel.pp asks of the recipe: enough layers for its stages, a batch its micro-batches divide, and
+    as many micro-batches as the schedule needs (torch.distributed.pipelining's own conditions, said before a run)."""
+    par = t.parallel
+    if par.pp == 1:
+        if par.microbatches is not None:
+            return [(("train", "parallel", "microbatches"), "only means something with pipeline parallelism "
+                     "(train.parallel.pp > 1); remove it or set pp", par.microbatches)]
+        return []
+    out: list[Problem] = []
+    per_rank = 2 if par.schedule == "interleaved_1f1b" else 1
+    stages = par.pp * per_rank
+    if n_layers < stages:
+        why = f" ({par.pp} processes × 2 stages each: interleaved_1f1b)" if per_rank == 2 else ""
+        out.append((("train", "parallel", "pp"), f"{stages} pipeline stages{why} need at least as many layers; the "
+                    f"model has {n_layers}: set pp to at most {max(1, n_layers // per_rank)}", par.pp))
+    m = par.microbatches or par.pp
+    if t.batch_size % m:
+        fits = [d for d in range(1, t.batch_size + 1) if t.batch_size % d == 0 and (d >= par.pp
+                or par.schedule == "gpipe")]
+        out.append((("train", "parallel", "microbatches"), f"must divide train.batch_size ({t.batch_size}): each "
+                    f"replica's batch is split into {m} micro-batches of equal size"
+                    + (f"; one of {', '.join(map(str, fits))}" if fits else
+                       f"; raise train.batch_size to a multiple of {m}"), m))
+    elif par.schedule != "gpipe" and m < par.pp:
+        out.append((("train", "parallel", "microbatches"), f"{par.schedule} needs at least as many micro-batches as "
+                    f"stages ({par.pp}): with fewer, the last stage's first backward would wait on a forward that "
+                    f"never comes; set microbatches >= {par.pp} or schedule: gpipe", m))
+    elif par.schedule == "interleaved_1f1b" and m % max(1, m // par.pp):
+        rounds = max(1, m // par.pp)
+        out.append((("train", "parallel", "microbatches"), f"interleaved_1f1b runs micro-batches in rounds of pp "
+                    f"({par.pp}): {m} is not a whole number of its {rounds} rounds; use a multiple of {par.pp}", m))
     return out
 
 

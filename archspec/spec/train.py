@@ -48,6 +48,10 @@ _bind_data("tokenizer", DataSpec, "tokenizer")
 # ── how the work is spread and how activations are kept (stored with a run, not part of its identity) ──────────
 
 
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+
+
 class _Layout(_Strict):
     """How the processes of a job are laid out on a device mesh (archspec.train.mesh): pp · dp · tp = world size, the
     data-parallel size dp = world / (tp · pp); ep divides dp (the experts of an MoE layer are spread over ep of the
@@ -60,7 +64,15 @@ class _Layout(_Strict):
         1, ge=1, le=1024, description="expert-parallel degree: an MoE layer's experts spread over this many "
                                       "data-parallel processes, tokens sent to their expert's process (all-to-all)")
     pp: Annotated[int, Since("0.4")] = Field(
-        1, ge=1, le=1024, description="pipeline-parallel stages (not built yet: 1)")
+        1, ge=1, le=1024, description="pipeline-parallel stages: the layers split into this many consecutive stages "
+                                      "by cost (archspec.train.stages), one per group of processes")
+    schedule: Annotated[PipelineSchedule, Since("0.5")] = Field(
+        "1f1b", description="pipeline schedule (pp > 1): gpipe (every forward, then every backward), 1f1b (one "
+                            "forward, one backward: at most pp micro-batches' activations held), interleaved_1f1b "
+                            "(two stages per process, a smaller bubble for more messages)")
+    microbatches: Annotated[int | None, Since("0.5")] = Field(
+        None, ge=1, le=4096, description="pipeline micro-batches each replica's batch is split into (pp > 1; "
+                                         "default pp): the bubble is (pp - 1) / (microbatches + pp - 1) of a step")
 
 
 class DDPParallel(_Layout):

@@ -39,14 +39,15 @@ class Layout:
         """The layout `train.parallel` asks for on `world_size` processes; UserError naming the field when it cannot
         be laid out (tp · pp must divide the world, ep must divide the data-parallel size)."""
         tp, ep, pp = (int(getattr(parallel, k, 1)) for k in ("tp", "ep", "pp"))
-        if pp > 1:
-            raise UserError("train.parallel.pp: pipeline parallelism is not built yet; set pp: 1 (tensor and expert "
-                            "parallelism, tp and ep, are)")
+        if world_size % pp:
+            raise UserError(f"train.parallel.pp: must divide the number of processes ({world_size}), got {pp}; with "
+                            f"{world_size} processes pp can be one of {', '.join(map(str, divisors(world_size)))}, or "
+                            f"launch a multiple of {pp} processes")
         if world_size % (tp * pp):
-            fits = [d for d in divisors(world_size) if d % pp == 0] or [1]
+            fits = divisors(world_size // pp)
             raise UserError(f"train.parallel.tp: tp · pp ({tp} · {pp}) must divide the number of processes "
-                            f"({world_size}); with {world_size} processes tp can be one of "
-                            f"{', '.join(str(d // pp) for d in fits)}, or launch a multiple of {tp * pp} processes")
+                            f"({world_size}); with {world_size} processes and pp {pp} tp can be one of "
+                            f"{', '.join(map(str, fits))}, or launch a multiple of {tp * pp} processes")
         dp = world_size // (tp * pp)
         if dp % ep:
             raise UserError(f"train.parallel.ep: must divide the data-parallel size ({dp} = {world_size} processes / "
@@ -99,6 +100,11 @@ class JobMesh:
     @property
     def tp(self):
         return self.mesh["tp"]
+
+    @property
+    def pp(self):
+        """The pipeline's processes: this process's peers at the same data- and tensor-parallel place, one a stage."""
+        return self.mesh["pp"]
 
     @property
     def ep(self):
