@@ -420,13 +420,21 @@ class Model(nn.Module):
 
     def hidden_states(self, idx: torch.Tensor, cache: list | None = None) -> torch.Tensor:
         """idx (B, T) → the last block's output (B, T, D_MODEL): everything but the head."""
-        B, T = idx.shape
         start = cache[0].length if cache else 0  # position of idx[:, 0]
+        return self.through_blocks(self.embed(idx, start), idx.size(1), start, cache)
+
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """idx (B, T), tokens at positions start onwards → the first block's input (B, T, D_MODEL)."""
+        B, T = idx.shape
         if start + T > CONTEXT_LENGTH:
             raise ValueError(f"sequence length {start + T} exceeds CONTEXT_LENGTH {CONTEXT_LENGTH}")
         x = self.tok_emb(idx)  # (B, T, D_MODEL)
+        return self.emb_drop(x)
+
+    def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
+        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
+        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
-        x = self.emb_drop(x)
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, cos, sin, layer_cache)  # (B, T, D_MODEL)
         return x

@@ -398,8 +398,9 @@ class NormKind(KindUnit):
 class PositionalKind(KindUnit):
     """How positions reach the model. The template may define classes/functions, and these hook macros:
     `model_init` (lines in Model.__init__), `model_reset` (lines in Model.reset_parameters), `embed` (lines in
-    Model.forward after the token embedding: `x`, `T`, and `start`, the position of x's first token: 0 for a whole
-    sequence, the number of cached positions when generating),
+    Model.embed after the token embedding: `x`, `T`, and `start`, the position of x's first token: 0 for a whole
+    sequence, the number of cached positions when generating), `tables` (lines in Model.through_blocks computing what
+    every block takes beside x from `T` and `start`: a pipeline stage without the embedding computes them too),
     `block_params` / `block_args` (what Block.forward and Attention.forward take beyond `x`),
     `attention_qk` (lines in Attention.forward once `q` and `k` are (B, heads, T, HEAD_DIM))."""
 
@@ -641,7 +642,7 @@ def _has_template(cls: type[KindUnit]) -> None:
 _KINDS = Registry("a kind", [
     Family("norm", NormKind, "rmsnorm"),
     Family("positional", PositionalKind, "rope",
-           ("model_init", "model_reset", "embed", "block_params", "block_args", "attention_qk")),
+           ("model_init", "model_reset", "embed", "tables", "block_params", "block_args", "attention_qk")),
     Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
     Family("attention", AttentionKind, "gqa"),
     Family("ffn", FFNKind, "glu", ("model_methods",)),
