@@ -75,6 +75,7 @@ from archspec.train.logger import (
     repeat_id,
 )
 from archspec.train.mesh import JobMesh, Layout
+from archspec.train.pipeline import held_blocks
 from archspec.train.parallel import (apply_activation_checkpointing, clip_gradients, full_value, shard_data_parallel,
                                      shard_fsdp, split_model)
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
@@ -248,6 +249,14 @@ class Trainer:
         # torchtitan's order: tensor and expert parallelism, checkpointing, compile, then data-parallel sharding; the
         # optimizer holds the sharded parameters.
         self.mesh = JobMesh.build(self.device.type, self.layout) if not self.layout.trivial else None
+        self.pipeline = None  # pp > 1: this process's stages (archspec.train.pipeline); the model cut down to them
+        if self.layout.pp > 1:
+            from archspec.train.pipeline import Pipeline
+
+            if callable(getattr(self.data, "scorer", None)):
+                raise UserError("train.data.corpus: a capability task is scored on the logits, which pipeline "
+                                "parallelism holds on the last stage only: not built; use train.parallel.pp 1")
+            self.pipeline = Pipeline.build(self.model, spec, self.mesh, self.device)
         if self.mesh is not None:
             split_model(self.model, spec, self.mesh)
         self.compile_mode, self.compile_reason = self._should_compile(compile)
@@ -275,6 +284,8 @@ class Trainer:
         else:
             self.ddp_model = wrap_ddp(self.model, self.world)
         self.loss_context = self._loss_context()
+        if self.pipeline is not None:
+            self.pipeline.build_schedule()
         self.optimizer = build_optimizer(self.model, self.recipe, self.device)
         self.compile_s = self._warm_up_compiled() if self.compiled else 0.0
         self.step, self.saved_step = 0, -1
@@ -395,7 +406,7 @@ class Trainer:
         loss; eager, its log-softmax over a large vocabulary costs ~10% of a small model's step). `forward_only`
         (across a mesh): each block's forward method, so activation checkpointing can wrap the compiled forward;
         the head stays eager there (under tp its loss runs in loss_parallel, a context the graph would not see)."""
-        for block in self.model.blocks:
+        for _, block in held_blocks(self.model):
             if forward_only:
                 block.forward = torch.compile(block.forward)  # instance attribute: __call__ finds it
             else:
@@ -431,10 +442,14 @@ class Trainer:
         dummy = torch.zeros(self.recipe.batch_size, self.recipe.seq_len, dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self._mark_step()
-            with self.loss_context():
+            if self.pipeline is not None:  # every stage's graphs, through the schedule
                 with self.autocast():
-                    loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
-                full_value(loss).backward()
+                    self.pipeline.train_batch(dummy, dummy.clone(), 1, self.loss_context)
+            else:
+                with self.loss_context():
+                    with self.autocast():
+                        loss = self.model(dummy, dummy.clone())[1]  # two tensors: a graph guards on `idx is targets`
+                    full_value(loss).backward()
         self.model.zero_grad(set_to_none=True)
         self._sync()
         return time.perf_counter() - t0
@@ -543,6 +558,10 @@ class Trainer:
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.pipeline is not None:  # over every stage; a weight two stages hold (tied) counted on the first only
+            skip = {id(p) for p in self.pipeline.tied} if not self.pipeline.first else set()
+            return clip_gradients(params, self.recipe.grad_clip, counted=[p for p in params if id(p) not in skip],
+                                  stage_sum=self.pipeline.pipeline_sum)
         if self.mesh is not None:  # gradients on several meshes (tp, dp, ep): one global norm over them all
             return clip_gradients(params, self.recipe.grad_clip)
         if self.recipe.grad_clip > 0:  # under FSDP the norm is over every shard (a DTensor): its full value counts
@@ -570,6 +589,15 @@ class Trainer:
         return (loss.detach().float(),
                 {name: full_value(v.detach()).float().reshape(()) for name, v in aux.items()})
 
+    def _pipeline_batch(self, accum: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One batch through the pipeline's schedule (its micro-batches' forwards and backwards); every stage draws
+        the batch, so every stage's data position stays the same."""
+        inputs, targets = self._to_device(self.data.sampler.next_batch())
+        self._mark_step()
+        with self.autocast():
+            loss, aux = self.pipeline.train_batch(inputs, targets, accum, self.loss_context)
+        return loss, aux  # (the stages count their micro-batches themselves: archspec.train.pipeline)
+
     def train_step(self) -> StepStats:
         """One optimizer step over `grad_accum` micro-batches. Raises NonFiniteLoss before applying a bad update."""
         t0 = time.perf_counter()
@@ -582,10 +610,16 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         aux_sums: dict[str, torch.Tensor] = {}
         for micro in range(accum):
-            loss, aux = self._forward_backward(accum, sync=micro == accum - 1)
+            loss, aux = (self._forward_backward(accum, sync=micro == accum - 1) if self.pipeline is None
+                         else self._pipeline_batch(accum))
             loss_sum += loss
             for name, value in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + value
+        if self.pipeline is not None:
+            self.pipeline.after_backward()  # a tied weight's two parts summed
+            # the loss lives on the last stage, each stage holds its share of the router losses: summed over them
+            stacked = self.pipeline.pipeline_sum(torch.stack([loss_sum, *aux_sums.values()]))
+            loss_sum, aux_sums = stacked[0], dict(zip(aux_sums, stacked[1:]))
         probed = self.stability is not None and self.evaluates_at(self.step + 1)
         if self.scaler is not None:  # fp16: true gradients before norms and clipping (records any inf/NaN found)
             self.scaler.unscale_(self.optimizer)
@@ -640,6 +674,13 @@ class Trainer:
             probe = self.stability is not None and i == 0
             # hooks (the probe) or another shape would make a compiled forward compile again: those batches run eager
             through_graph = graphed and not probe and len(inputs) == self.recipe.batch_size
+            if self.pipeline is not None:  # stage to stage; the loss on the last stage only
+                with self.autocast():
+                    loss = self.pipeline.eval_batch(inputs, targets, self.loss_context)
+                if loss is not None:
+                    loss_sum += loss.item() * len(inputs)
+                    windows += len(inputs)
+                continue  # (per-layer kind statistics are not gathered across stages: not built)
             with (torch.enable_grad() if through_graph else torch.compiler.set_stance("force_eager")):
                 with self.autocast(), self.stability.recording() if probe else nullcontext(), self.loss_context():
                     logits, loss = self.model(inputs, targets)

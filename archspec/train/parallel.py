@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from archspec.train.distributed import World
+from archspec.train.pipeline import held_blocks
 
 
 def checkpointed_blocks(n_layers: int, ac) -> list[int]:
@@ -38,9 +39,10 @@ def _recompute_in_backward(forward, *args, **kwargs):
 def apply_activation_checkpointing(model: nn.Module, ac) -> list[int]:
     """Checkpoint the chosen blocks: each keeps only its inputs and recomputes its activations during backward (the
     RNG state is saved and restored, so dropout draws the same masks). Returns the indices checkpointed."""
-    chosen = checkpointed_blocks(len(model.blocks), ac)
+    held = dict(held_blocks(model))  # under pipeline parallelism: this stage's blocks
+    chosen = [i for i in checkpointed_blocks(len(model.blocks), ac) if i in held]
     for i in chosen:
-        block = model.blocks[i]
+        block = held[i]
         block.forward = functools.partial(_recompute_in_backward, block.forward)
     return chosen
 
@@ -68,7 +70,7 @@ def split_model(model: nn.Module, spec, mesh) -> None:
     elif layout.ep > 1:
         from archspec.train.expert_parallel import apply_moe_parallel
 
-        for block in model.blocks:
+        for _, block in held_blocks(model):
             if hasattr(block.ffn, "router"):
                 apply_moe_parallel(block.ffn, mesh)
 
@@ -100,11 +102,11 @@ def _data_parallel(model: nn.Module, dp_mesh, fsdp: bool, parallel, mp,
     if not fsdp:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        for block in model.blocks:
+        for _, block in held_blocks(model):
             replicate(block, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         replicate(model, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
         return model
-    for block in model.blocks:
+    for _, block in held_blocks(model):
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward,
                     ignored_params=ignored)
     # The root's parameters (embeddings, head) are used at both ends of the step: keeping them gathered after the
@@ -140,10 +142,17 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
-def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_gradients(params: list[torch.Tensor], max_norm: float, *, counted: list[torch.Tensor] | None = None,
+                   stage_sum=None) -> torch.Tensor:
     """Scale the gradients so their global norm (`grad_norm`) is at most `max_norm` (0: measure only); returns the
-    norm before clipping. The scale is one number for every gradient, applied to each one's local values."""
-    norm = grad_norm(params)
+    norm before clipping. The scale is one number for every gradient, applied to each one's local values. Under
+    pipeline parallelism the norm is over every stage: `counted` (this stage's parameters less those another stage
+    counts: a tied weight once) gives the squared norm that `stage_sum` (a sum over the stages, in place) totals."""
+    if stage_sum is None:
+        norm = grad_norm(params)
+    else:
+        squared = grad_norm(params if counted is None else counted).reshape(1).square()
+        norm = stage_sum(squared).sqrt().reshape(())
     if max_norm > 0:
         coef = min(1.0, max_norm / (float(norm) + 1e-6))
         if coef < 1.0:

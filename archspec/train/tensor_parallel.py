@@ -126,6 +126,16 @@ def _style(module: nn.Module, split: Split):
     raise ValueError(f"tensor parallelism: unknown style {split.style!r}")  # a unit's bug, not user input
 
 
+def _present(model: nn.Module, fqn: str) -> bool:
+    """Whether this process holds the module at `fqn` (a pipeline stage holds some blocks and ends only)."""
+    if not fqn:
+        return True
+    try:
+        return model.get_submodule(fqn) is not None
+    except AttributeError:
+        return False
+
+
 def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: Any = None) -> nn.Module:
     """Split `model` (the generated Model of `spec`, whole on every rank, the same weights on each) over `tp_mesh`
     in place, following each unit's plan; returns it. UserError (train.parallel.tp: ...) for a spec that cannot be
@@ -146,8 +156,12 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: A
     delegates: list[tuple[str, str]] = []
     counts: list[tuple[nn.Module, str, int]] = []
     for placed in model_plan(spec.model):
+        if not _present(model, placed.module):  # held by another pipeline stage (archspec.train.pipeline)
+            continue
         for name, split in placed.plan.splits.items():
             fqn = _fqn(placed.module, name)
+            if not _present(model, fqn):
+                continue
             if split.style == "delegate":
                 delegates.append((fqn, split.fn))
                 continue
@@ -171,7 +185,8 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: A
         except (ImportError, AttributeError):
             raise UserError(f"train.parallel.tp: {fqn} is handed to {fn}, which is not available here; use tp 1")
         function(model.get_submodule(fqn), job_mesh if job_mesh is not None else tp_mesh)
-    tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.tok_emb.weight
+    head, embedding = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
     from torch.distributed.tensor.parallel import parallelize_module
 
     parallelize_module(model, tp_mesh, styles)
