@@ -72,7 +72,9 @@ class Setup:
     parallel: str = "ddp"  # ddp | fsdp (a world of one is plain single-process training either way)
     tp: int = 1  # tensor-parallel degree: matmuls, embedding and head split this many ways (archspec.train.mesh)
     ep: int = 1  # expert-parallel degree: routed experts spread over this many data-parallel processes
-    pp: int = 1
+    pp: int = 1  # pipeline-parallel degree: the layers split into stages by cost (archspec.train.stages)
+    schedule: str = "1f1b"  # pipeline schedule (pp > 1): gpipe | 1f1b | interleaved_1f1b
+    microbatches: int = 0  # pipeline micro-batches the replica's batch is split into (pp > 1); 0: pp
     checkpointing: Checkpointing = "none"
     checkpoint_every: int = 1  # every_k: blocks 0, k, 2k, … are checkpointed
     bf16: bool = False  # bf16 compute: autocast (single process, DDP) or FSDP's bf16 parameters (CUDA)
@@ -81,6 +83,16 @@ class Setup:
     def dp(self) -> int:
         """Data-parallel replicas: world / (tp · pp)."""
         return max(1, self.world_size // (self.tp * self.pp))
+
+    @property
+    def n_microbatches(self) -> int:
+        """Micro-batches of the pipeline schedule (1 without pp): each is batch_size / this many rows."""
+        return 1 if self.pp == 1 else (self.microbatches or self.pp)
+
+    @property
+    def stages_per_process(self) -> int:
+        """Pipeline stages one process holds: two under interleaved_1f1b (stages p and p + pp), else one."""
+        return 2 if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1
 
     @property
     def shards(self) -> int:
@@ -100,6 +112,8 @@ class Setup:
         axes = [f"{k} {v}" for k, v in (("tp", self.tp), ("ep", self.ep), ("pp", self.pp)) if v > 1]
         if axes:
             par += f" (dp {self.dp} × {' × '.join(axes)})"
+        if self.pp > 1:
+            par += f" · {self.schedule}, {self.n_microbatches} micro-batches of {self.batch_size // self.n_microbatches}"
         what = (f"training, micro-batch {self.batch_size} × {self.seq_len} tokens"
                 + (f" × {self.grad_accum} accumulated" if self.grad_accum > 1 else "") + f" · {ac}"
                 if self.training else "inference, weights only")
@@ -118,6 +132,7 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
     setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
                   grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
                   tp=getattr(parallel, "tp", 1), ep=getattr(parallel, "ep", 1), pp=getattr(parallel, "pp", 1),
+                  schedule=getattr(parallel, "schedule", "1f1b"), microbatches=getattr(parallel, "microbatches", None) or 0,
                   checkpointing=getattr(ac, "kind", "none"), checkpoint_every=getattr(ac, "k", 1), bf16=bf16)
     return replace(setup, **overrides)
 
@@ -179,9 +194,18 @@ def block_backward_transient_per_token(m: ModelSpec, bf16: bool, b=None) -> int:
 
 def head_saved_per_token(m: ModelSpec, bf16: bool) -> int:
     """Token ids, the embedding dropout mask, the final norm, and the fp32 log-softmax of the cross-entropy."""
-    stream, mm = 4, (2 if bf16 else 4)
-    final = _norm_saved(m, stream, mm) if m.final_norm else 0
-    return 8 + (m.d_model * stream if m.dropout > 0 else 0) + final + m.vocab_size * 4
+    return embedding_saved_per_token(m) + loss_saved_per_token(m, bf16)
+
+
+def embedding_saved_per_token(m: ModelSpec) -> int:
+    """What the embedding keeps: the token ids (int64) and its dropout mask."""
+    return 8 + (m.d_model * 4 if m.dropout > 0 else 0)
+
+
+def loss_saved_per_token(m: ModelSpec, bf16: bool) -> int:
+    """What the final norm and the cross-entropy keep (the fp32 log-softmax)."""
+    final = _norm_saved(m, 4, 2 if bf16 else 4) if m.final_norm else 0
+    return final + m.vocab_size * 4
 
 
 def head_transient_per_token(m: ModelSpec, bf16: bool) -> int:
@@ -249,18 +273,23 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _activation_walk(m: ModelSpec, s: Setup) -> tuple[int, int, list[int]]:
-    """(saved activations at the start of backward, transient, activations freed per block in backward order)."""
+def _activation_walk(m: ModelSpec, s: Setup, layers: list[int] | None = None, first: bool = True, last: bool = True
+                     ) -> tuple[int, int, list[int]]:
+    """(saved activations at the start of backward, transient, activations freed per block in backward order) of
+    one micro-batch of `s.batch_size` rows through `layers` (default: all), with the embedding's (`first`) and the
+    loss head's (`last`) own tensors."""
     tokens = s.batch_size * s.seq_len
-    blocks = m.blocks()  # each layer with its own components (per-layer variation)
+    every = m.blocks()  # each layer with its own components (per-layer variation)
+    layers = list(range(m.n_layers)) if layers is None else layers
+    blocks = [every[i] for i in layers]
     per_block = [block_saved_per_token(m, s.seq_len, s.device, s.bf16, b) * tokens for b in blocks]
     boundary = m.d_model * (2 if s.bf16 and s.shards > 1 else 4) * tokens  # what a checkpointed block keeps
     checkpointed = [s.checkpointing == "full" or (s.checkpointing == "every_k" and i % s.checkpoint_every == 0)
-                    for i in range(m.n_layers)]
+                    for i in layers]
     kept = [boundary if c else saved for c, saved in zip(checkpointed, per_block)]
-    head = head_saved_per_token(m, s.bf16) * tokens
+    head = ((embedding_saved_per_token(m) if first else 0) + (loss_saved_per_token(m, s.bf16) if last else 0)) * tokens
     widest = max(block_backward_transient_per_token(m, s.bf16, b) for b in blocks)
-    transient = (head_transient_per_token(m, s.bf16) + widest) * tokens
+    transient = ((head_transient_per_token(m, s.bf16) if last else 0) + widest) * tokens
     if any(checkpointed):
         transient += max(p for p, c in zip(per_block, checkpointed) if c)  # one block recomputed at a time
     return sum(kept) + head, transient, list(reversed(kept))
@@ -333,12 +362,17 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
 def held_params(spec: Spec, s: Setup, acc: Accounting | None = None) -> int:
     """Parameters one process holds: every weight but the norms split tp ways (heads, FFN hidden, vocabulary; the
     norms are replicated), routed experts further split ep ways, then FSDP's shards over the data-parallel processes
-    (the experts over those that hold the same experts)."""
+    (the experts over those that hold the same experts). The whole model's (pp 1); a stage's: `_held`."""
     m = spec.model
     acc = acc or account(spec)
     routed = sum(b.ffn.routed_params(m.d_model) for b in m.blocks())
     norms = acc.by_component["norm"]
-    dense = acc.total - routed - norms
+    return _held(acc.total - routed - norms, norms, routed, s)
+
+
+def _held(dense: int, norms: int, routed: int, s: Setup) -> int:
+    """held_params' rule for any set of weights: dense split tp ways, norms replicated, then FSDP; routed experts
+    split tp · ep ways."""
     per_process = math.ceil(dense / s.tp) + norms
     return math.ceil(per_process / s.shards) + math.ceil(routed / (s.tp * s.ep) / s.expert_shards)
 
