@@ -35,6 +35,7 @@ from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
+from archspec.train.stages import StagePlan, plan_stages
 
 GIB = 1 << 30
 CUDA_MARGIN = 0.92  # of the free device memory: the caching allocator rounds and fragments
@@ -238,6 +239,12 @@ class MemoryPlan:
     available: int | None = None  # what the device has for it; None when unknown (planning for absent hardware)
     available_source: str = ""
     notes: list[str] = field(default_factory=list)
+    pipeline_buffers: int = 0  # pp > 1: the stage's receive buffers (activations forward, their gradients backward)
+    # pp > 1: the split (archspec.train.stages.StagePlan), this plan's pipeline process, and every process's plan
+    # (this one is the largest of them: its total is the run's peak per device)
+    stage_plan: "StagePlan | None" = None
+    process: int | None = None
+    per_process: tuple["MemoryPlan", ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -249,19 +256,42 @@ class MemoryPlan:
             rows += [("gradients", self.gradients), ("AdamW moments", self.optimizer)]
             if self.communication:
                 rows.append(("DDP buckets" if self.setup.shards == 1 else "FSDP unsharded blocks", self.communication))
+            if self.pipeline_buffers:
+                rows.append(("pipeline recv buffers", self.pipeline_buffers))
             rows += [("activations (saved)", self.activations), ("transient (backward)", self.transient)]
             if self.allocator:
                 rows.append(("allocator overhead", self.allocator))
         return rows
 
+    def stages(self) -> list[dict]:
+        """pp > 1: each pipeline stage's layers [start, stop), shares of the FLOPs and parameters, the process that
+        holds it, and that process's peak (`memory_bytes`; under interleaved_1f1b a process holds two stages)."""
+        if self.stage_plan is None:
+            return []
+        pp = self.setup.pp
+        peaks = {p.process: p.total for p in self.per_process}
+        return [{"stage": k, "layers": list(r), "flops_share": f, "params_share": ps, "process": k % pp,
+                 "memory_bytes": peaks[k % pp]}
+                for k, (r, (f, ps)) in enumerate(zip(self.stage_plan.ranges, self.stage_plan.shares()))]
+
     def to_dict(self) -> dict:
-        return {"spec": self.spec_name, "setup": self.setup.describe(), "params": self.params,
-                **{k: v for k, v in self.rows()}, "peak_bytes": self.total, "available_bytes": self.available,
-                "available_source": self.available_source, "fits": self.fits}
+        out = {"spec": self.spec_name, "setup": self.setup.describe(), "params": self.params,
+               **{k: v for k, v in self.rows()}, "peak_bytes": self.total, "available_bytes": self.available,
+               "available_source": self.available_source, "fits": self.fits}
+        if self.stage_plan is not None:
+            out["stages"] = self.stages()
+            out["peak_process"] = self.process
+        return out
 
     def render(self) -> str:
         lines = [f"memory plan for {self.spec_name}: {self.setup.describe()}",
                  f"  {self.params:,} parameters" + (f", sharded {self.setup.shards} ways" if self.setup.shards > 1 else "")]
+        if self.stage_plan is not None:
+            lines += [f"  {line}" for line in self.stage_plan.lines()]
+            lines += [f"  pipeline process {p.process} (stage{'s' if self.setup.stages_per_process > 1 else ''} "
+                      f"{', '.join(str(k) for k in range(p.process, self.stage_plan.stages, self.setup.pp))}): "
+                      f"peak {gib(p.total)}" for p in self.per_process]
+            lines.append(f"  the largest, pipeline process {self.process}:")
         lines += [f"  {name:<24}{gib(n):>12}" for name, n in self.rows()]
         lines.append(f"  {'peak of a step' if self.setup.training else 'total':<24}{gib(self.total):>12}  per device")
         if self.available is not None:
@@ -309,6 +339,8 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
         weights = params * (2 if s.bf16 and s.device == "cuda" else 4)
         return MemoryPlan(spec.name, s, params, weights, buffers, 0, 0, 0, 0, 0, 0, weights + buffers)
 
+    if s.pp > 1:
+        return _pipeline_plan(spec, s, acc)
     shards = s.shards
     held = held_params(spec, s, acc)  # this process's share of the parameters, before FSDP
     weights = held * 4
@@ -357,6 +389,201 @@ def plan_memory(spec: Spec, setup: Setup | None = None, *, accounting: Accountin
     total = weights + buffers + optimizer + communication + step_peak + allocator
     return MemoryPlan(spec.name, s, params, weights, buffers, gradients, optimizer, communication, saved, transient,
                       allocator, total, notes=notes)
+
+
+# ── pipeline parallelism: one plan per pipeline process ────────────────────────────────────────────────────────
+
+
+def schedule_ops(schedule: str, pp: int, microbatches: int, process: int) -> list[tuple[int, str]]:
+    """The order in which pipeline process `process` runs its forwards ("F") and full backwards ("B") in one step,
+    each with the local stage it runs on (0; under interleaved_1f1b 0 for stage `process`, 1 for `process + pp`), as
+    torch.distributed.pipelining's schedules order them (torch 2.13, schedules.py):
+
+    - gpipe: every micro-batch's forward, then every backward: all `microbatches` in flight.
+    - 1f1b (Schedule1F1B): min(microbatches, pp - process) warm-up forwards, then one backward, one forward, ...:
+      process 0 holds the most micro-batches in flight.
+    - interleaved_1f1b (ScheduleInterleaved1F1B: `_get_warmup_ops`, `_get_1f1b_rank_ops`): rounds of
+      microbatches // rounds micro-batches (rounds = max(1, microbatches // pp)); (2 - 1) · that + 2 · (pp - 1 -
+      process) warm-up forwards, capped at 2 · microbatches; then a forward and a backward each step, the forward's
+      local stage advancing every round and the backward's going back from the last."""
+    m = microbatches
+    if schedule == "gpipe":
+        return [(0, "F")] * m + [(0, "B")] * m
+    if schedule == "1f1b":
+        warmup = min(m, pp - process)
+        ops = [(0, "F")] * warmup
+        for i in range(m):
+            ops.append((0, "B"))
+            if warmup + i < m:
+                ops.append((0, "F"))
+        return ops
+    if schedule != "interleaved_1f1b":
+        raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    local = 2
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warmup = min((local - 1) * per_round + 2 * (pp - 1 - process), m * local)
+    steady = m * local - warmup
+
+    def forward_stage(step: int) -> int:
+        return (step // per_round) % local
+
+    def backward_stage(step: int) -> int:
+        return local - 1 - ((step - warmup) // per_round) % local
+
+    ops: list[tuple[int, str]] = []
+    for op in range(warmup + steady + warmup):
+        if op < warmup + steady:
+            ops.append((forward_stage(op), "F"))
+        if op >= warmup:
+            ops.append((backward_stage(op), "B"))
+    return ops
+
+
+def in_flight(schedule: str, pp: int, microbatches: int, process: int) -> list[int]:
+    """The most micro-batches whose activations each local stage of `process` holds at once (schedule_ops)."""
+    ops = schedule_ops(schedule, pp, microbatches, process)
+    live = [0] * (1 + max(j for j, _ in ops))
+    most = list(live)
+    for j, op in ops:
+        live[j] += 1 if op == "F" else -1
+        most[j] = max(most[j], live[j])
+    return most
+
+
+def _layer_parts(m: ModelSpec) -> list[tuple[int, int, int]]:
+    """(dense, norm, routed-expert) parameters of each layer."""
+    d, out = m.d_model, []
+    for b in m.blocks():
+        norms = b.block.n_norms * b.norm.params(d)
+        routed = b.ffn.routed_params(d)
+        out.append((b.attention.params(d) + b.ffn.params(d) - routed, norms, routed))
+    return out
+
+
+def _end_parts(m: ModelSpec) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(dense, norm) parameters of the first stage's embedding (with learned positions and the embeddings' norm) and
+    of the last stage's head (final norm and output matrix; a tied matrix is held by both ends)."""
+    d, v, norm = m.d_model, m.vocab_size, m.norm.params(m.d_model)
+    embed = (v * d + m.attention.positional.params(m), norm if m.embedding_norm else 0)
+    head = (v * d + (v if m.lm_head_bias else 0), norm if m.final_norm else 0)
+    return embed, head
+
+
+def _pipeline_plan(spec: Spec, s: Setup, acc: Accounting) -> MemoryPlan:
+    """The plan of each pipeline process (its stages' layers, embedding and head) under `s`; the largest, with all of
+    them in `per_process`."""
+    n_stages = s.pp * s.stages_per_process
+    stage_plan = plan_stages(spec, n_stages, seq_len=s.seq_len)
+    plans = tuple(_pipeline_process_plan(spec, s, acc, stage_plan, p) for p in range(s.pp))
+    peak = max(plans, key=lambda p: p.total)
+    return replace(peak, stage_plan=stage_plan, per_process=plans)
+
+
+def _pipeline_process_plan(spec: Spec, s: Setup, acc: Accounting, stage_plan: StagePlan, process: int) -> MemoryPlan:
+    """One pipeline process's peak: the single-process counting (module docstring) over its stages' layers, with the
+    activations of as many micro-batches in flight as its schedule keeps (`in_flight`) and the walk through the
+    schedule's order (`schedule_ops`): a backward's peak is every micro-batch then held, the gradients the process
+    has so far (a stage's whole gradient after its first backward; during it, block by block as in one process) and
+    the backward's transient.
+
+    Beyond one process's counting: a stage that is not the last keeps its output (the residual stream, fp32) for its
+    backward; torch's PipelineStage allocates one receive buffer per micro-batch for the activations a stage that is
+    not the first receives and one for the gradients a stage that is not the last receives (fp32 (rows, seq_len,
+    d_model) each, not split by tp: the stage boundary is assumed to carry the whole sequence). The input a stage
+    receives is also what its first block's norm keeps, so the in-flight part of those buffers is counted twice (at
+    most in-flight × one micro-batch's stream)."""
+    m = spec.model
+    rows = s.batch_size // s.n_microbatches
+    mb = replace(s, batch_size=rows)
+    stream = rows * s.seq_len * m.d_model * 4
+    layer_parts = _layer_parts(m)
+    (embed_dense, embed_norm), (head_dense, head_norm) = _end_parts(m)
+    local_stages = list(range(process, stage_plan.stages, s.pp))
+    notes: list[str] = []
+
+    helds, grads_per_block, walks, params_total, outside_total, block_params_max = [], [], [], 0, 0, 0
+    pipeline_buffers = 0
+    for k in local_stages:
+        a, b = stage_plan.ranges[k]
+        first, last = k == 0, k == stage_plan.stages - 1
+        dense = sum(layer_parts[i][0] for i in range(a, b)) + (embed_dense if first else 0) + (head_dense if last else 0)
+        norms = sum(layer_parts[i][1] for i in range(a, b)) + (embed_norm if first else 0) + (head_norm if last else 0)
+        routed = sum(layer_parts[i][2] for i in range(a, b))
+        outside = (embed_dense + embed_norm if first else 0) + (head_dense + head_norm if last else 0)
+        held = _held(dense, norms, routed, s)
+        helds.append(held)
+        params_total += dense + norms + routed
+        outside_total += outside
+        block_params = (dense + norms + routed - outside) // (b - a) // s.tp
+        block_params_max = max(block_params_max, block_params)
+        grads_per_block.append(math.ceil(block_params / s.shards) * 4)
+        saved, transient, freed = _activation_walk(m, mb, list(range(a, b)), first, last)
+        if s.tp > 1:
+            saved, transient, freed = _tensor_parallel_activations(m, mb, saved, transient, freed)
+        if not last:
+            saved += stream  # its output, kept for the backward that the next stage's gradient starts
+        if first:  # the embedding's dense gradient of a micro-batch, before it is added into the table's
+            transient += math.ceil(m.vocab_size * m.d_model / s.tp / s.shards) * 4
+        else:
+            transient += stream  # the gradient of the received input, sent back
+        walks.append((saved, transient, freed, held * 4))
+        pipeline_buffers += s.n_microbatches * stream * ((not first) + (not last))
+
+    held = sum(helds)
+    weights, gradients, optimizer = held * 4, held * 4, held * 8
+    notes.append(f"pipeline process {process} holds stage{'s' if len(local_stages) > 1 else ''} "
+                 f"{', '.join(map(str, local_stages))}: {held:,} of the {acc.total:,} parameters; {s.n_microbatches} "
+                 f"micro-batches of {rows} rows, {s.schedule}")
+    if s.shards > 1:
+        elem = 2 if s.bf16 else 4
+        communication = (2 * block_params_max + outside_total) * elem + block_params_max * 4
+    elif s.dp > 1:
+        communication = held * 4
+    else:
+        communication = 0
+    if s.bf16 and s.shards == 1:
+        communication += params_total * 2
+        notes.append("includes bf16 weight copies that autocast keeps for backward")
+
+    # The schedule's walk: activations held per local stage, gradients present once a stage's first backward is done.
+    live = [0] * len(local_stages)
+    done = [False] * len(local_stages)
+    peak_live = peak = 0
+    for j, op in schedule_ops(s.schedule, s.pp, s.n_microbatches, process):
+        saved, transient, freed, grads = walks[j]
+        present = sum(walks[i][3] for i in range(len(walks)) if done[i])
+        if op == "F":
+            live[j] += saved
+            peak_live = max(peak_live, sum(live))
+            peak = max(peak, sum(live) + present)
+            continue
+        if done[j]:
+            peak = max(peak, sum(live) + transient + present)
+        else:  # the first backward of this stage: its gradients appear block by block (plan_memory's walk)
+            now = sum(live) + transient + present + (grads - grads_per_block[j] * len(freed))
+            peak = max(peak, now)
+            for kept in freed:
+                now += grads_per_block[j] - kept
+                peak = max(peak, now)
+            done[j] = True
+        live[j] -= saved
+    step_peak = max(peak, gradients)
+    transient_max = max(w[1] for w in walks)
+    allocator = 0
+    if s.device == "cpu":
+        n_layers = sum(stage_plan.ranges[k][1] - stage_plan.ranges[k][0] for k in local_stages)
+        # one micro-batch's sequence-parallel collectives over this process's blocks (and the head's gather)
+        collectives = 0 if s.tp == 1 else ((n_layers * 8 + 2 * (stage_plan.stages - 1 in local_stages))
+                                           * rows * s.seq_len * m.d_model * (2 if s.bf16 else 4))
+        allocator = CPU_RUNTIME_BYTES + round(CPU_RETAINED_GRADIENTS * gradients
+                                              + CPU_RETAINED_ACTIVATIONS * (peak_live + transient_max)
+                                              + CPU_RETAINED_COLLECTIVES * collectives)
+    buffers = buffer_bytes(acc)
+    total = weights + buffers + optimizer + communication + pipeline_buffers + step_peak + allocator
+    return MemoryPlan(spec.name, s, acc.total, weights, buffers, gradients, optimizer, communication, peak_live,
+                      transient_max, allocator, total, notes=notes, pipeline_buffers=pipeline_buffers,
+                      process=process)
 
 
 def held_params(spec: Spec, s: Setup, acc: Accounting | None = None) -> int:
