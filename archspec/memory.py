@@ -704,6 +704,122 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int, accounting: Accountin
     return None
 
 
+def communication_bytes(spec: Spec, s: Setup, acc: Accounting | None = None) -> int:
+    """Bytes one process sends or receives over the network in one optimizer step under `s`'s layout, by axis (the
+    ordering `cheapest_layout` uses; element sizes as the plan's: fp32 stream and gradients, bf16 matmul inputs
+    under bf16):
+
+    - dp: DDP's ring all-reduce of the gradients, about 2 × their bytes once a step; FSDP's all-gather of the
+      parameters in forward and again in backward and reduce-scatter of the gradients, 3 × their bytes per
+      accumulated micro-step.
+    - tp: sequence parallelism's all-gathers and reduce-scatters of the stream, per block forward and backward
+      (`sequence_parallel_collective_bytes`), over this process's blocks.
+    - ep: two all-to-alls per MoE layer forward and two backward, each of the top_k routed copies of the tokens.
+    - pp: each stage boundary a process touches sends (or receives) one micro-batch's stream forward and its gradient
+      backward, for every micro-batch.
+    The pipeline bubble ((pp - 1) / (microbatches + pp - 1) of a step idle) is time, not bytes: said beside it."""
+    m = spec.model
+    acc = acc or account(spec)
+    share = max(1, m.n_layers // s.pp) / max(1, m.n_layers)  # of the layers this process runs
+    elem = 2 if s.bf16 else 4
+    tokens = s.batch_size * s.seq_len  # the replica's micro-step, every pipeline micro-batch of it
+    unsharded = _held(*_totals(spec, acc), replace(s, parallel="ddp")) if s.dp > 1 else 0
+    if s.pp > 1:
+        unsharded = math.ceil(unsharded * share)
+    dp = 0 if s.dp == 1 else (3 * unsharded * elem * s.grad_accum if s.shards > 1 else 2 * unsharded * 4)
+    tp = round(sequence_parallel_collective_bytes(m, s) * share) * s.grad_accum
+    moe = [b.ffn for b in m.blocks() if b.ffn.routed_params(m.d_model)]
+    ep = 0 if s.ep == 1 else round(sum(4 * tokens * getattr(f, "top_k", 1) * m.d_model * elem * (s.ep - 1) / s.ep
+                                       for f in moe) * share) * s.grad_accum
+    boundaries = 0 if s.pp == 1 else 2 * s.stages_per_process
+    pp = boundaries * tokens * m.d_model * 4 * s.grad_accum
+    return dp + tp + ep + pp
+
+
+def _totals(spec: Spec, acc: Accounting) -> tuple[int, int, int]:
+    """(dense, norm, routed-expert) parameters of the whole model (held_params' split)."""
+    routed = sum(b.ffn.routed_params(spec.model.d_model) for b in spec.model.blocks())
+    norms = acc.by_component["norm"]
+    return acc.total - routed - norms, norms, routed
+
+
+def bubble(s: Setup) -> float:
+    """The idle fraction of a pipeline step: (pp - 1) / (microbatches + pp - 1); interleaved_1f1b's stages per
+    process divide the pipeline's depth in time (Narayanan et al. 2021)."""
+    if s.pp == 1:
+        return 0.0
+    depth = (s.pp - 1) / s.stages_per_process
+    return depth / (s.n_microbatches + depth)
+
+
+def cheapest_layout(spec: Spec, setup: Setup, available: int, accounting: Accounting | None = None
+                    ) -> tuple[str, MemoryPlan] | None:
+    """The layout of the same processes that fits and moves the fewest bytes per step (`communication_bytes`): every
+    tp · pp that divides the world (ep kept where it still divides the data-parallel size), with the asked parallel
+    kind and with FSDP, without and with activation checkpointing; the global batch (batch_size × grad_accum ×
+    data-parallel size) held, so the run learns the same thing: each data-parallel replica takes its share as the
+    largest micro-batch up to the asked one (a multiple of pp, the default micro-batch count, under pp) with the
+    rest accumulated. Ties go to the fewer model-parallel processes. The fix (`--set` overrides) is validated as a
+    spec before it is offered. None when no layout fits."""
+    import warnings
+
+    from archspec.spec import load_spec_dict
+    from archspec.spec.parallel_plan import divisors
+
+    accounting = accounting or account(spec)
+    world, recipe = setup.world_size, type(spec.train).model_fields
+    if "parallel" not in recipe or world == 1:
+        return None
+    total = setup.batch_size * setup.grad_accum * setup.dp
+    explicit_m = getattr(spec.train.parallel, "microbatches", None) is not None
+    candidates: list[tuple[int, int, str, Setup]] = []
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            dp = world // (tp * pp)
+            if dp % setup.ep or total % dp or pp > spec.model.n_layers:
+                continue
+            rows = total // dp
+            fits = [b for b in range(min(rows, max(setup.batch_size, pp)), 0, -1) if rows % b == 0 and b % pp == 0]
+            if not fits:
+                continue
+            b = fits[0]
+            kinds = [setup.parallel] + (["fsdp"] if setup.parallel != "fsdp" and dp > 1 else [])
+            acs = [setup.checkpointing] + (["full"] if setup.checkpointing != "full"
+                                           and "activation_checkpointing" in recipe else [])
+            for kind in kinds:
+                for ac in acs:
+                    s = replace(setup, tp=tp, pp=pp, parallel=kind, checkpointing=ac, batch_size=b,
+                                grad_accum=rows // b, microbatches=0)
+                    if (tp, pp) == (setup.tp, setup.pp):
+                        continue  # the asked layout: cheapest_fix's
+                    sets = [f"train.parallel.{k}={v}" for k, v, was in (("tp", tp, setup.tp), ("pp", pp, setup.pp))
+                            if v != was]
+                    if kind != setup.parallel:
+                        sets.append(f"train.parallel.kind={kind}")
+                    if ac != setup.checkpointing:
+                        sets.append(f"train.activation_checkpointing.kind={ac}")
+                    if b != setup.batch_size or rows // b != setup.grad_accum:
+                        sets += [f"train.batch_size={b}", f"train.grad_accum={rows // b}"]
+                    if explicit_m:
+                        sets.append("train.parallel.microbatches=" + (str(pp) if pp > 1 else "null"))
+                    candidates.append((communication_bytes(spec, s, accounting), tp * pp, " ".join(
+                        f"--set {x}" for x in sets), s))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    dumped = spec.model_dump(mode="json")
+    for _, _, fix, s in candidates:
+        plan = plan_memory(spec, s, accounting=accounting)
+        if plan.total > available:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load_spec_dict(dumped, fix.replace("--set ", "").split(), origin=spec.name)
+        except UserError:
+            continue  # a layout the model cannot take (heads, experts or layers that tp, ep or pp do not divide)
+        return fix, plan
+    return None
+
+
 def planned(spec: Spec, device: str = "cpu", training: bool = True, *, world_size: int = 1,
             setup: Setup | None = None, accounting: Accounting | None = None) -> MemoryPlan:
     """The plan of a run of `spec` on this machine, with what the device has available filled in."""
@@ -718,13 +834,23 @@ def refusal(spec: Spec, plan: MemoryPlan, accounting: Accounting | None = None) 
     what = ", ".join(f"{name} {gib(n)}" for name, n in plan.rows() if n)
     problems = [f"estimate: {what}", f"setup: {s.describe()}"]
     fix = cheapest_fix(spec, s, available, accounting) if s.training else None
+    layout = cheapest_layout(spec, s, available, accounting) if s.training else None
     if fix:
         problems.append(f"cheapest fix: {fix[0]} (estimate {gib(fix[1].total)})")
-    elif s.training:
+    elif s.training and not layout:
         floor = plan.weights + plan.buffers + plan.gradients + plan.optimizer
-        problems.append(f"no micro-batch, checkpointing or sharding setting on {s.world_size} "
+        problems.append(f"no micro-batch, checkpointing, sharding or layout setting on {s.world_size} "
                         f"process{'es' if s.world_size > 1 else ''} fits (weights, gradients and AdamW state alone: "
                         f"{gib(floor)}): shard over more devices with FSDP, or shrink the model")
+    if layout:
+        ls = layout[1].setup
+        axes = " × ".join(f"{k} {v}" for k, v in (("dp", ls.dp), ("tp", ls.tp), ("ep", ls.ep), ("pp", ls.pp))
+                          if v > 1 or k == "dp")
+        moved = communication_bytes(spec, ls, accounting) / (1 << 20)
+        idle = f", pipeline bubble {bubble(ls):.0%}" if ls.pp > 1 else ""
+        problems.append(f"cheapest layout on {s.world_size} processes that fits: {axes} ({ls.parallel}"
+                        f"{', activation checkpointing' if ls.checkpointing == 'full' else ''}): {layout[0]} "
+                        f"(estimate {gib(layout[1].total)}; {moved:,.0f} MiB moved per process per step{idle})")
     else:
         problems.append("shrink the model or use a machine with more memory")
     return UserError(f"{spec.name}: needs about {gib(plan.total)} per {s.device} device but {gib(available)} is "
