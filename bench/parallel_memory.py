@@ -10,7 +10,9 @@ the modules a step imports (dynamo, DTensor, FSDP) loaded first; then the rank n
 high-water mark (`/proc/self/clear_refs`), builds the shared loop's `Trainer` (eager) and runs `--steps` optimizer
 steps (the second is the first with AdamW state). Measured = VmHWM − the resident set before the Trainer; planned =
 the `Trainer.memory_plan.total` that rank's loop made (archspec.memory.plan_memory at the job's world size, reading
-tp/ep from `train.parallel`). Ratio = planned / measured (1.00 is exact; the plan aims within 20%).
+tp/ep from `train.parallel`). Ratio = planned / measured (1.00 is exact; the plan aims within 20%). Under pp the plan is each pipeline process's
+(archspec.memory: its stages' weights, the micro-batches its schedule keeps in flight); `planned_bytes` is the
+largest, against the largest rank's measured peak, and each rank's own plan is in its row.
 """
 
 from __future__ import annotations
@@ -45,7 +47,21 @@ LAYOUTS = [
     ("moe-single", MOE, 1, {"kind": "ddp"}),
     ("ep2", MOE, 2, {"kind": "ddp", "ep": 2}),
     ("fsdp-ep2", MOE, 2, {"kind": "fsdp", "ep": 2}),
+    # Pipeline stages (1F1B, micro-batches = pp: 2 of 2 rows): the plan is the largest pipeline process's, so the
+    # ratio compares it with the largest rank's measured peak. These run once the loop trains under pp.
+    ("pp2", DENSE, 2, {"kind": "ddp", "pp": 2}),
+    ("dp2xpp2", DENSE, 4, {"kind": "ddp", "pp": 2}),
+    ("tp2xpp2", DENSE, 4, {"kind": "ddp", "tp": 2, "pp": 2}),
 ]
+PIPELINE = {label for label, _, _, parallel in LAYOUTS if parallel.get("pp", 1) > 1}
+
+
+def loop_trains_pipelines() -> bool:
+    """Whether the shared loop builds pipeline stages yet (archspec/train/pipeline.py, which the loop imports when
+    train.parallel.pp > 1): without it the pp layouts are skipped, said on stderr."""
+    import importlib.util
+
+    return importlib.util.find_spec("archspec.train.pipeline") is not None
 
 
 def _trim() -> None:
@@ -155,7 +171,13 @@ def main() -> None:
     report = {"machine": f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}",
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "steps": args.steps,
               "mmap_threshold": args.mmap_threshold, "layouts": []}
+    pipelines = loop_trains_pipelines()
     for label, spec, procs, parallel in LAYOUTS:
+        if label in PIPELINE and not pipelines:
+            if args.only and label in args.only or not args.only:
+                print(f"  {label}: skipped (the loop does not train pipeline stages here: no "
+                      f"archspec/train/pipeline.py)", file=sys.stderr, flush=True)
+            continue
         if not args.only or label in args.only:
             report["layouts"].append(run_layout(label, spec, procs, parallel, args.steps, args.mmap_threshold))
             if not args.json:
