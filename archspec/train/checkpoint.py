@@ -349,9 +349,10 @@ def _identity(spec: Any) -> dict[str, Any]:
     spec = spec if isinstance(spec, dict) else {}
     train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     learning = learning_recipe(train)
-    learning.pop("world_size", None)  # a resume may change the layout (the data position is per sample); one that
-    learning.pop("data_parallel", None)  # changes the data-parallel size changes the global batch: its run key, so the
-    # loop records it as a run of its own (Trainer._resumed_run_id)
+    # A resume may change the layout and with it the per-replica batch (the data position is per sample): the run key
+    # judges the global batch, so one that changes it is recorded as a run of its own (Trainer._resumed_run_id)
+    for key in ("world_size", "data_parallel", "batch_size"):
+        learning.pop(key, None)
     return {"model": spec.get("model"), "train": learning}
 
 

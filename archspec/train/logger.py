@@ -35,14 +35,20 @@ NOT_IDENTITY = frozenset({
 
 
 def learning_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe fields that change what is learned. The data-parallel size (`data_parallel`: processes / (tp · pp),
-    1 when absent) is one of them — with batch_size and grad_accum it makes the global batch — and the processes that
-    split each matmul (tp) or the layers (pp) are not. It is hashed under its first name, `world_size`: every run
-    recorded before tensor and pipeline parallelism was pure data parallel (its world size was its data-parallel
-    size), so every recorded run keeps its id, and tp=2 on 2 processes is the experiment one process is."""
+    """The recipe fields that change what is learned. The global micro-batch — batch_size per data-parallel replica
+    × the data-parallel size (`data_parallel`: processes / (tp · pp), 1 when absent; before tensor and pipeline
+    parallelism it was stored as `world_size`) — is one of them, and how it is spread over processes is not: two
+    replicas of 4 sequences see the global batch one process of 8 does (archspec.train.sampling), and tp or pp
+    processes split one replica's work. It is hashed as `batch_size` with `world_size` 1, which is what every
+    single-process run hashed, so those keep their ids (a multi-process data-parallel run recorded before this hashed
+    its per-replica batch and its world size: the same experiment run now gets the id one process of the global
+    batch has)."""
     out = {k: v for k, v in recipe.items() if k not in NOT_IDENTITY}
     dp = out.pop("data_parallel", None)
-    out["world_size"] = dp if dp is not None else out.get("world_size", 1)
+    dp = int(dp if dp is not None else out.get("world_size", 1) or 1)
+    if isinstance(out.get("batch_size"), int):
+        out["batch_size"] = out["batch_size"] * dp
+    out["world_size"] = 1
     return out
 
 

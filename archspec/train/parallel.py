@@ -67,7 +67,7 @@ def split_model(model: nn.Module, spec, mesh) -> None:
         from archspec.train.tensor_parallel import apply_tensor_parallel
 
         apply_tensor_parallel(model, spec, mesh.tp, mesh)  # MoE layers under tp included (their plan delegates)
-    elif layout.ep > 1:
+    elif layout.ep > 1 or layout.dp > 1:  # (dp alone: the router's statistics summed over the replicas)
         from archspec.train.expert_parallel import apply_moe_parallel
 
         for _, block in held_blocks(model):

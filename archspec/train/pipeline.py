@@ -116,7 +116,8 @@ class _StageView(nn.Module):
 
 class Pipeline:
     def __init__(self, model: nn.Module, plan: StagePlan, mine: list[int], mesh, device: torch.device,
-                 seq_len: int, schedule: str, microbatches: int, n_moe: int, roles: tuple[set[str], set[str]]):
+                 seq_len: int, schedule: str, microbatches: int, n_moe: int, roles: tuple[set[str], set[str]],
+                 tie_embeddings: bool = False):
         self.model, self.plan, self.mine, self.mesh, self.device = model, plan, mine, mesh, device
         self.seq_len, self.schedule_name, self.microbatches, self.n_moe = seq_len, schedule, microbatches, n_moe
         self.n_stages = plan.stages
@@ -125,7 +126,8 @@ class Pipeline:
         self.evaluating = False
         self.state = _StageState()
         self.embed_modules, self.head_modules = roles
-        self.tied = self._tied_parameters()
+        self.tie_embeddings = tie_embeddings
+        self.tied: list[nn.Parameter] = []  # found in build_schedule: TP and FSDP replace the parameters first
         self._ends_group = None
         model.forward = self._forward  # instance attribute: __call__ (and FSDP's hooks around it) finds it
         self.schedule = None  # built once the model is sharded (build_schedule)
@@ -155,7 +157,7 @@ class Pipeline:
             if not any(id(p) in kept_params for p in getattr(model, name).parameters()):
                 setattr(model, name, None)
         return cls(model, plan, mine, mesh, device, spec.train.seq_len or spec.model.context_length, par.schedule,
-                   par.microbatches or layout.pp, n_moe, (embed, head))
+                   par.microbatches or layout.pp, n_moe, (embed, head), bool(spec.model.tie_embeddings))
 
     def _tied_parameters(self) -> list[nn.Parameter]:
         """Parameters the first and the last stage both hold (a tied embedding and head): those of the embedding's
@@ -167,6 +169,10 @@ class Pipeline:
                        for p in getattr(model, name).parameters()}
         return [p for name in self.embed_modules if getattr(model, name, None) is not None
                 for p in getattr(model, name).parameters() if id(p) in head_params]
+
+    def _tied_anywhere(self) -> list[bool]:
+        """Whether the model ties the embedding to the head (the same on every process: from the spec's model)."""
+        return [bool(self.tie_embeddings)]
 
     def build_schedule(self) -> None:
         """The PipelineStage(s) of this process and the schedule over them (after TP, compile, FSDP)."""
@@ -184,7 +190,8 @@ class Pipeline:
         else:
             kind = ScheduleGPipe if self.schedule_name == "gpipe" else Schedule1F1B
             self.schedule = kind(stages[0], self.microbatches, loss_fn=loss_fn, scale_grads=False)
-        if self.tied:
+        self.tied = self._tied_parameters()
+        if any(self._tied_anywhere()):  # every process makes the groups (collectively), ends or not
             self._ends_group = self._make_ends_group()
 
     def _make_ends_group(self):
@@ -278,10 +285,18 @@ class Pipeline:
         """The tied weight's gradient: the embedding's part (first stage) plus the head's (last stage)."""
         if self._ends_group is None:
             return
+        from torch.distributed.tensor import DTensor
+
         for p in self.tied:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            if isinstance(grad, DTensor):
+                # under tp the head's gradient may come back in another layout than the embedding's (replicated,
+                # partial): both ends sum the parameter's own shard
+                if grad.placements != p.placements:
+                    grad = p.grad = grad.redistribute(p.device_mesh, p.placements)
+                grad = grad.to_local()
             torch.distributed.all_reduce(grad, group=self._ends_group)
 
     def pipeline_sum(self, values: torch.Tensor) -> torch.Tensor:

@@ -66,9 +66,19 @@ def test_layout_refuses_what_the_processes_cannot_make(world, tp, ep, field):
         Layout.of(P(tp, ep), world)
 
 
-def test_pipeline_stages_are_refused_until_built():
-    with pytest.raises(UserError, match=r"^train\.parallel\.pp: "):
-        Layout.of(P(pp=2), 2)
+@pytest.mark.parametrize("world,tp,pp,field", [(4, 2, 2, None), (8, 2, 2, None), (2, 1, 2, None), (6, 2, 3, None),
+                                               (3, 1, 2, "pp"), (4, 4, 2, "tp")])
+def test_pipeline_stages_take_their_share_of_the_processes(world, tp, pp, field):
+    if field is not None:
+        with pytest.raises(UserError, match=rf"^train\.parallel\.{field}: "):
+            Layout.of(P(tp, pp=pp), world)
+        return
+    layout = Layout.of(P(tp, pp=pp), world)
+    assert layout.dp * layout.tp * layout.pp == world
+    # pp outermost: each stage's processes are a contiguous block of ranks, every (pp, dp, tp) place once
+    assert {tuple(layout.coordinates(r)[k] for k in ("pp", "dp", "tp")) for r in range(world)} == {
+        (s, d, t) for s in range(pp) for d in range(layout.dp) for t in range(tp)}
+    assert [layout.coordinates(r)["pp"] for r in range(world)] == sorted(r // (world // pp) for r in range(world))
 
 
 # ── identity: data-parallel replicas, not processes ─────────────────────────────────────────────────────────────
@@ -85,7 +95,11 @@ def test_run_key_counts_data_parallel_replicas_not_processes(corpus_dir):
     assert key(r_dp2) != key(r_one)  # two replicas see twice the sequences per step
     # Runs recorded before tensor parallelism stored the replica count as world_size: their keys are unchanged.
     assert key({**r_one, "world_size": 2}) == key(r_dp2)
-    assert learning_recipe(r_dp2)["world_size"] == 2 and "data_parallel" not in learning_recipe(r_dp2)
+    # The global batch is what counts: two replicas of 8 are one process's batch of 16 (archspec.train.sampling)
+    assert learning_recipe(r_dp2)["batch_size"] == 16 and learning_recipe(r_dp2)["world_size"] == 1
+    assert "data_parallel" not in learning_recipe(r_dp2)
+    r_16 = run_recipe(load_spec_dict(_spec(corpus_dir, batch_size=16)))
+    assert key(r_16) == key(r_dp2)
 
 
 def test_a_layout_the_spec_cannot_make_is_refused_before_any_process_group(corpus_dir, cache, tmp_path, monkeypatch):
