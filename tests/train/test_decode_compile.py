@@ -2,7 +2,7 @@
 archspec.sample.resolve_decode_compile with their reasons.
 
 Two tests compile (tens of seconds each on CPU) and are marked slow: a dense model's greedy tokens through one graph
-over every step and two prompt lengths, and the CLI asked for cudagraphs on CPU (whole, saying why) with a windowed
+over every step and two prompt lengths (the cudagraphs step's code, without CUDA graphs on a CPU), and the CLI asked for cudagraphs on CPU (whole, saying why) with a windowed
 model decoding past its window and its context. The rest decide without compiling."""
 
 from __future__ import annotations
@@ -77,12 +77,15 @@ def test_the_cli_says_why_it_decodes_eager_and_samples_as_without_compile(tmp_pa
 @pytest.mark.slow
 def test_a_compiled_step_gives_the_eager_greedy_tokens_through_one_graph(make_spec):
     """fp32, greedy: the tokens of eager decode exactly, over 11 compiled steps of one prompt and 9 of a longer one,
-    all through one graph (dynamo's unique_graphs counter; a second graph would mean a recompile)."""
+    all through one graph (dynamo's unique_graphs counter; a second graph would mean a recompile). The step is built
+    as cudagraphs, which the CLI never runs on a CPU (it resolves to whole): so the cudagraphs step's own code (the
+    cache's tensors marked static, a step mark per call, the output copied) runs here too; on CPU tensors inductor
+    leaves the CUDA graphs out, and the rest is whole's step."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     model = codegen.generate(make_spec(), write=False).Model().eval()
-    step = DecodeStep(model, "whole")
+    step = DecodeStep(model, "cudagraphs")
     graphs = counters["stats"]["unique_graphs"]
     for prompt_len, new in ((5, 12), (9, 10)):
         idx = torch.randint(0, 320, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
