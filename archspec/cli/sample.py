@@ -12,7 +12,8 @@ from archspec.console import echo, terminal_text
 from archspec.errors import UserError, printable
 
 DEFAULT_NEW_TOKENS = 200
-DECODE_MODES = ("none", "whole", "cudagraphs")  # archspec.runtime.decode.DECODE_MODES (spelled here: --help loads no torch)
+# archspec.runtime.decode.DECODE_MODES, spelled here so that `sample --help` loads no torch (a test keeps them equal)
+DECODE_MODES = ("none", "whole", "cudagraphs")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

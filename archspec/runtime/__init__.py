@@ -16,6 +16,7 @@ from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
 from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 
-__all__ = ["KVCache", "LatentCache", "causal_mask", "next_token_probs", "sample_next", "stream", "DecodeStep", "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
+__all__ = ["KVCache", "LatentCache", "causal_mask", "next_token_probs", "sample_next", "stream", "DecodeStep",
+           "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
            "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
            "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor"]

@@ -15,6 +15,11 @@ marks the cache's tensors as static addresses, so that the step's in-place cache
 fix shapes, and the attended length grows each step: graph trees record one CUDA graph per distinct length, so a
 generation replays graphs only for the lengths an earlier generation met (same prompt length, same batch). The
 prefill stays eager: it runs once per generation, at the prompt's length.
+
+One CUDA graph for every step would need static shapes: attention over all `max_len` cached positions with a mask
+of those stored, and the rotary angles gathered at a position tensor (as HF's StaticCache with `cache_position`
+does). Today's generated attention reads `cache.length` as an int to slice its angles and keys and passes no mask
+for a single query, so that needs the attention templates to take both from the cache; nothing here does it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Compiled decode (issue 32): `archspec sample --compile`, archspec.runtime.decode.DecodeStep, and the fallbacks of
-archspec.sample.resolve_decode_compile with their reasons.
+"""Compiled decode (issue 32): `archspec sample --compile`, archspec.runtime.decode.DecodeStep, and the fallbacks
+of archspec.sample.resolve_decode_compile with their reasons.
 
 Two tests compile (tens of seconds each on CPU) and are marked slow: a dense model's greedy tokens through one graph
-over every step and two prompt lengths (the cudagraphs step's code, without CUDA graphs on a CPU), and the CLI asked for cudagraphs on CPU (whole, saying why) with a windowed
-model decoding past its window and its context. The rest decide without compiling."""
+over every step and two prompt lengths (the cudagraphs step's code, without CUDA graphs on a CPU), and the CLI asked
+for cudagraphs on CPU (whole, saying why) with a windowed model decoding past its window and its context. The rest
+decide without compiling."""
 
 from __future__ import annotations
 
