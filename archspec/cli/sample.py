@@ -41,7 +41,8 @@ DECODE_MODES = ("none", "whole", "cudagraphs")
 @click.option("--compile", "compile_mode", type=click.Choice(DECODE_MODES), default="none", show_default=True,
               help="Decode each token after the prompt through one compiled graph of the model's step: whole "
                    "(torch.compile), cudagraphs (CUDA graphs; elsewhere whole). The prompt's prefill stays eager; the "
-                   "compile happens at the second token. Refused (eager, with the reason) for MoE and --draft.")
+                   "compile happens at the second token. Refused (eager, with the reason) for MoE, --draft and "
+                   "quantized weights.")
 @set_option
 @registry_option
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
