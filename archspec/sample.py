@@ -38,6 +38,7 @@ class Loaded:
     module: ModuleType  # the generated module
     tokenizer: Tokenizer
     what: str  # how it was found, for messages: "checkpoint PATH (step N)", "spec PATH (random weights)"
+    quantized: str | None = None  # the weights' scheme (int8 | int4) when quantized, read so or here
 
 
 # ── finding the model ────────────────────────────────────────────────────────────────────────────────────────────
@@ -144,7 +145,8 @@ def load_model(source: str, *, device: str | torch.device = "cpu", dtype: str = 
                 from None
         apply_plan(model, plan)
         what += f", quantized to {quantize}" + (f" (group size {plan.group_size})" if plan.group_size else "")
-    return Loaded(spec, model, generated.module, tokenizer, what)
+    scheme = quantize or (quantized.scheme if quantized is not None else None)
+    return Loaded(spec, model, generated.module, tokenizer, what, scheme)
 
 
 def _spec_tokenizer(spec: Spec) -> Tokenizer:
@@ -265,6 +267,45 @@ class TextStream:
         text = self.tokenizer.decode(self.ids)
         new, self.shown = text[len(self.shown):], text
         return new
+
+
+# ── compiled decode ──────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def resolve_decode_compile(mode: str, spec: Spec, device: torch.device, *, draft: bool = False,
+                           quantized: bool = False) -> tuple[str, str]:
+    """The mode `archspec sample --compile MODE` decodes with (none | whole | cudagraphs: archspec.runtime.decode), and
+    why; a fallback names what refused the asked mode, as the training loop's compile modes do
+    (archspec.train.compile.resolve_compile)."""
+    from archspec.train.compile import has_cxx
+
+    asked = f"--compile {mode}"
+    if mode == "none":
+        return "none", asked
+    if draft:
+        return "none", (f"{asked} refused: speculative decoding feeds each model a varying number of tokens per "
+                        "forward (the verify, the draft's catch-up), not one; decoding eager")
+    if quantized:
+        return "none", f"{asked} refused: quantized weights are not tried under torch.compile here; decoding eager"
+    if device.type == "cpu" and not has_cxx():
+        return "none", f"{asked} refused: no C++ compiler found: torch.compile needs one on CPU; decoding eager"
+    refusals = decode_compile_refusals(spec)
+    if refusals:
+        return "none", f"{asked} refused: {'; '.join(refusals)}; decoding eager"
+    if mode == "cudagraphs" and device.type != "cuda":
+        return "whole", f"{asked} refused: CUDA graphs need a CUDA device (this run is on {device.type}); using whole"
+    return mode, asked
+
+
+def decode_compile_refusals(spec: Spec) -> list[str]:
+    """Why this model cannot decode through one compiled graph, one reason per unit that says so (empty: it can)."""
+    m = spec.model
+    out: list[str] = []
+    for unit in m.units():
+        why = unit.decode_compile_refusal(m)
+        if why and why not in out:
+            out.append(why)
+    return out
 
 
 # ── speculative decoding ─────────────────────────────────────────────────────────────────────────────────────────

@@ -12,6 +12,8 @@ from archspec.console import echo, terminal_text
 from archspec.errors import UserError, printable
 
 DEFAULT_NEW_TOKENS = 200
+# archspec.runtime.decode.DECODE_MODES, spelled here so that `sample --help` loads no torch (a test keeps them equal)
+DECODE_MODES = ("none", "whole", "cudagraphs")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,12 +38,17 @@ DEFAULT_NEW_TOKENS = 200
               help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies.")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Tokens the draft proposes per verify forward.")
+@click.option("--compile", "compile_mode", type=click.Choice(DECODE_MODES), default="none", show_default=True,
+              help="Decode each token after the prompt through one compiled graph of the model's step: whole "
+                   "(torch.compile), cudagraphs (CUDA graphs; elsewhere whole). The prompt's prefill stays eager; the "
+                   "compile happens at the second token. Refused (eager, with the reason) for MoE, --draft and "
+                   "quantized weights.")
 @set_option
 @registry_option
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
 def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
                top_p: float | None, seed: int, device: str, dtype: str, quantize: str | None, draft: str | None,
-               draft_tokens: int,
+               draft_tokens: int, compile_mode: str,
                overrides: tuple[str, ...], registry_url: str | None, quiet: bool) -> None:
     """Generate text from a run (its id, run directory or checkpoint), a weights checkpoint (import-hf), or a bare
     SPEC with random weights.
@@ -61,6 +68,7 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         check_length,
         encode_prompt,
         load_model,
+        resolve_decode_compile,
         same_tokenizer,
         speculative_stream,
     )
@@ -91,11 +99,27 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         except UserError as e:
             raise UserError(f"--draft {printable(draft)}: {e}") from None
 
+    decode_mode, decode_reason = resolve_decode_compile(compile_mode, loaded.spec, dev, draft=drafter is not None,
+                                                        quantized=loaded.quantized is not None)
+    decode = None
+    if decode_mode != "none":
+        from archspec.runtime import DecodeStep
+
+        decode = DecodeStep(loaded.model, decode_mode)
+    if compile_mode != "none" and not quiet:
+        echo(f"decode compile: {decode_mode} ({printable(decode_reason)})", err=True)
+
     generator = torch.Generator(dev).manual_seed(seed)
     eos = loaded.tokenizer.eos_id
     stats = SpeculativeStats()
-    if drafter is None:
+    if drafter is None and decode is None:
         tokens = (int(t) for t in loaded.model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator))
+    elif drafter is None:  # the model's stream() with the compiled step: archspec.runtime's loop, which it calls
+        from archspec.runtime import stream
+
+        context = None if past_context else loaded.spec.model.context_length
+        tokens = (int(t) for t in stream(loaded.model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator,
+                                         context_length=context, decode=decode))
     else:
         tokens = speculative_stream(loaded.model, drafter.model, idx, max_new_tokens, k=draft_tokens,
                                     temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
@@ -126,6 +150,8 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     if idx.size(1) + count > loaded.spec.model.context_length:
         line += (f" · past context_length {loaded.spec.model.context_length}: every layer attends within a window, "
                  "whose KV cache rolls")
+    if decode is not None:
+        line += f" · decoded through a compiled step ({decode_mode}; its first call {decode.compile_s:.1f} s)"
     if stopped:
         line += " · stopped at EOS"
     if drafter is not None:

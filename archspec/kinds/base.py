@@ -281,6 +281,12 @@ class KindUnit(Strict):
         falls back to whole, archspec.train.compile), or None: it can."""
         return None
 
+    # generation
+    def decode_compile_refusal(self, m: "ModelSpec") -> str | None:
+        """Why a model with this unit cannot decode through one compiled graph (`archspec sample --compile`, which
+        then decodes eager, archspec.sample.resolve_decode_compile), or None: it can."""
+        return None
+
     def describe(self, m: "ModelSpec") -> str:
         """A few words for the generated file's docstring."""
         return str(getattr(self, "kind", type(self).__name__))

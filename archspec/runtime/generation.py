@@ -4,7 +4,7 @@ the loop is the same for every architecture."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +43,13 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 @torch.no_grad()
 def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
-           context_length: int | None = None) -> Iterator[torch.Tensor]:
+           context_length: int | None = None, decode: Callable | None = None) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen.
     One forward over the prompt fills the KV cache (prefill); then each step runs only the newest token.
     Stops early once every row has produced eos_id (a finished row repeats it). `context_length`: the most
-    positions the model takes (None: no limit, for models whose every layer attends within a window)."""
+    positions the model takes (None: no limit, for models whose every layer attends within a window). `decode`: what
+    runs each step after the prefill, (token (B, 1), cache) → logits (B, V), e.g. a compiled `DecodeStep`
+    (archspec.runtime.decode); None: the model's forward, eager."""
     B, T = idx.shape
     if context_length is not None and T + max_new_tokens > context_length:
         raise ValueError(f"{T} prompt + {max_new_tokens} new tokens exceed CONTEXT_LENGTH {context_length}")
@@ -63,4 +65,4 @@ def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1
         yield token
         if step == max_new_tokens - 1 or done.all():
             return
-        logits = model(token, cache=cache)[:, -1]  # (B, V)
+        logits = model(token, cache=cache)[:, -1] if decode is None else decode(token, cache)  # (B, V)

@@ -290,6 +290,12 @@ class MoESpec(FFNKind):
         return ("MoE routing has data-dependent shapes (bincount / argsort / index_add of the tokens each expert "
                 "takes), which CUDA graphs cannot capture")
 
+    def decode_compile_refusal(self, m) -> str | None:
+        # Measured (torch 2.13, CPU): mixtral-like-tiny's step broke at bincount into 7 graphs, deepseek-v3-like-tiny's
+        # into 8, where a dense model's is one.
+        return ("MoE routing has data-dependent shapes (bincount of the tokens each expert takes): the step breaks "
+                "into a graph per layer's dispatch")
+
     def describe(self, m) -> str:
         e = self.expert
         name = GLU_NAMES[e.activation] if e.kind == "glu" else f"{MLP_NAMES[e.activation]} MLP"
