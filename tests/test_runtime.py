@@ -122,13 +122,15 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 "mixtral-like-tiny": 593, "mixtral-like": 593,
                 # added after the move: the length they were first committed with, plus one (glm); held to the
                 # bound of the DeepSeek-MoE files, their nearest kin (deepseek-v3)
-                "glm-like-tiny": 301, "glm-like": 301, "deepseek-v3-like-tiny": 651, "deepseek-v3-like": 651,
+                "glm-like-tiny": 309, "glm-like": 309, "deepseek-v3-like-tiny": 651, "deepseek-v3-like": 651,
                 # held to their nearest kin's bound, GPT-2's (learned positions → ALiBi, an embedding norm)
                 "bloom-like-tiny": 363, "bloom-like": 363,
-                # block shapes (issue 26): their first committed length plus one
-                "gpt1-like-tiny": 271, "gpt1-like": 271, "neox-like-tiny": 304, "neox-like": 304,
+                # block shapes (issue 26): their first committed length plus one; glm, gpt1, neox and gemma2 had no
+                # room left: + 7 when Model.embed and Model.through_blocks became methods of their own (issue 30:
+                # a pipeline stage runs its part of the model through them)
+                "gpt1-like-tiny": 279, "gpt1-like": 279, "neox-like-tiny": 312, "neox-like": 312,
                 # gemma2-like: its first committed length plus one
-                "gemma2-like-tiny": 384, "gemma2-like": 395}
+                "gemma2-like-tiny": 392, "gemma2-like": 403}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
