@@ -27,7 +27,7 @@ from .conftest import tiny_spec_dict
 from .test_mesh_parallel import WORKER
 
 # the mesh tests' worker, and a resume: argv[5] the run directory to continue (train(resume=...))
-RESUME_WORKER = WORKER.replace('r = train(spec, device="cpu", cache=cache, run_dir=f"{out}/run")',
+RESUME_WORKER = WORKER.replace("sys.argv[1:]", "sys.argv[1:5]").replace('r = train(spec, device="cpu", cache=cache, run_dir=f"{out}/run")',
                                'resume = sys.argv[5] if len(sys.argv) > 5 else None\n'
                                '    r = train(spec, device="cpu", cache=cache, run_dir=resume or f"{out}/run", '
                                'resume=resume)')
