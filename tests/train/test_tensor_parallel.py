@@ -155,6 +155,12 @@ WORKER = textwrap.dedent("""
         results[spec.name] = res
     if rank == 0:
         json.dump(results, open(Path(out) / f"{mode}.json", "w"))
+    # the models' DTensors and the optimizers' states hold the process group: released before it is destroyed (else
+    # gloo's threads may be torn down under them at exit: "terminate called without an active exception")
+    model = opt = again = again_opt = logits = loss = norm = grads = weights = moments = None
+    import gc
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 """)
 
