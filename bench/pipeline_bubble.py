@@ -89,6 +89,9 @@ def main() -> None:
     for pp in args.stages:
         for schedule in args.schedules:
             for m in args.microbatches:
+                if schedule != "gpipe" and m < pp:
+                    print(f"{pp:>3} {schedule:<17} {m:>3}  (skipped: {schedule} needs at least pp micro-batches)")
+                    continue
                 r = measure(pp, schedule, m, args.steps, args.corpus, cache)
                 results.append(r)
                 note = "  (more processes than cores)" if r["oversubscribed"] else ""
