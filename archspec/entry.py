@@ -2,16 +2,16 @@
 it can answer Ctrl-C: an interrupt at any moment, the imports included, ends with `interrupted` and exit code 130,
 never a KeyboardInterrupt traceback."""
 
-from __future__ import annotations
-
-import os
-import signal
-import sys
+# No module-level import: the console script imports this module before entry() can answer Ctrl-C, and even
+# `import signal` (which imports enum) takes long enough under load for an interrupt to land inside it. entry()
+# imports inside its own `try`.
 
 
 def _interrupted_while_importing(signum, frame) -> None:
     # No KeyboardInterrupt while the CLI imports: raised inside importlib's own callbacks (a module lock's weakref
     # callback) Python prints it as "Exception ignored ... Traceback" and carries on. Nothing is open yet: leave now.
+    import os
+
     try:
         os.write(2, b"interrupted\n")
     finally:
@@ -19,7 +19,11 @@ def _interrupted_while_importing(signum, frame) -> None:
 
 
 def entry() -> None:
+    import sys
+
     try:
+        import signal
+
         previous = signal.signal(signal.SIGINT, _interrupted_while_importing)
         from archspec.cli import main
 

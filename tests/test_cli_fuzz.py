@@ -213,7 +213,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, st
     """main(argv) in a scratch working directory (hostile relative paths land there, never in the checkout)."""
     runner = CliRunner()
     with runner.isolated_filesystem(), runner.isolation(env=env) as outstreams:
-        with _alarm(60):
+        with _alarm(600):  # a hang guard, not a speed limit: a cold matplotlib font cache alone can take a minute
             try:
                 code = main(argv)
             except SystemExit as e:  # pragma: no cover - main() returns codes, it does not exit

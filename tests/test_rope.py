@@ -144,12 +144,23 @@ def test_yarn_matches_transformers_formulas(step, scaling, theta, layout, partia
 
 
 def test_yarn_mscale_is_deepseeks():
-    """The helper an attention kind (MLA) calls for DeepSeek's softmax scale: yarn_get_mscale of transformers'
-    deepseek_v3 model."""
-    ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    """The helper an attention kind (MLA) calls for DeepSeek's softmax scale, read off transformers' own public
+    DeepseekV3Attention (its `scaling`, the softmax scale it multiplies the scores by), never a private helper whose
+    name moves between releases (5.25 renamed yarn_get_mscale)."""
+    hf = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+    qk_head_dim = 8 + 8
     for factor in (0.5, 1.0, 4.0, 40.0):
-        for mscale in (0.0, 0.707, 1.0):
-            assert yarn_mscale(factor, mscale) == ds.yarn_get_mscale(factor, mscale)
+        for mscale_all_dim in (0.707, 1.0, 2.0):
+            config = hf.DeepseekV3Config(
+                vocab_size=32, hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=None,
+                kv_lora_rank=8, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_hidden_layers=1,
+                max_position_embeddings=64,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": factor,
+                                 "original_max_position_embeddings": 16, "mscale": mscale_all_dim,
+                                 "mscale_all_dim": mscale_all_dim, "beta_fast": 32, "beta_slow": 1})
+            scaling = DeepseekV3Attention(config, 0).scaling
+            assert scaling / qk_head_dim ** -0.5 == pytest.approx(yarn_mscale(factor, mscale_all_dim) ** 2, rel=1e-12)
     assert yarn_mscale(40.0) == pytest.approx(1.0 + 0.1 * math.log(40.0))
 
 

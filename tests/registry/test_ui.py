@@ -152,8 +152,13 @@ def test_an_empty_or_missing_registry_is_read_not_created(tmp_path):
 
 def test_the_command_checks_its_options(tmp_path, capsys):
     url = f"sqlite:///{tmp_path}/r.db"
-    assert main(["ui", "--registry", url, "--check"]) == 0
-    assert "at http://127.0.0.1:8765/" in capsys.readouterr().err
+    # The default port is read off the option, not bound: 8765 may be taken on a shared machine.
+    from archspec.cli.ui import ui_cmd
+
+    assert {p.name: p.default for p in ui_cmd.params}["port"] == 8765
+    free = _free_port()
+    assert main(["ui", "--registry", url, "--check", "--port", str(free)]) == 0
+    assert f"at http://127.0.0.1:{free}/" in capsys.readouterr().err
     assert main(["ui", "--registry", url, "--check", "--host", "0.0.0.0", "--port", str(_free_port())]) == 0
     assert "the app has no authentication" in capsys.readouterr().err
     with socket.socket() as taken:
