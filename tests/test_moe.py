@@ -365,7 +365,7 @@ def test_the_moe_block_compiles_fullgraph(case, capacity, gen_dir):
     inputs = [x, *ffn.parameters()]
     want = ffn(x)
     want_grads = torch.autograd.grad(want.square().sum(), inputs)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(ffn, fullgraph=True)
     got = compiled(x)
     got_grads = torch.autograd.grad(got.square().sum(), inputs)

@@ -376,7 +376,7 @@ def test_the_deepseek_v3_router_compiles_fullgraph(gen_dir):
     want = ffn(x)
     want_counts = ffn.last_counts.clone()
     want_grads = torch.autograd.grad(want.square().sum(), inputs)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     got = torch.compile(ffn, fullgraph=True)(x)
     got_grads = torch.autograd.grad(got.square().sum(), inputs)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
