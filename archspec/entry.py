@@ -26,7 +26,9 @@ def entry() -> None:
 
         previous = signal.signal(signal.SIGINT, _interrupted_while_importing)
         from archspec.cli import main
+        from archspec.signals import enforce_stop_deadline
 
+        enforce_stop_deadline()  # this process is archspec's own: a stop that hangs is forced (archspec.signals)
         signal.signal(signal.SIGINT, previous)  # from here on the CLI answers Ctrl-C itself
         code = main()
     except KeyboardInterrupt:  # during the imports (inside a command the CLI itself answers it)

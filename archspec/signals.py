@@ -10,19 +10,35 @@ The training loop installs it for SIGINT too (Ctrl-C then raises `Terminated` wi
 same way: a KeyboardInterrupt swallowed inside torch.compile is raised again between steps), and wraps the optimizer
 update in `deferred_interrupts()`: a signal that arrives while the parameters are half-updated is raised as soon as
 the update is complete, so the state a checkpoint saves on interruption is always the state after a whole step.
+
+A stop is bounded in time. Python runs a signal handler only between bytecodes of the main thread, and a library may
+swallow the exception (torch.compile's workers, a CUDA-graph capture); the console process (`archspec.entry`) therefore
+calls `enforce_stop_deadline()`: once a stop signal has arrived, a watchdog thread ends the process after
+`ARCHSPEC_STOP_GRACE` seconds (default 20) if it has not ended by itself, and a second signal outside the held,
+final save ends it at once. Before it goes, the `last_words` registered by whatever is running (the training loop
+marks its run KILLED; `archspec train` prints the resume command) are said, each bounded by the same watchdog's
+second chance. In-process callers (tests, notebooks) get no watchdog: it would end their interpreter.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130: the shell's
 
 _received: list[int] = []  # signals turned into Terminated while handlers are installed
 _deferring = [0]  # > 0: inside deferred_interrupts(), signals are remembered and raised when it ends
+_holding_final = [0]  # > 0: inside interrupts_held(), the stop's own last save: a second signal is held too
+
+STOP_GRACE_S = 20.0  # a stop signal ends the console process within this many seconds (ARCHSPEC_STOP_GRACE)
+_deadline: list[float | None] = [None]  # the grace in force, or None: no watchdog (an in-process caller)
+_watchdog: list[threading.Timer] = []
+_last_words: list[Callable[[int, dict[str, Any]], None]] = []
+_forcing = threading.Lock()
 
 
 class Terminated(KeyboardInterrupt):
@@ -53,6 +69,8 @@ class SignalHandlers:
             signal.signal(signum, handler)  # type: ignore[arg-type]
         if self.previous:
             _received.clear()
+            while _watchdog:  # the interruption has been dealt with: nothing left to force
+                _watchdog.pop().cancel()
         self.previous.clear()
 
     def __enter__(self) -> "SignalHandlers":
@@ -63,7 +81,14 @@ class SignalHandlers:
 
 
 def _raise_terminated(signum: int, _frame) -> None:
+    first = not _received
     _received.append(signum)
+    if _deadline[0] is not None:
+        if first:
+            _start_watchdog(signum, _deadline[0])
+        elif not _holding_final[0]:
+            # Asked twice and still here: the first was swallowed (a compile, a capture) or is taking too long.
+            _force_exit(signum, "asked again")
     if _deferring[0]:
         return  # raised when deferred_interrupts() ends
     raise Terminated(f"received {signal.Signals(signum).name}", signum)
@@ -72,10 +97,12 @@ def _raise_terminated(signum: int, _frame) -> None:
 @contextmanager
 def _holding(raise_after: bool) -> Iterator[None]:
     _deferring[0] += 1
+    _holding_final[0] += not raise_after
     try:
         yield
     finally:
         _deferring[0] -= 1
+        _holding_final[0] -= not raise_after
     if raise_after and not _deferring[0]:
         raise_if_terminated()
 
@@ -117,6 +144,66 @@ def install_signal_handlers(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Sig
     return handlers
 
 
+def stop_grace() -> float:
+    """ARCHSPEC_STOP_GRACE (seconds, > 0), else STOP_GRACE_S; a value that is not a positive number is ignored."""
+    try:
+        value = float(os.environ.get("ARCHSPEC_STOP_GRACE", ""))
+    except ValueError:
+        return STOP_GRACE_S
+    return value if 0 < value < float("inf") else STOP_GRACE_S
+
+
+def enforce_stop_deadline(seconds: float | None = None) -> None:
+    """From now on a stop signal ends this process within `seconds` (default: stop_grace()), and a second one outside
+    the final save at once. Only for a process archspec owns (the console script): it calls os._exit."""
+    _deadline[0] = stop_grace() if seconds is None else seconds
+
+
+@contextmanager
+def last_words(say: Callable[[int, dict[str, Any]], None]) -> Iterator[None]:
+    """What must still be said if a stop has to be forced (the run's KILLED record, the resume command):
+    `say(signum, notes)` runs on the watchdog's thread just before the process ends; `notes` is one dict shared by
+    every speaker, innermost first (the training loop leaves its checkpoint there for the CLI's resume line)."""
+    _last_words.append(say)
+    try:
+        yield
+    finally:
+        _last_words.remove(say)
+
+
+def _start_watchdog(signum: int, seconds: float) -> None:
+    timer = threading.Timer(seconds, _force_exit, (signum, f"no clean stop within {seconds:g} s"))
+    timer.daemon = True
+    _watchdog.append(timer)
+    timer.start()
+
+
+def _force_exit(signum: int, why: str) -> None:
+    """End the process now: the last words (bounded: a second timer ends it if they hang), then os._exit with the
+    signal's exit code. Any thread; only the first caller proceeds."""
+    if not _forcing.acquire(blocking=False):
+        return
+    code = EXIT_CODES.get(signum, 128 + signum)
+    backstop = threading.Timer(10.0, os._exit, (code,))
+    backstop.daemon = True
+    backstop.start()
+    try:
+        os.write(2, f"stopping now ({signal.Signals(signum).name}: {why})\n".encode())
+    except OSError:
+        pass
+    notes: dict[str, Any] = {"signum": signum, "why": why}
+    for say in reversed(list(_last_words)):
+        try:
+            say(signum, notes)
+        except BaseException:  # noqa: BLE001 - nothing may keep the process from ending now
+            pass
+    try:
+        os.write(2, (b"interrupted\n" if signum == signal.SIGINT else
+                     f"terminated (received {signal.Signals(signum).name})\n".encode()))
+    finally:
+        os._exit(code)
+
+
 def raise_if_terminated() -> None:
     """Raise Terminated again if a signal arrived and its exception was swallowed somewhere."""
     if _received:
@@ -125,4 +212,5 @@ def raise_if_terminated() -> None:
 
 
 __all__ = ["Terminated", "SignalHandlers", "install_signal_handlers", "raise_if_terminated", "deferred_interrupts",
-           "interrupts_held", "stop_signals", "received", "EXIT_CODES"]
+           "interrupts_held", "stop_signals", "received", "EXIT_CODES", "enforce_stop_deadline", "last_words",
+           "stop_grace", "STOP_GRACE_S"]

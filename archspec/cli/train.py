@@ -6,6 +6,7 @@ when `train.parallel.kind` is `fsdp`.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 
@@ -14,7 +15,7 @@ import click
 from archspec.cli.options import device_option, log_to_option, registry_option, set_option
 from archspec.launch.options import launcher_options
 from archspec.console import echo
-from archspec.signals import install_signal_handlers
+from archspec.signals import install_signal_handlers, last_words
 from archspec.spec import load_spec
 from archspec.spec.train import MAX_STEPS
 from archspec.train.logger import FINISHED, NullLogger, RunLogger
@@ -56,6 +57,14 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
         elif value is not None and value != param.default:
             args += [flag, str(value)]
     return shlex.join([*args, "--resume", str(checkpoint)])
+
+
+def _resume_line(ctx: click.Context, signum: int, notes: dict) -> None:
+    """A forced stop's last words (archspec.signals; on the watchdog's thread, so the context is passed in): the
+    command that continues from the latest checkpoint."""
+    checkpoint = notes.get("checkpoint")
+    echo("resume with: " + resume_command(ctx, checkpoint) if checkpoint is not None else
+         "no checkpoint was saved before the stop; nothing to resume", err=True)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -103,7 +112,7 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     # SIGTERM ends the run KILLED, like Ctrl-C, and exits 143. Installed first: a SIGTERM during the imports and
     # setup below (seconds, with torch) is not lost; the loop re-checks it before its first step.
     try:
-        with install_signal_handlers():
+        with install_signal_handlers(), last_words(functools.partial(_resume_line, click.get_current_context())):
             result = _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out,
                             quiet, take_over, init_from, log_to)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run ended KILLED; say how to continue it

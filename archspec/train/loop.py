@@ -21,6 +21,7 @@ import random
 import resource
 import shutil
 import socket
+import signal
 import subprocess
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -38,7 +39,7 @@ from archspec.errors import UserError, printable
 from archspec.registry.values import writer_identity
 from archspec.spec import Spec, canonical_dict, load_spec_dict
 from archspec.train.cache import cache_dir, digest
-from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held,
+from archspec.signals import (Terminated, deferred_interrupts, install_signal_handlers, interrupts_held, last_words,
                               raise_if_terminated, stop_signals)
 from archspec.train.checkpoint import (
     load_sharded,
@@ -763,6 +764,20 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to `train.steps` (from the resumed step). A non-finite loss ends the run FAILED with the last good
         checkpoint left in place; Ctrl-C ends it KILLED; any other exception ends it FAILED and propagates."""
+        with last_words(self._forced_stop):
+            return self._run()
+
+    def _forced_stop(self, signum: int, notes: dict) -> None:
+        """A stop the process could not make in time (archspec.signals' watchdog): the run's record ends KILLED,
+        without the last save a clean stop makes; the latest checkpoint is left for the resume line."""
+        checkpoint = self.checkpoint_path if self.checkpoint_path.exists() else None
+        how = "interrupted" if signum == signal.SIGINT else f"terminated (received {signal.Signals(signum).name})"
+        self.logger.end(KILLED, f"{how} at step {self.step}: {notes['why']}, stopped without a last save"
+                        + (f"; latest checkpoint {checkpoint}" if checkpoint else ""))
+        if checkpoint is not None:
+            notes["checkpoint"] = checkpoint
+
+    def _run(self) -> TrainResult:
         self.run_id = self.logger.start(self.run_info()) or self.run_id
         losses: list[float] = []
         evals: list[tuple[int, float]] = []
