@@ -105,7 +105,7 @@ def brief_recipe(spec: Spec, steps: int, batch_size: int, seq_len: int, lr: floa
     train = data["train"]
     train.update(steps=steps, batch_size=batch_size, seq_len=min(seq_len, spec.model.context_length), grad_accum=1,
                  warmup_steps=steps // 5 if schedule else 0, min_lr_ratio=0.1 if schedule else 1.0, compile="none",
-                 eval_tokens=min(train["eval_tokens"], 4096), stability=False)
+                 eval_tokens=min(spec.train.eval_size, 4096), stability=False)
     if lr is not None:
         train["lr"] = lr
     try:
@@ -140,7 +140,7 @@ class Tokens:
             self._stores[key] = prepare_tokens(t.data, spec.model.vocab_size, self.cache)
         corpus, tokenizer, store = self._stores[key]
         return TrainData(corpus, tokenizer, store, WindowSampler(store.train, t.seq_len, t.batch_size, t.seed),
-                         val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens))
+                         val_batches(store.val, t.seq_len, t.batch_size, t.eval_size))
 
 
 def train_briefly(spec: Spec, tokens: Tokens | None = None, record: bool = True,

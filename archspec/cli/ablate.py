@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
-from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.cli.options import device_option, eval_tokens_option, log_to_option, registry_option, set_option
 from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
@@ -50,9 +50,9 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     table = Table(title=f"sweep {sweep.name}: {shape}" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs)
                                                           else ""), title_justify="left")
     for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
-                "evals × tokens", "est. time/run"):
+                "evals × tokens", "eval share", "est. time/run"):
         table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
-    total_s = 0.0
+    total_s = eval_total_s = 0.0
     for v in sweep.variants:
         t = v.spec.train
         work = work_of(v.spec, v.accounting)
@@ -60,15 +60,19 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
+        eval_total_s += est.eval_s * n_jobs
+        share = (f"{est.eval_share:.0%} of time" if est.eval_share is not None
+                 else f"{work.eval_flop_share:.0%} of FLOPs")
         time_text = (f"{seconds:.0f} s (train {est.train_s:.0f} + eval {est.eval_s:.0f} + {est.fixed_s:.0f} fixed; "
                      f"{est.basis})" if seconds is not None else "-")
         label = v.label + (f"; matched: {v.solution.text()}" if v.solution is not None else "")
         table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
-                      f"{work.evals} × {human(work.eval_tokens)}", time_text)
+                      f"{work.evals} × {human(work.eval_tokens)}", share, time_text)
     total = f"{total_s:.0f} s" if total_s < 600 else f"{total_s / 60:.1f} min"  # short sweeps to the second
-    table.caption = (f"estimated total {total} for this shard's {len(jobs)} runs; "
+    evaluation = f" ({eval_total_s / total_s:.0%} of it evaluation)" if total_s else ""
+    table.caption = (f"estimated total {total}{evaluation} for this shard's {len(jobs)} runs; "
                      + caption(list(measured), peak, device_type))
     table.caption_justify = "left"
     return table
@@ -147,6 +151,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @set_option
 @click.option("--seeds", callback=_seeds, metavar="0,1,2", help="Seeds to train each variant with (replaces the file's seeds).")
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Train every variant this many steps (replaces the file's budget).")
+@eval_tokens_option
 @click.option("--add-seeds", type=click.IntRange(1, 1000), metavar="N",
               help="Extend a sweep that has run with N more seeds per variant (the next unused seed numbers), "
                    "training only the new runs; the report then holds every seed.")
@@ -161,13 +166,15 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
               help="Print where each variant stands (queued / running / finished / failed) from the registry; "
                    "train nothing.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
-               steps: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
+               steps: int | None, eval_tokens: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
                log_to: str | None, out_dir: Path | None, as_json: bool, show_status: bool = False, **launch):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
     console = make_console(stderr=True)
     index, count = parse_shard(shard)
+    if eval_tokens is not None:  # the base's validation size (a grid key still wins): observation, not identity
+        overrides = (*overrides, f"train.eval_tokens={eval_tokens}")
     # every variant validated before anything trains
     sweep = load_sweep(sweep_path, overrides=overrides, seeds=seeds, steps=steps)
     if show_status:

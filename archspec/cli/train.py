@@ -11,7 +11,7 @@ import shlex
 
 import click
 
-from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.cli.options import device_option, eval_tokens_option, log_to_option, registry_option, set_option
 from archspec.launch.options import launcher_options
 from archspec.console import echo
 from archspec.signals import install_signal_handlers
@@ -61,7 +61,10 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("spec_path", metavar="SPEC")
 @set_option
-@click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Optimizer steps (overrides train.steps, so the schedule too).")
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS),
+              help="Optimizer steps (overrides train.steps, so the schedule too); the spec's train.eval_interval is "
+                   "rescaled to keep its number of evaluations (unless --set gives one).")
+@eval_tokens_option
 @device_option
 @click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
 @click.option("--init-from", metavar="CHECKPOINT",
@@ -85,12 +88,14 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
 @launcher_options
 @click.option("--nodes", type=click.IntRange(1, 4096), default=None,
               help="With --launcher slurm: one job of N nodes running torchrun (--gpus-per-task processes a node).")
-def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
+def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, eval_tokens: int | None, device: str,
+              resume: str | None,
               init_from: str | None,
               registry_url: str | None, log_to: str | None, run_dir: str | None, no_compile: bool, json_out: bool,
               quiet: bool,
               dry_run: bool, world_size: int | None, take_over: bool, nodes: int | None = None, **launch) -> None:
     """Train SPEC once with the shared loop and record the run."""
+    overrides = (*overrides, *observation_overrides(spec_path, overrides, steps, eval_tokens))
     if launch.get("launcher") not in (None, "local") or nodes:
         _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch,
                   resume=resume, init_from=init_from, run_dir=run_dir, dry_run=dry_run)
@@ -120,6 +125,21 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
     if result.status != FINISHED:
         where = f"; last good checkpoint: {result.checkpoint}" if result.checkpoint else ""
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")
+
+
+def observation_overrides(spec_path: str, overrides: tuple[str, ...], steps: int | None,
+                          eval_tokens: int | None) -> tuple[str, ...]:
+    """The --set overrides `--steps` and `--eval-tokens` imply for how the run is observed (not its identity):
+    `--eval-tokens N` is train.eval_tokens=N, and with `--steps N` a spec's own train.eval_interval is rescaled to keep
+    its number of evaluations (archspec.spec.train.rescaled_interval); an interval given with --set is kept."""
+    extra = [f"train.eval_tokens={eval_tokens}"] if eval_tokens is not None else []
+    if steps is not None and not any(o.split("=", 1)[0].strip() == "train.eval_interval" for o in overrides):
+        from archspec.spec.train import rescaled_interval
+
+        t = load_spec(spec_path, overrides).train
+        if t.eval_interval:
+            extra.append(f"train.eval_interval={rescaled_interval(t.eval_interval, t.steps, steps)}")
+    return tuple(extra)
 
 
 def _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch, **not_with) -> None:

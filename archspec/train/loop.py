@@ -824,7 +824,7 @@ class Trainer:
                           + f" · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
                           f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every "
-                          f"{self.recipe.eval_every} steps)")
+                          f"{self.recipe.eval_every} steps: {self._eval_share(acc):.0%} of the run's FLOPs)")
         if self.amp_dtype == torch.bfloat16 and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
@@ -841,6 +841,14 @@ class Trainer:
         plan = self.memory_plan
         self.progress.log(f"memory plan: {plan.total / 2**30:.2f} GiB per device at the peak of a step"
                           + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
+
+    def _eval_share(self, acc) -> float:
+        """The part of the run's FLOPs its evaluations take (forward only, at the accounting's FLOPs per token)."""
+        steps, every = self.recipe.steps, self.recipe.eval_every
+        evals = steps // every + (1 if steps % every else 0)  # evaluates_at's steps, counted
+        evaluation = evals * self.eval_tokens * acc.flops_forward
+        total = evaluation + self.recipe.steps * self.tokens_per_step * acc.flops_train
+        return evaluation / total if total else 0.0
 
     def evaluates_at(self, step: int) -> bool:
         """Whether the run evaluates once `step` steps are done."""
