@@ -177,7 +177,8 @@ def _identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
     return model_hash, recipe_hash(recipe)
 
 
-def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> tuple[list[VariantResult], int]:
+def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
+            only: set[str] | None = None) -> tuple[list[VariantResult], int]:
     """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
 
     The sweep's runs are found through membership (a run can belong to several sweeps). With the sweep file, only
@@ -189,8 +190,12 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     An lr_sweep (archspec.ablate.rates): a variant's runs are those at its best rate (RULE), and its rate curve holds
     each rate's pilot; without the sweep file a variant whose runs hold several train.lr is read the same way, its
     pilot being the seed run at the most rates.
+
+    `only`: these run ids alone (one budget of the sweep, archspec.ablate.budgets).
     """
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
+    if only is not None:
+        rows = [r for r in rows if r.id in only]
     wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
               for j in sweep.all_jobs()} if sweep else {}
     by_variant: dict[int, dict[tuple[float | None, int], Any]] = {}
@@ -305,6 +310,8 @@ class Found:
     variants: list  # VariantResult
     baseline: int
     note: str | None = None  # said when the runs were found some other way than asked
+    steps: int | None = None  # the budget shown (archspec.ablate.budgets): its --steps and --set
+    overrides: tuple[str, ...] = ()
 
 
 def _options_text(overrides: Sequence[str], seeds: Sequence[int] | None, steps: int | None) -> str:
@@ -339,15 +346,33 @@ def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = 
         raise UserError(f"--set/--steps need a sweep file, got the sweep name {printable(sweep_arg, 100)!r}")
     loaded = load_sweep(path, overrides=overrides, seeds=seeds, steps=steps) if is_file else None
     name = loaded.name if loaded else sweep_arg
-    variants, baseline = collect(registry, name, loaded)
-    note = None
-    if is_file and not any(v.runs for v in variants) and not (overrides or steps):
-        by_name, by_name_baseline = collect(registry, name, None)
-        if any(v.runs for v in by_name):
-            variants, baseline, loaded = by_name, by_name_baseline, None
-            note = (f"no run matches {printable(sweep_arg, 200)} as written (its budget and seeds); showing the runs "
-                    f"recorded as members of sweep {name!r} ({_recipes_seen(registry, name)}); pass the options "
-                    "`archspec ablate` took (--steps/--seeds/--set) to select exactly those")
+    budget = None
+    if is_file and not (overrides or steps):  # the file alone: the budget it has run at (archspec.ablate.budgets)
+        from archspec.ablate.budgets import budgets_note, file_budgets
+
+        budgets = file_budgets(registry, path)
+        known = [b for b in budgets if b.sweep is not None]
+        if known:
+            budget = known[0]  # the file as written when it has runs, else the budget run last
+            if seeds is not None and budget.sweep is not None:
+                budget.sweep = load_sweep(path, overrides=budget.overrides, seeds=seeds, steps=budget.steps)
+            variants, baseline = collect(registry, name, budget.sweep, only=set(budget.run_ids))
+            loaded = budget.sweep
+            note = budgets_note(name, budgets, budget, sweep_arg)
+            if budget.options:
+                note = (note + "; " if note else "") + (f"{printable(sweep_arg, 200)} as written has no runs; "
+                                                         f"showing its runs at {budget.options}")
+        elif budgets:  # only runs of an earlier definition of the file: grouped by their recorded variant
+            variants, baseline = collect(registry, name, None)
+            loaded = None
+            note = (f"no run matches {printable(sweep_arg, 200)} at any budget (it was edited since); showing the "
+                    f"runs recorded as members of sweep {name!r} ({_recipes_seen(registry, name)})")
+        else:
+            variants, baseline = collect(registry, name, loaded)
+            note = None
+    else:
+        variants, baseline = collect(registry, name, loaded)
+        note = None
     if seeds is not None:
         wanted = set(seeds)
         for v in variants:
@@ -369,4 +394,6 @@ def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = 
         raise UserError(f"{command} {printable(sweep_arg, 200)}: no runs in the registry {registry.url}: looked for "
                         f"{looked}" + (f"; {seen}: give the options they were trained with" if seen else "")
                         + f"; `{train}` trains them")
-    return Found(name, loaded, variants, baseline, note)
+    if budget is not None:
+        steps, overrides = budget.steps, budget.overrides
+    return Found(name, loaded, variants, baseline, note, steps=steps, overrides=tuple(overrides))

@@ -240,6 +240,10 @@ class Sweep:
     variants: list[Variant]
     sweep_hash: str
     jobs: list[Job] = field(default_factory=list)
+    # The options it was loaded with that make it another budget of its file (archspec.ablate.budgets): --steps
+    # (None when absent or the file's own) and the --set overrides.
+    steps_option: int | None = None
+    overrides: tuple[str, ...] = ()
 
     @property
     def baseline(self) -> Variant:
@@ -342,6 +346,8 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     if not isinstance(data, dict):
         raise UserError(f"{origin}: expected a mapping with name/base/seeds/budget/grid, got {type(data).__name__}")
     data = dict(data)
+    own = data.get("budget")
+    steps_option = None if steps is None or (isinstance(own, dict) and own == {"steps": steps}) else steps
     if seeds is not None:
         data["seeds"] = list(seeds)
     if steps is not None:
@@ -435,10 +441,9 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     if problems or file is None:
         raise UserError(f"{origin}: {len(problems)} problems in the sweep; nothing was trained", problems)
 
-    sweep_hash = hashlib.sha256(json.dumps(
-        [canonical_dict(v.spec) for v in variants] + [file.seeds] + ([file.lr_sweep] if file.lr_sweep else []),
-        sort_keys=True).encode()).hexdigest()
-    sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash)
+    sweep_hash = budget_hash(variants, file.lr_sweep)
+    sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash,
+                  steps_option=steps_option, overrides=tuple(overrides))
     for v in variants:
         if file.lr_sweep:  # the pilots; the other seeds follow at each variant's best rate (Sweep.seed_jobs)
             sweep.jobs += [sweep.job(v, sweep.pilot_seed, lr) for lr in file.lr_sweep]
@@ -469,6 +474,19 @@ def _observed_alike(variants: list[Variant], rows: list[dict[str, Any]] | None, 
         spec = v.spec.model_copy(update={"train": t.model_copy(update=update)}) if update else v.spec
         out.append(replace(v, spec=spec))
     return out
+
+
+def budget_hash(variants: list[Variant], lr_sweep: list[float] | None = None) -> str:
+    """What a sweep's memberships record as its hash: its variants' models and learning recipes (the parts of a run
+    key a seed does not make), and its rates. One sweep file at another --steps or --set has another; other seeds or
+    another evaluation size have the same (archspec.ablate.budgets groups runs by it)."""
+    from archspec.kinds.base import identity_dump
+    from archspec.spec import model_hash
+    from archspec.train.logger import recipe_hash
+
+    return hashlib.sha256(json.dumps(
+        [[model_hash(v.spec), recipe_hash(identity_dump(v.spec.train))] for v in variants]
+        + ([lr_sweep] if lr_sweep else []), sort_keys=True).encode()).hexdigest()
 
 
 def _variant_data(base: dict[str, Any], name: str, index: int) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
 
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
-            as_json: bool = False, found=None) -> None:
+            as_json: bool = False, found=None, steps: int | None = None, overrides: tuple[str, ...] = ()) -> None:
     """The report of a sweep; `found` (archspec.ablate.runner.find_runs) when the entry point has looked its runs up
     already (`archspec report`), else the runs of `sweep` as just trained."""
     from archspec.ablate.report import (
@@ -98,6 +98,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     registry = Registry(registry_url)
     if found is not None:
         variants, baseline, sweep = found.variants, found.baseline, found.sweep
+        steps, overrides = found.steps, found.overrides
         if found.note:
             make_console(stderr=True).print(f"note: {escape(found.note)}")
     else:
@@ -105,7 +106,11 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     if not variants or not any(v.runs for v in variants):
         raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or default_url()} yet; "
                         f"run `archspec ablate` first")
-    out_dir = out_dir or Path("reports") / sweep_name
+    from archspec.ablate.budgets import options_text, report_dir
+
+    if sweep is not None:  # the options that made this budget, as the sweep was loaded with them
+        steps, overrides = sweep.steps_option, sweep.overrides
+    out_dir = out_dir or report_dir(sweep_name, steps, overrides)  # one folder per budget: none overwrites another
     meta = {"sweep": sweep_name, "registry": registry_url or default_url(),
             "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}
     evaluated = sorted({int(r.summary["eval_tokens"]) for v in variants for r in v.runs if "eval_tokens" in r.summary})
@@ -114,6 +119,8 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+        if options_text(steps, overrides):
+            meta["options"] = options_text(steps, overrides)
         if sweep.rates:
             from archspec.ablate.rates import rule_text
 
@@ -181,7 +188,19 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         from archspec.launch.status import sweep_status
         from archspec.registry import Registry
 
-        make_console().print(sweep_status(Registry(registry_url), sweep.name, sweep)[0])
+        registry = Registry(registry_url)
+        if overrides or steps is not None or seeds is not None:
+            make_console().print(sweep_status(registry, sweep.name, sweep)[0])
+            return
+        from archspec.ablate.budgets import file_budgets
+
+        budgets = file_budgets(registry, sweep_path)  # no options: every budget the file has run at
+        if not budgets:
+            make_console().print(sweep_status(registry, sweep.name, sweep)[0])
+            return
+        for budget in budgets:
+            make_console().print(sweep_status(registry, sweep.name, budget.sweep, only=set(budget.run_ids),
+                                              title=budget.describe)[0])
         return
     if add_seeds is not None:
         if seeds is not None:
@@ -232,7 +251,8 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         echo(f"submitted {outcome.count('submitted')} job(s); follow them with: archspec ablate "
              f"{printable(str(sweep_path))} --status" + (f" --registry {registry_url}" if registry_url else ""))
         return
-    _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+    _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json,  # the verdict goes to stdout
+            steps=steps, overrides=tuple(overrides))
 
 
 def _quantize_phase(sweep: Sweep, outcome, registry_url, console) -> None:

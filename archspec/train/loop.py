@@ -80,7 +80,7 @@ from archspec.train.parallel import (apply_activation_checkpointing, clip_gradie
                                      shard_fsdp, split_model)
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
 from archspec.train.optim import build_optimizer, lr_at, restore_hyperparameters, set_lr
-from archspec.train.progress import ProgressBar, eval_line
+from archspec.train.progress import ProgressBar, SweepPosition, eval_line
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import peak_flops
 from archspec.train.tokenizer import TOKENIZER_FILE, tokenizer_state
@@ -214,7 +214,8 @@ class Trainer:
         self.amp_dtype_autocast = self.amp_dtype
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
-        self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
+        self.progress = ProgressBar(bool(progress) and self.world.is_main, total=self.recipe.steps,
+                                    sweep=progress if isinstance(progress, SweepPosition) else None)
 
         check_start(resume, init_from)
         self.init_weights = self._read_init(init_from) if init_from is not None else None
@@ -296,6 +297,7 @@ class Trainer:
                                                                         self.cache), self.started,
                                      data_parallel=self.layout.dp)
         self.tokens_per_step = self.metrics.tokens_per_step
+        self.progress.plan(self.tokens_per_step, self.eval_tokens, self.recipe.eval_every)  # the ETA's evaluations
         self.last_eval: dict[str, float] = {}
         # train.stability: per-layer figures at each evaluation (archspec.train.metrics), None when not asked
         self.stability = StabilityProbe(self.model) if self.recipe.stability else None
@@ -863,7 +865,9 @@ class Trainer:
         self.progress.update(self.step, stats.loss, self.metrics.live_rate())
 
     def _record_eval(self) -> float:
+        began = time.monotonic()
         self.last_eval = self.evaluate()
+        self.progress.evaluated(time.monotonic() - began)
         self.logger.log_metrics(self.step, self.last_eval)
         self.logger.heartbeat()
         self.progress.log(eval_line(self.step, self.recipe.steps, self.last_eval, self.metrics.since_eval(self.step)))

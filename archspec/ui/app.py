@@ -141,18 +141,34 @@ class App:
                 "tokens": [p.step * tokens for p in points] if tokens else None,
                 "flops": [p.step * tokens * flops for p in points] if tokens and flops else None}
 
-    def sweep(self, name: str) -> dict[str, Any]:
+    def sweep(self, name: str, budget_key: str | None = None) -> dict[str, Any]:
+        """A sweep's report at one budget (archspec.ablate.budgets: `?budget=` its key; default the latest), with
+        every budget the sweep has run at, so that two budgets' runs never mix in one table or chart."""
+        from archspec.ablate.budgets import name_budgets
         from archspec.ablate.report import effect_numbers, effect_rows, main_effects, table_rows, variant_numbers
         from archspec.ablate.runner import collect
 
+        budgets = name_budgets(self.registry, name)
+        if budget_key is not None:
+            chosen = [b for b in budgets if b.key == budget_key or (budget_key and b.key.startswith(budget_key))]
+            if len(chosen) != 1:
+                raise HTTPException(404, f"sweep {name[:80]!r} has no budget {budget_key[:80]!r}")
+            budget = chosen[0]
+        else:
+            budget = budgets[0] if budgets else None
         try:
-            variants, baseline = collect(self.registry, name, None)
+            variants, baseline = collect(self.registry, name, None,
+                                         only=set(budget.run_ids) if budget is not None else None)
         except UserError:  # a name the filter language cannot hold is no sweep of this registry either
             variants, baseline = [], 0
         if not variants or not any(v.runs for v in variants):
             raise HTTPException(404, f"no sweep {name[:80]!r} in this registry")
         effects = main_effects(variants, baseline)
         return {"sweep": name, "baseline": baseline, "rows": table_rows(variants, baseline),
+                "budget": budget.key if budget is not None else None,
+                "budgets": [{"key": b.key, "label": b.label, "runs": len(b.run_ids), "seeds": b.seeds,
+                             "steps": b.steps, "latest": b.latest.isoformat() if b.latest else None}
+                            for b in budgets],
                 "variants": variant_numbers(variants, baseline), "main_effects": effect_numbers(effects),
                 "effect_rows": effect_rows(effects),
                 "runs": [{"variant": v.label, "run": r.run_id, "seed": r.seed} for v in variants for r in v.runs]}
@@ -169,7 +185,7 @@ class App:
         return _json(self.metric(request.path_params["run_id"], request.path_params["key"]))
 
     async def api_sweep(self, request: Request) -> Response:
-        data = self.sweep(request.path_params["name"])
+        data = self.sweep(request.path_params["name"], request.query_params.get("budget"))
         data.pop("effect_rows")
         return _json(data)
 
@@ -223,7 +239,7 @@ class App:
         return _page("sweeps.html.j2", sweeps=self.registry.sweep_names())
 
     async def sweep_page(self, request: Request) -> Response:
-        data = self.sweep(request.path_params["name"])
+        data = self.sweep(request.path_params["name"], request.query_params.get("budget"))
         return _page("sweep.html.j2", **data)
 
 
