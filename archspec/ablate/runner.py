@@ -11,6 +11,7 @@ RUNNING (with a live heartbeat, i.e. another machine on the same registry) is le
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -131,8 +132,12 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
                  launcher=None) -> SweepOutcome:
     from archspec.train.loop import train
 
+    from archspec.train.progress import SweepPosition, clock
+
     outcome = SweepOutcome()
     launched = []  # (job, run id, where): trained by the launcher, after the loop
+    guesses = job_seconds(jobs, registry, device, cache) if progress and launcher is None else {}
+    spent, guessed = 0.0, 0.0  # measured and estimated seconds of the runs trained so far: the estimates' scale
     for n, job in enumerate(jobs, 1):
         run_id = builds[job.key].experiment_id
         registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
@@ -153,8 +158,18 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
             continue
         on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else with_sinks(RegistryLogger(registry_url))  # train.log_to
+        later = [guesses.get(j.key) for j in jobs[n:]]
+        scale = spent / guessed if guessed > 0 else 1.0  # the estimates, corrected by what the runs so far took
+        after = scale * sum(later) if guesses and None not in later else None
+        began = time.monotonic()
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
-                       progress=progress, cache=cache, build=builds[job.key])
+                       progress=SweepPosition(f"sweep {sweep.name} {n}/{len(jobs)}", after) if progress else False,
+                       cache=cache, build=builds[job.key])
+        if guesses.get(job.key):
+            spent, guessed = spent + time.monotonic() - began, guessed + guesses[job.key]
+            if n < len(jobs) and None not in later:
+                on_event(f"sweep {escape(sweep.name)}: {n}/{len(jobs)} done, about {clock(spent / guessed * sum(later))} "
+                         "left (training and evaluation, estimates scaled by the runs so far)")
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
         on_event(f"{where}: {result.status}" + (f": {escape(printable(result.error))}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
@@ -162,6 +177,30 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
         outcome.outcomes += launcher.run(sweep, launched, builds, registry, device=device, compile=compile,
                                          cache=cache, on_event=on_event)
     return outcome
+
+
+def job_seconds(jobs: list[Job], registry: Registry, device: str, cache) -> dict[str, float | None]:
+    """Each job's estimated seconds (training, evaluation, per-run overhead: archspec.ablate.estimate, as the dry run
+    estimates them), for the sweep's ETA; {} when nothing can be estimated."""
+    try:
+        import torch
+
+        from archspec.ablate.estimate import estimate, measured_runs, work_of
+        from archspec.train.distributed import resolve_device
+        from archspec.train.throughput import peak_flops
+
+        dev = resolve_device(device)
+        peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(cache))
+        out: dict[str, float | None] = {}
+        by_precision: dict[str, list] = {}
+        for job in jobs:
+            t = job.spec.train
+            measured = by_precision.setdefault(t.precision, measured_runs(registry, dev.type, t.precision))
+            out[job.key] = estimate(model_hash(job.spec), (t.batch_size * t.grad_accum, t.seq_len),
+                                    work_of(job.spec, job.variant.accounting), measured, peak).seconds
+        return out
+    except Exception:  # an ETA is a courtesy: never the reason a sweep does not train
+        return {}
 
 
 def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:

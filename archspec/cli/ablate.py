@@ -128,6 +128,12 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
         if sweep.file.match:
             meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
                                f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
+    from archspec.ablate.report import load_differed
+
+    if load_differed(variants):
+        meta["tok/s"] = load_differed(variants)
+        if not as_json:
+            make_console(stderr=True).print(f"note: {escape(load_differed(variants))}")
     schemes = sorted({s for v in variants for r in v.runs for s in r.quant})
     if schemes:
         meta["quantized"] = (f"{', '.join(schemes)} (archspec quantize, weight-only): Δ = quantized − trained val loss "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import random
 import resource
 import shutil
@@ -214,6 +215,7 @@ class Trainer:
         self.amp_dtype_autocast = self.amp_dtype
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
+        self.load_samples: list[float] = []
         self.progress = ProgressBar(bool(progress) and self.world.is_main, total=self.recipe.steps,
                                     sweep=progress if isinstance(progress, SweepPosition) else None)
 
@@ -864,7 +866,16 @@ class Trainer:
         self.logger.log_metrics(self.step, metrics)
         self.progress.update(self.step, stats.loss, self.metrics.live_rate())
 
+    def _sample_load(self) -> None:
+        """The machine's 1-minute load average now (archspec.ablate.report compares runs' throughput only when their
+        loads were alike)."""
+        try:
+            self.load_samples.append(os.getloadavg()[0])
+        except (OSError, AttributeError):  # no load average on this platform
+            pass
+
     def _record_eval(self) -> float:
+        self._sample_load()
         began = time.monotonic()
         self.last_eval = self.evaluate()
         self.progress.evaluated(time.monotonic() - began)
@@ -885,6 +896,8 @@ class Trainer:
         kind_stats = KindStats(self.spec)
         out.update({k: v for k, v in self.last_eval.items() if kind_stats.in_summary(k) and StabilityProbe.in_summary(k)})
         out.update(self.metrics.throughput())
+        if self.load_samples:  # how busy the machine was: tok/s of runs measured under other loads do not compare
+            out["load_average"] = sum(self.load_samples) / len(self.load_samples)
         return out
 
     def _save_on_stop(self) -> str:

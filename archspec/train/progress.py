@@ -176,7 +176,10 @@ class ProgressBar:
             return None
         step_s = self.tokens_per_step / rate[0]
         every = self.eval_every or self.total
-        evals_left = (self.total // every + (1 if self.total % every else 0)) - min(step, self.total) // every
+        done = min(step, self.total)
+        evals_left = (  # evaluations at multiples of `every` and at the last step, less those done
+            self.total // every + (1 if self.total % every else 0)
+            - (done // every + (1 if done == self.total and self.total % every else 0)))
         if self.eval_times:
             eval_s = sum(self.eval_times) / len(self.eval_times)
         else:  # a forward token costs about a third of a training token
