@@ -194,3 +194,18 @@ class Tracker:
 
 
 NULL_TRACKER = Tracker(enabled=False)
+
+
+def program() -> str:
+    """The archspec command as this process was invoked, for commands printed to be run again (a resume command, a
+    follow-up): `archspec` when it was found on PATH, its absolute path when it was invoked by one
+    (`.venv/bin/archspec`), `python -m archspec` (this interpreter) under -m. Shell-quoted."""
+    import shlex
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if name in ("__main__.py", "entry.py") or argv0 in ("-m", "-c", ""):
+        return f"{shlex.quote(sys.executable)} -m archspec"
+    if os.sep in argv0 or (os.altsep and os.altsep in argv0):
+        return shlex.quote(os.path.abspath(argv0))
+    return shlex.quote(name) if name else "archspec"

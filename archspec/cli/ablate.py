@@ -254,8 +254,15 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     if sweep.file.quantize and not outcome.count("submitted"):
         _quantize_phase(sweep, outcome, registry_url, console)
     if outcome.count("submitted"):
-        echo(f"submitted {outcome.count('submitted')} job(s); follow them with: archspec ablate "
-             f"{printable(str(sweep_path))} --status" + (f" --registry {registry_url}" if registry_url else ""))
+        import shlex
+
+        from archspec.ablate.budgets import options_text
+        from archspec.console import program
+
+        options = options_text(sweep.steps_option, sweep.overrides)
+        echo(f"submitted {outcome.count('submitted')} job(s); follow them with: {program()} ablate "
+             f"{shlex.quote(printable(str(sweep_path)))}{' ' + options if options else ''} --status"
+             + (f" --registry {shlex.quote(registry_url)}" if registry_url else ""))
         return
     _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json,  # the verdict goes to stdout
             steps=steps, overrides=tuple(overrides))

@@ -44,7 +44,9 @@ _NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dr
 def resume_command(ctx: click.Context, checkpoint) -> str:
     """The command that continues an interrupted `archspec train` from its checkpoint: the same spec and every option
     the run was started with (read from the command's own parameters, so a new option is repeated too)."""
-    args = ["archspec", "train", os.path.abspath(str(ctx.params["spec_path"]))]  # works from any directory
+    from archspec.console import program
+
+    args = ["train", os.path.abspath(str(ctx.params["spec_path"]))]  # works from any directory
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name in _NOT_REPEATED:
             continue
@@ -55,7 +57,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
             args += [a for v in value or () for a in (flag, str(v))]
         elif value is not None and value != param.default:
             args += [flag, str(value)]
-    return shlex.join([*args, "--resume", str(checkpoint)])
+    return program() + " " + shlex.join([*args, "--resume", str(checkpoint)])  # the program as it was invoked
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,7 +162,10 @@ def _launched(spec_path, overrides, steps, device, registry_url, no_compile, nod
     status = launch_train(settings, spec_path, overrides, steps, device, registry_url or default_url(), no_compile,
                           launch.get("detach", False), console.print)
     if status is None:
-        echo("submitted; follow the run with: archspec runs list" + (f" --registry {registry_url}" if registry_url else ""))
+        from archspec.console import program
+
+        echo(f"submitted; follow the run with: {program()} runs list"
+             + (f" --registry {shlex.quote(registry_url)}" if registry_url else ""))
 
 
 def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
