@@ -165,7 +165,8 @@ class Tracker:
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                       MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
                                       TextColumn("ETA"), TimeRemainingColumn(),
-                                      console=console or make_console(stderr=True))
+                                      console=console or make_console(stderr=True),
+                                      transient=True)  # gone when done: the command's result (or error) stands alone
             self._task = self._progress.add_task(printable(description, 120), total=total)
 
     def __enter__(self) -> "Tracker":
