@@ -161,8 +161,13 @@ def _load_tolerance() -> float:
 def load_differed(variants: list[VariantResult]) -> str | None:
     """Why the tok/s column does not compare (None when it does): the load averages the runs were measured under
     spread wider than the tolerance. Runs recorded before the load was (no `load_average`) are not judged."""
-    loads = [r.summary["load_average"] for v in variants for r in v.runs
-             if r.tokens_per_s and isinstance(r.summary.get("load_average"), (int, float))]
+    return loads_differed([r.summary for v in variants for r in v.runs if r.tokens_per_s])
+
+
+def loads_differed(summaries: list[dict]) -> str | None:
+    """The one rule for any comparison of throughput (a report, `runs compare`): why the runs with these summaries
+    were not measured alike, or None."""
+    loads = [s["load_average"] for s in summaries if isinstance(s.get("load_average"), (int, float))]
     if len(loads) < 2 or max(loads) - min(loads) <= _load_tolerance():
         return None
     return (f"load differed: the runs were measured at machine load averages {min(loads):.1f} to {max(loads):.1f}; "

@@ -51,3 +51,34 @@ def test_a_sweep_run_says_when_the_sweep_ends():
     assert "sweep ffn 2/4" in line and "ETA 0:01:00 (sweep 0:03:00)" in line
     assert ProgressBar(False, 10, sweep=SweepPosition("sweep ffn 2/4", None)).description == "sweep ffn 2/4"
     assert SweepPosition("x", None)  # truthy: the loop shows progress for it
+
+
+def test_runs_compare_says_when_the_load_differed(tmp_path, capsys, monkeypatch):
+    from archspec.cli import main
+    from archspec.registry import Registry
+    from tests.registry.helpers import make_info, make_spec, record_run
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with Registry(url) as reg:
+        quiet = record_run(reg, make_info(make_spec("a")), summary={"tokens_per_s": 250.0, "load_average": 0.4})
+        busy = record_run(reg, make_info(make_spec("b"), seed=1), summary={"tokens_per_s": 120.0, "load_average": 6.0})
+        alike = record_run(reg, make_info(make_spec("c"), seed=2), summary={"tokens_per_s": 240.0, "load_average": 0.9})
+    assert main(["runs", "compare", quiet, busy, "--registry", url]) == 0
+    assert "load differed" in capsys.readouterr().err
+    assert main(["runs", "compare", quiet, alike, "--registry", url]) == 0
+    assert "load differed" not in capsys.readouterr().err
+
+
+def test_a_sweep_estimates_each_job_for_its_eta(tmp_path):
+    from pathlib import Path
+
+    from archspec.ablate.runner import job_seconds
+    from archspec.ablate.sweep import load_sweep
+    from archspec.registry import Registry
+
+    ffn = Path(__file__).resolve().parents[2] / "specs" / "ablations" / "ffn.yaml"
+    sweep = load_sweep(ffn, steps=4, seeds=[0, 1])
+    seconds = job_seconds(sweep.jobs, Registry(f"sqlite:///{tmp_path / 'none.db'}"), "cpu", tmp_path / "cache")
+    assert set(seconds) == {j.key for j in sweep.jobs} and all(s and s > 0 for s in seconds.values())
+    assert not (tmp_path / "none.db").exists()  # estimating reads the registry, never creates it
