@@ -409,6 +409,20 @@ def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = 
         else:
             variants, baseline = collect(registry, name, loaded)
             note = None
+    elif not is_file:  # a name: its budgets as the UI tells them apart, the latest shown (archspec.ablate.budgets)
+        from archspec.ablate.budgets import name_budgets
+
+        budgets = name_budgets(registry, name)
+        note = None
+        if len(budgets) > 1:
+            latest = budgets[0]
+            variants, baseline = collect(registry, name, None, only=set(latest.run_ids))
+            note = (f"sweep {name!r} has run at {len(budgets)} budgets; showing the latest ({latest.label}, "
+                    f"{len(latest.run_ids)} runs); the others: "
+                    + "; ".join(f"{b.label} ({len(b.run_ids)} runs)" for b in budgets[1:])
+                    + "; give the sweep file and its options (--steps/--set) to choose one")
+        else:
+            variants, baseline = collect(registry, name, loaded)
     else:
         variants, baseline = collect(registry, name, loaded)
         note = None

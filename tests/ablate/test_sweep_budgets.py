@@ -97,6 +97,16 @@ def test_report_without_options_picks_a_budget_and_names_the_others(two_budgets,
     assert "has run at 3 budgets" in captured.err and "--steps 2" in captured.err
 
 
+def test_report_by_name_shows_one_budget_and_names_the_others(two_budgets, capsys):
+    path, url = two_budgets
+    assert main(["report", "mini", "--registry", url, "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    latest = name_budgets(Registry(url), "mini")[0]
+    assert sum(row["val loss"].endswith(f"(n={len(latest.run_ids) // 2})") for row in report["rows"]) == 2
+    assert "has run at 3 budgets; showing the latest" in captured.err
+
+
 def test_ui_shows_one_budget_at_a_time(two_budgets):
     from starlette.testclient import TestClient
 
