@@ -146,3 +146,67 @@ def dropped_note(dropped: int, console: Console) -> str:
         return ""
     return (f"; {dropped} column{'s' if dropped != 1 else ''} left out to fit {console.width} columns "
             "(a wider terminal, COLUMNS=N, or --format csv shows them)")
+
+
+class Tracker:
+    """A command's own progress on stderr (rich): a bar with the work done, elapsed time and an ETA, for commands that
+    take more than a couple of seconds (quantize, mup-check, a sweep). `update` moves it; a disabled tracker (and
+    `NULL_TRACKER`) does nothing, so the work never branches on whether it is shown."""
+
+    def __init__(self, description: str = "", total: float | None = None, enabled: bool = True,
+                 console: Console | None = None):
+        self.enabled = enabled
+        self._progress = None
+        self._task = None
+        if enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
+                                      TextColumn("ETA"), TimeRemainingColumn(),
+                                      console=console or make_console(stderr=True),
+                                      transient=True)  # gone when done: the command's result (or error) stands alone
+            self._task = self._progress.add_task(printable(description, 120), total=total)
+
+    def __enter__(self) -> "Tracker":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, description: str | None = None, advance: float = 0.0, total: float | None = None) -> None:
+        if self._progress is None:
+            return
+        fields: dict[str, Any] = {"advance": advance}
+        if description is not None:
+            fields["description"] = printable(description, 120)
+        if total is not None:
+            fields["total"] = total
+        self._progress.update(self._task, **fields)
+
+    def log(self, message: str) -> None:
+        """A line above the bar (or on stderr when the bar is off)."""
+        if self._progress is not None:
+            self._progress.console.print(message, highlight=False)
+
+
+NULL_TRACKER = Tracker(enabled=False)
+
+
+def program() -> str:
+    """The archspec command as this process was invoked, for commands printed to be run again (a resume command, a
+    follow-up): `archspec` when it was found on PATH, its absolute path when it was invoked by one
+    (`.venv/bin/archspec`), `python -m archspec` (this interpreter) under -m. Shell-quoted."""
+    import shlex
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if name in ("__main__.py", "entry.py") or argv0 in ("-m", "-c", ""):
+        return f"{shlex.quote(sys.executable)} -m archspec"
+    if os.sep in argv0 or (os.altsep and os.altsep in argv0):
+        return shlex.quote(os.path.abspath(argv0))
+    return shlex.quote(name) if name else "archspec"

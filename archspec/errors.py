@@ -42,3 +42,30 @@ class UserError(Exception):
         if not self.problems:
             return printable(str(self))
         return "\n".join([printable(str(self)), *("  " + printable(p) for p in self.problems)])
+
+
+def closest_key(key: str, known: set[str]) -> str | None:
+    """The known key `key` most likely meant: one it abbreviates part by part (`tok_s` → `tokens_per_s`: every `_`/`.`
+    part a prefix of a part, in order), else the closest spelling. The one rule for every "did you mean": registry
+    filters (archspec.registry.query.fields) and spec keys (archspec.spec.format_validation_error)."""
+    import difflib
+    import re
+
+    parts = [p for p in re.split(r"[_.]", key) if p]
+
+    def abbreviates(candidate: str) -> bool:
+        rest = [p for p in re.split(r"[_.]", candidate) if p]
+        i = 0
+        for part in parts:
+            while i < len(rest) and not rest[i].startswith(part):
+                i += 1
+            if i == len(rest):
+                return False
+            i += 1
+        return True
+
+    abbreviated = sorted((k for k in known if k != key and abbreviates(k)), key=lambda k: (len(k), k))
+    if parts and abbreviated:
+        return abbreviated[0]
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return close[0] if close else None

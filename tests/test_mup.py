@@ -351,6 +351,7 @@ def test_mup_check_command_says_flat_writes_json_and_a_plot(coord_file, tmp_path
     code = main(["mup-check", str(standard), "--widths", "32,64,128", "--steps", "8"])
     text = capsys.readouterr().out
     assert code == 1 and "not flat (standard)" in text and "logits grows" in text
+    assert "at step 8 of 8" in text and "after 7" not in text  # the step count asked for, not one less
 
 
 @pytest.mark.parametrize("argv,words", [

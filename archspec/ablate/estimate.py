@@ -92,6 +92,12 @@ class Work:
     def flops_per_step(self) -> float:
         return self.tokens_per_step * self.flops_train_per_token
 
+    @property
+    def eval_flop_share(self) -> float:
+        """The part of the run's FLOPs its evaluations take (machine-independent, unlike the time share)."""
+        total = self.train_flops + self.eval_flops
+        return self.eval_flops / total if total else 0.0
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -112,6 +118,11 @@ class Estimate:
     eval_s: float = 0.0
     fixed_s: float = 0.0
 
+    @property
+    def eval_share(self) -> float | None:
+        """The part of the run's time its evaluations take (None without an estimate)."""
+        return self.eval_s / self.seconds if self.seconds else None
+
 
 def eval_count(steps: int, every: int) -> int:
     """Evaluations the loop makes: at every multiple of `every` and at the last step."""
@@ -122,7 +133,7 @@ def work_of(spec, accounting) -> Work:
     """A variant's work from its spec (train section) and accounting. The validation set is ceil(eval_tokens /
     seq_len) windows (fewer only when the split is smaller), `batch_size` windows a batch (archspec.train.data)."""
     t = spec.train
-    windows = -(-max(1, t.eval_tokens) // t.seq_len)
+    windows = -(-max(1, t.eval_size) // t.seq_len)
     return Work(steps=t.steps, tokens_per_step=t.batch_size * t.grad_accum * t.seq_len,
                 flops_train_per_token=float(accounting.flops_train), flops_forward_per_token=float(accounting.flops_forward),
                 evals=eval_count(t.steps, t.eval_every), eval_batches=-(-windows // t.batch_size),
@@ -135,6 +146,15 @@ def device_words(device_type: str, precision: str) -> tuple[str, str]:
         precision = "bf16" if device_type == "cuda" else "fp32"
     # the loop's `precision` tag (archspec.train.loop.Trainer.run_info): fp8 runs record float8
     return device_type, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8"}[precision]
+
+
+def _recorded_eval_every(recipe: dict, batch: tuple[int, int]) -> int:
+    """Steps between a recorded run's evaluations, by the rule its recipe was trained under (resolved_eval). A recipe
+    recorded before the budget rule holds eval_tokens (65,536 by default then) and so gets the ten points it had."""
+    from archspec.spec.train import resolved_eval
+
+    return resolved_eval(int(recipe["steps"]), batch[0] * batch[1], recipe.get("eval_interval"),
+                         recipe.get("eval_tokens"))[0]
 
 
 def measured_runs(registry, device_type: str, precision: str) -> list[Measured]:
@@ -157,7 +177,7 @@ def measured_runs(registry, device_type: str, precision: str) -> list[Measured]:
         try:
             batch = (int(recipe["batch_size"]) * int(recipe.get("grad_accum", 1)), int(recipe["seq_len"]))
             steps = int(row.summary.get("steps") or recipe["steps"])
-            every = int(recipe.get("eval_interval") or max(1, math.ceil(int(recipe["steps"]) / 10)))
+            every = _recorded_eval_every(recipe, batch)
         except (KeyError, TypeError, ValueError):
             continue
         eval_tokens = float(row.summary.get("eval_tokens") or 0)

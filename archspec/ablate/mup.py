@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from archspec.console import NULL_TRACKER
 from archspec.errors import UserError
 from archspec.spec import Spec, SpecError, canonical_dict, load_spec_dict
 
@@ -105,7 +106,7 @@ def brief_recipe(spec: Spec, steps: int, batch_size: int, seq_len: int, lr: floa
     train = data["train"]
     train.update(steps=steps, batch_size=batch_size, seq_len=min(seq_len, spec.model.context_length), grad_accum=1,
                  warmup_steps=steps // 5 if schedule else 0, min_lr_ratio=0.1 if schedule else 1.0, compile="none",
-                 eval_tokens=min(train["eval_tokens"], 4096), stability=False)
+                 eval_tokens=min(spec.train.eval_size, 4096), stability=False)
     if lr is not None:
         train["lr"] = lr
     try:
@@ -140,11 +141,11 @@ class Tokens:
             self._stores[key] = prepare_tokens(t.data, spec.model.vocab_size, self.cache)
         corpus, tokenizer, store = self._stores[key]
         return TrainData(corpus, tokenizer, store, WindowSampler(store.train, t.seq_len, t.batch_size, t.seed),
-                         val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens))
+                         val_batches(store.val, t.seq_len, t.batch_size, t.eval_size))
 
 
 def train_briefly(spec: Spec, tokens: Tokens | None = None, record: bool = True,
-                  evaluate: bool = False) -> tuple[dict[str, list[float]], list[float], float | None]:
+                  evaluate: bool = False, tracker=NULL_TRACKER) -> tuple[dict[str, list[float]], list[float], float | None]:
     """Train `spec` for its train.steps through the shared loop (CPU, nothing recorded, a scratch run directory).
     Returns ({coordinate: its RMS at each step's training forward}, the training loss of each step, the final
     validation loss when `evaluate`). Coordinates: `embedding` (the first block's input), `block<i>`, `logits`."""
@@ -173,6 +174,7 @@ def train_briefly(spec: Spec, tokens: Tokens | None = None, record: bool = True,
         try:
             for _ in range(spec.train.steps):
                 losses.append(trainer.train_step().loss)
+                tracker.update(advance=1)
             val = trainer.evaluate()["val_loss"] if evaluate else None
         finally:
             for h in handles:
@@ -229,14 +231,17 @@ class CoordCheck:
 
 
 def coordinate_check(spec: Spec, widths: list[int], *, steps: int = 10, batch_size: int = 8, seq_len: int = 64,
-                     parametrization: str | None = None, cache: str | Path | None = None) -> CoordCheck:
-    """Train `spec` at each width (`parametrization`: the spec's own unless given) and collect the coordinates."""
+                     parametrization: str | None = None, cache: str | Path | None = None,
+                     tracker=NULL_TRACKER) -> CoordCheck:
+    """Train `spec` at each width (`parametrization`: the spec's own unless given) and collect the coordinates.
+    `tracker` (archspec.console.Tracker) advances by one a training step."""
     param = parametrization or spec.model.parametrization
     specs = [brief_recipe(widened(spec, w, param), steps, batch_size, seq_len) for w in widths]  # all checked first
     check = CoordCheck(spec.name, param, list(widths), steps)
     tokens = Tokens(cache)
-    for wide in specs:
-        rms, losses, _ = train_briefly(wide, tokens)
+    for w, wide in zip(widths, specs):
+        tracker.update(f"{param}: width {w}")
+        rms, losses, _ = train_briefly(wide, tokens, tracker=tracker)
         for c, values in rms.items():
             check.rms.setdefault(c, []).append(values)
         check.losses.append(losses)
@@ -263,7 +268,7 @@ def plot_checks(checks: list[CoordCheck], path: Path) -> Path:
         ax.set_xticks(check.widths, [str(w) for w in check.widths])
         verdict = "flat" if not check.not_flat() else ", ".join(f"{c} {check.trend(c)}" for c in check.not_flat()[:3])
         ax.set_title(f"{check.name}, {check.parametrization}: {verdict}", fontsize=10)
-        ax.set_xlabel(f"d_model (activation RMS after {check.steps - 1} steps; dotted: at init)")
+        ax.set_xlabel(f"d_model (activation RMS at step {check.steps} of {check.steps}; dotted: step 1, at init)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, title="coordinate (slope)", title_fontsize=7)
     axes[0][0].set_ylabel("RMS")

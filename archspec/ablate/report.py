@@ -150,9 +150,40 @@ def _mean_std(v: VariantResult) -> str:
     return f"{v.mean:.4f} ± {v.std:.4f}" if len(v.finals) > 1 else f"{v.mean:.4f}"
 
 
+# Runs' throughput compares only when the machine was about as busy for each: their 1-minute load averages (the
+# `load_average` summary, archspec.train.loop) within a core's worth, or a quarter of the cores, of each other.
+def _load_tolerance() -> float:
+    import os
+
+    return max(1.0, 0.25 * (os.cpu_count() or 1))
+
+
+def load_differed(variants: list[VariantResult]) -> str | None:
+    """Why the tok/s column does not compare (None when it does): the load averages the runs were measured under
+    spread wider than the tolerance. Runs recorded before the load was (no `load_average`) are not judged."""
+    return loads_differed([r.summary for v in variants for r in v.runs if r.tokens_per_s])
+
+
+def loads_differed(summaries: list[dict]) -> str | None:
+    """The one rule for any comparison of throughput (a report, `runs compare`): why the runs with these summaries
+    were not measured alike, or None."""
+    loads = [s["load_average"] for s in summaries if isinstance(s.get("load_average"), (int, float))]
+    if len(loads) < 2 or max(loads) - min(loads) <= _load_tolerance():
+        return None
+    return (f"load differed: the runs were measured at machine load averages {min(loads):.1f} to {max(loads):.1f}; "
+            "tok/s compares only between runs measured alike (rerun them on a quiet machine, or one at a time)")
+
+
+def _variant_load(v: VariantResult) -> float | None:
+    loads = [r.summary["load_average"] for r in v.runs
+             if r.tokens_per_s and isinstance(r.summary.get("load_average"), (int, float))]
+    return statistics.fmean(loads) if loads else None
+
+
 def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[str, str]]:
     """The table's cells as strings: one source for the rich table, the HTML table and tests."""
     baseline = next((v for v in variants if v.index == baseline_index), None)
+    flag_load = load_differed(variants) is not None
     show_kv = len({v.kv_cache_bytes_per_token for v in variants}) > 1
     show_attention = len({v.attention_flops_per_token for v in variants}) > 1  # e.g. attention patterns
     kinds = metric_kinds()
@@ -166,7 +197,9 @@ def table_rows(variants: list[VariantResult], baseline_index: int) -> list[dict[
             "params": human(v.params_total),
             "active": human(v.params_active),
             "train FLOPs/tok": human(v.flops_train_per_token),
-            "tok/s": number(v.tokens_per_s) if v.tokens_per_s else "-",
+            "tok/s": (number(v.tokens_per_s) + (f" (load {_variant_load(v):.1f}: differed)"
+                                                 if flag_load and _variant_load(v) is not None else "")
+                      if v.tokens_per_s else "-"),
             "val loss": _mean_std(v) + f" (n={len(finals)})",
             "Δ vs baseline": "-" if v.index == baseline_index or c.delta is None else f"{c.delta:+.4f}",
             "95% CI": "-" if v.index == baseline_index or c.interval is None else c.interval.text(),

@@ -11,6 +11,7 @@ RUNNING (with a live heartbeat, i.e. another machine on the same registry) is le
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -131,8 +132,12 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
                  launcher=None) -> SweepOutcome:
     from archspec.train.loop import train
 
+    from archspec.train.progress import SweepPosition, clock
+
     outcome = SweepOutcome()
     launched = []  # (job, run id, where): trained by the launcher, after the loop
+    guesses = job_seconds(jobs, registry, device, cache) if progress and launcher is None else {}
+    spent, guessed = 0.0, 0.0  # measured and estimated seconds of the runs trained so far: the estimates' scale
     for n, job in enumerate(jobs, 1):
         run_id = builds[job.key].experiment_id
         registry.reap()  # a sweep is a write place: a run whose process died is KILLED now, and trained below
@@ -153,8 +158,18 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
             continue
         on_event(f"{where}: training {escape(job.variant.label)}" + (f" (was {status})" if status else ""))
         inner = logger_factory() if logger_factory else with_sinks(RegistryLogger(registry_url))  # train.log_to
+        later = [guesses.get(j.key) for j in jobs[n:]]
+        scale = spent / guessed if guessed > 0 else 1.0  # the estimates, corrected by what the runs so far took
+        after = scale * sum(later) if guesses and None not in later else None
+        began = time.monotonic()
         result = train(job.spec, device=device, logger=SweepLogger(inner, sweep, job), compile=compile,
-                       progress=progress, cache=cache, build=builds[job.key])
+                       progress=SweepPosition(f"sweep {sweep.name} {n}/{len(jobs)}", after) if progress else False,
+                       cache=cache, build=builds[job.key])
+        if guesses.get(job.key):
+            spent, guessed = spent + time.monotonic() - began, guessed + guesses[job.key]
+            if n < len(jobs) and None not in later:
+                on_event(f"sweep {escape(sweep.name)}: {n}/{len(jobs)} done, about {clock(spent / guessed * sum(later))} "
+                         "left (training and evaluation, estimates scaled by the runs so far)")
         outcome.outcomes.append(JobOutcome(job, result.run_id, "trained", result.status, result.error))
         on_event(f"{where}: {result.status}" + (f": {escape(printable(result.error))}" if result.error else
                                                 f", val loss {result.metrics.get('val_loss', float('nan')):.4f}"))
@@ -162,6 +177,30 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
         outcome.outcomes += launcher.run(sweep, launched, builds, registry, device=device, compile=compile,
                                          cache=cache, on_event=on_event)
     return outcome
+
+
+def job_seconds(jobs: list[Job], registry: Registry, device: str, cache) -> dict[str, float | None]:
+    """Each job's estimated seconds (training, evaluation, per-run overhead: archspec.ablate.estimate, as the dry run
+    estimates them), for the sweep's ETA; {} when nothing can be estimated."""
+    try:
+        import torch
+
+        from archspec.ablate.estimate import estimate, measured_runs, work_of
+        from archspec.train.distributed import resolve_device
+        from archspec.train.throughput import peak_flops
+
+        dev = resolve_device(device)
+        peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(cache))
+        out: dict[str, float | None] = {}
+        by_precision: dict[str, list] = {}
+        for job in jobs:
+            t = job.spec.train
+            measured = by_precision.setdefault(t.precision, measured_runs(registry, dev.type, t.precision))
+            out[job.key] = estimate(model_hash(job.spec), (t.batch_size * t.grad_accum, t.seq_len),
+                                    work_of(job.spec, job.variant.accounting), measured, peak).seconds
+        return out
+    except Exception:  # an ETA is a courtesy: never the reason a sweep does not train
+        return {}
 
 
 def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
@@ -177,7 +216,8 @@ def _identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
     return model_hash, recipe_hash(recipe)
 
 
-def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> tuple[list[VariantResult], int]:
+def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
+            only: set[str] | None = None) -> tuple[list[VariantResult], int]:
     """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
 
     The sweep's runs are found through membership (a run can belong to several sweeps). With the sweep file, only
@@ -189,8 +229,12 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None) -> 
     An lr_sweep (archspec.ablate.rates): a variant's runs are those at its best rate (RULE), and its rate curve holds
     each rate's pilot; without the sweep file a variant whose runs hold several train.lr is read the same way, its
     pilot being the seed run at the most rates.
+
+    `only`: these run ids alone (one budget of the sweep, archspec.ablate.budgets).
     """
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
+    if only is not None:
+        rows = [r for r in rows if r.id in only]
     wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
               for j in sweep.all_jobs()} if sweep else {}
     by_variant: dict[int, dict[tuple[float | None, int], Any]] = {}
@@ -305,6 +349,8 @@ class Found:
     variants: list  # VariantResult
     baseline: int
     note: str | None = None  # said when the runs were found some other way than asked
+    steps: int | None = None  # the budget shown (archspec.ablate.budgets): its --steps and --set
+    overrides: tuple[str, ...] = ()
 
 
 def _options_text(overrides: Sequence[str], seeds: Sequence[int] | None, steps: int | None) -> str:
@@ -339,15 +385,47 @@ def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = 
         raise UserError(f"--set/--steps need a sweep file, got the sweep name {printable(sweep_arg, 100)!r}")
     loaded = load_sweep(path, overrides=overrides, seeds=seeds, steps=steps) if is_file else None
     name = loaded.name if loaded else sweep_arg
-    variants, baseline = collect(registry, name, loaded)
-    note = None
-    if is_file and not any(v.runs for v in variants) and not (overrides or steps):
-        by_name, by_name_baseline = collect(registry, name, None)
-        if any(v.runs for v in by_name):
-            variants, baseline, loaded = by_name, by_name_baseline, None
-            note = (f"no run matches {printable(sweep_arg, 200)} as written (its budget and seeds); showing the runs "
-                    f"recorded as members of sweep {name!r} ({_recipes_seen(registry, name)}); pass the options "
-                    "`archspec ablate` took (--steps/--seeds/--set) to select exactly those")
+    budget = None
+    if is_file and not (overrides or steps):  # the file alone: the budget it has run at (archspec.ablate.budgets)
+        from archspec.ablate.budgets import budgets_note, file_budgets
+
+        budgets = file_budgets(registry, path)
+        known = [b for b in budgets if b.sweep is not None]
+        if known:
+            budget = known[0]  # the file as written when it has runs, else the budget run last
+            if seeds is not None and budget.sweep is not None:
+                budget.sweep = load_sweep(path, overrides=budget.overrides, seeds=seeds, steps=budget.steps)
+            variants, baseline = collect(registry, name, budget.sweep, only=set(budget.run_ids))
+            loaded = budget.sweep
+            note = budgets_note(name, budgets, budget, sweep_arg)
+            if budget.options:
+                note = (note + "; " if note else "") + (f"{printable(sweep_arg, 200)} as written has no runs; "
+                                                         f"showing its runs at {budget.options}")
+        elif budgets:  # only runs of an earlier definition of the file: grouped by their recorded variant
+            variants, baseline = collect(registry, name, None)
+            loaded = None
+            note = (f"no run matches {printable(sweep_arg, 200)} at any budget (it was edited since); showing the "
+                    f"runs recorded as members of sweep {name!r} ({_recipes_seen(registry, name)})")
+        else:
+            variants, baseline = collect(registry, name, loaded)
+            note = None
+    elif not is_file:  # a name: its budgets as the UI tells them apart, the latest shown (archspec.ablate.budgets)
+        from archspec.ablate.budgets import name_budgets
+
+        budgets = name_budgets(registry, name)
+        note = None
+        if len(budgets) > 1:
+            latest = budgets[0]
+            variants, baseline = collect(registry, name, None, only=set(latest.run_ids))
+            note = (f"sweep {name!r} has run at {len(budgets)} budgets; showing the latest ({latest.label}, "
+                    f"{len(latest.run_ids)} runs); the others: "
+                    + "; ".join(f"{b.label} ({len(b.run_ids)} runs)" for b in budgets[1:])
+                    + "; give the sweep file and its options (--steps/--set) to choose one")
+        else:
+            variants, baseline = collect(registry, name, loaded)
+    else:
+        variants, baseline = collect(registry, name, loaded)
+        note = None
     if seeds is not None:
         wanted = set(seeds)
         for v in variants:
@@ -369,4 +447,6 @@ def find_runs(registry: Registry, sweep_arg: str, *, overrides: Sequence[str] = 
         raise UserError(f"{command} {printable(sweep_arg, 200)}: no runs in the registry {registry.url}: looked for "
                         f"{looked}" + (f"; {seen}: give the options they were trained with" if seen else "")
                         + f"; `{train}` trains them")
-    return Found(name, loaded, variants, baseline, note)
+    if budget is not None:
+        steps, overrides = budget.steps, budget.overrides
+    return Found(name, loaded, variants, baseline, note, steps=steps, overrides=tuple(overrides))

@@ -34,7 +34,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence
 
@@ -48,7 +48,7 @@ from archspec.launch.settings import LauncherSettings
 from archspec.quant.schemes import SCHEMES
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
-from archspec.spec.train import EVAL_POINTS, TrainSpec
+from archspec.spec.train import EVAL_POINTS, TrainSpec, auto_eval_points, auto_eval_tokens
 
 # A sweep is trained, variant by variant: past these counts it is a mistake (or an attack), not an experiment, and
 # the count is checked from the list lengths before a single variant is built.
@@ -91,8 +91,10 @@ class SweepFile(BaseModel):
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     zip: dict[str, list[Any]] = Field(default_factory=dict)
     baseline: int = Field(0, ge=0)
-    eval_points: int = Field(EVAL_POINTS, ge=1, le=10_000, description="evaluations per variant's curve, whatever its "
-                             "steps: train.eval_interval = ceil(steps / eval_points) unless the grid sets it")
+    eval_points: int | None = Field(None, ge=1, le=10_000, description="evaluations per variant's curve, whatever its "
+                                    "steps: train.eval_interval = ceil(steps / eval_points) unless the grid sets it; "
+                                    "default: the budget rule's (ten, fewer but at least four for a run too short to "
+                                    "afford them; docs/budgets.md)")
     # Where the jobs train (archspec.launch.settings): `archspec ablate --launcher ...` options win over it. Not part
     # of the sweep's identity (sweep_hash covers the variants and seeds only).
     launcher: LauncherSettings | None = None
@@ -238,6 +240,10 @@ class Sweep:
     variants: list[Variant]
     sweep_hash: str
     jobs: list[Job] = field(default_factory=list)
+    # The options it was loaded with that make it another budget of its file (archspec.ablate.budgets): --steps
+    # (None when absent or the file's own) and the --set overrides.
+    steps_option: int | None = None
+    overrides: tuple[str, ...] = ()
 
     @property
     def baseline(self) -> Variant:
@@ -340,6 +346,8 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     if not isinstance(data, dict):
         raise UserError(f"{origin}: expected a mapping with name/base/seeds/budget/grid, got {type(data).__name__}")
     data = dict(data)
+    own = data.get("budget")
+    steps_option = None if steps is None or (isinstance(own, dict) and own == {"steps": steps}) else steps
     if seeds is not None:
         data["seeds"] = list(seeds)
     if steps is not None:
@@ -382,7 +390,6 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     by_message: dict[str, list[str]] = {}  # problem → the variants that have it, so a shared one is said once
     name = data.get("name") if isinstance(data.get("name"), str) else "sweep"
     budget = file.budget if file is not None else None
-    eval_points = file.eval_points if file is not None else EVAL_POINTS
     target = _match_target(file, base, rows, name) if file is not None and file.match and file.solve else None
     for i, row in enumerate(rows if base is not None and rows is not None else []):
         data_i = _variant_data(base, name, i)
@@ -405,8 +412,6 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
                 train_i["steps"] = steps_i
                 warm = train_i.get("warmup_steps", spec.train.warmup_steps)
                 train_i["warmup_steps"] = min(warm, steps_i)  # short budgets keep a valid schedule
-            if "train.eval_interval" not in row:  # curves get their points whatever the budget (not identity)
-                train_i["eval_interval"] = max(1, math.ceil(steps_i / eval_points))
             if file is not None and file.stability:
                 train_i["stability"] = True
             spec = parse_spec(data_i)
@@ -420,6 +425,8 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             continue
         variants.append(Variant(i, row, spec, account(spec, seq_len=spec.train.seq_len), solution))
     n_rows = len(rows or [])
+    if file is not None:
+        variants = _observed_alike(variants, rows, file)
     eval_tokens = {v.spec.train.eval_tokens for v in variants}
     if len(eval_tokens) > 1:
         problems.append(f"train.eval_tokens: every variant is evaluated on the same validation set, but the variants "
@@ -434,16 +441,52 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
     if problems or file is None:
         raise UserError(f"{origin}: {len(problems)} problems in the sweep; nothing was trained", problems)
 
-    sweep_hash = hashlib.sha256(json.dumps(
-        [canonical_dict(v.spec) for v in variants] + [file.seeds] + ([file.lr_sweep] if file.lr_sweep else []),
-        sort_keys=True).encode()).hexdigest()
-    sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash)
+    sweep_hash = budget_hash(variants, file.lr_sweep)
+    sweep = Sweep(file.name, Path(path) if path else None, file, base, variants, sweep_hash,
+                  steps_option=steps_option, overrides=tuple(overrides))
     for v in variants:
         if file.lr_sweep:  # the pilots; the other seeds follow at each variant's best rate (Sweep.seed_jobs)
             sweep.jobs += [sweep.job(v, sweep.pilot_seed, lr) for lr in file.lr_sweep]
         else:
             sweep.jobs += [sweep.job(v, seed) for seed in file.seeds]
     return sweep
+
+
+def _observed_alike(variants: list[Variant], rows: list[dict[str, Any]] | None, file: SweepFile) -> list[Variant]:
+    """Every variant evaluated on the same validation set, as often: a variant whose recipe leaves train.eval_tokens
+    to the budget rule gets the baseline's size by that rule (archspec.spec.train.resolved_eval), and each curve gets
+    `eval_points` points (default: the rule's count at the baseline's budget) unless the grid sets
+    train.eval_interval. How things are observed: no run key moves (archspec.train.logger.NOT_IDENTITY)."""
+    if not variants:
+        return variants
+    base = next((v for v in variants if v.index == file.baseline), variants[0]).spec.train
+    train_tokens = base.steps * base.tokens_per_step
+    size = base.eval_tokens or auto_eval_tokens(train_tokens)
+    points = file.eval_points or (auto_eval_points(train_tokens, size) if base.eval_tokens is None else EVAL_POINTS)
+    out = []
+    for v in variants:
+        t = v.spec.train
+        update: dict[str, Any] = {}
+        if t.eval_tokens is None:
+            update["eval_tokens"] = size
+        if rows is None or "train.eval_interval" not in rows[v.index]:  # curves get their points whatever the budget
+            update["eval_interval"] = max(1, math.ceil(t.steps / points))
+        spec = v.spec.model_copy(update={"train": t.model_copy(update=update)}) if update else v.spec
+        out.append(replace(v, spec=spec))
+    return out
+
+
+def budget_hash(variants: list[Variant], lr_sweep: list[float] | None = None) -> str:
+    """What a sweep's memberships record as its hash: its variants' models and learning recipes (the parts of a run
+    key a seed does not make), and its rates. One sweep file at another --steps or --set has another; other seeds or
+    another evaluation size have the same (archspec.ablate.budgets groups runs by it)."""
+    from archspec.kinds.base import identity_dump
+    from archspec.spec import model_hash
+    from archspec.train.logger import recipe_hash
+
+    return hashlib.sha256(json.dumps(
+        [[model_hash(v.spec), recipe_hash(identity_dump(v.spec.train))] for v in variants]
+        + ([lr_sweep] if lr_sweep else []), sort_keys=True).encode()).hexdigest()
 
 
 def _variant_data(base: dict[str, Any], name: str, index: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from archspec.ablate.sweep import Sweep, load_sweep, parse_shard
-from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.cli.options import device_option, eval_tokens_option, log_to_option, registry_option, set_option
 from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
@@ -50,9 +50,9 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     table = Table(title=f"sweep {sweep.name}: {shape}" + (f" ({len(jobs)} in this shard)" if len(jobs) != len(sweep.jobs)
                                                           else ""), title_justify="left")
     for col in ("variant", "differs from base", "params", "active", "train FLOPs/tok", "KV B/tok", "steps", "tokens",
-                "evals × tokens", "est. time/run"):
+                "evals × tokens", "eval share", "est. time/run"):
         table.add_column(col, justify="left" if col in ("variant", "differs from base") else "right", overflow="fold")
-    total_s = 0.0
+    total_s = eval_total_s = 0.0
     for v in sweep.variants:
         t = v.spec.train
         work = work_of(v.spec, v.accounting)
@@ -60,22 +60,26 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
+        eval_total_s += est.eval_s * n_jobs
+        share = (f"{est.eval_share:.0%} of time" if est.eval_share is not None
+                 else f"{work.eval_flop_share:.0%} of FLOPs")
         time_text = (f"{seconds:.0f} s (train {est.train_s:.0f} + eval {est.eval_s:.0f} + {est.fixed_s:.0f} fixed; "
                      f"{est.basis})" if seconds is not None else "-")
         label = v.label + (f"; matched: {v.solution.text()}" if v.solution is not None else "")
         table.add_row(f"v{v.index}" + (" (baseline)" if v.index == sweep.file.baseline else ""), label,
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
-                      f"{work.evals} × {human(work.eval_tokens)}", time_text)
+                      f"{work.evals} × {human(work.eval_tokens)}", share, time_text)
     total = f"{total_s:.0f} s" if total_s < 600 else f"{total_s / 60:.1f} min"  # short sweeps to the second
-    table.caption = (f"estimated total {total} for this shard's {len(jobs)} runs; "
+    evaluation = f" ({eval_total_s / total_s:.0%} of it evaluation)" if total_s else ""
+    table.caption = (f"estimated total {total}{evaluation} for this shard's {len(jobs)} runs; "
                      + caption(list(measured), peak, device_type))
     table.caption_justify = "left"
     return table
 
 
 def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url, out_dir: Path | None,
-            as_json: bool = False, found=None) -> None:
+            as_json: bool = False, found=None, steps: int | None = None, overrides: tuple[str, ...] = ()) -> None:
     """The report of a sweep; `found` (archspec.ablate.runner.find_runs) when the entry point has looked its runs up
     already (`archspec report`), else the runs of `sweep` as just trained."""
     from archspec.ablate.report import (
@@ -94,6 +98,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     registry = Registry(registry_url)
     if found is not None:
         variants, baseline, sweep = found.variants, found.baseline, found.sweep
+        steps, overrides = found.steps, found.overrides
         if found.note:
             make_console(stderr=True).print(f"note: {escape(found.note)}")
     else:
@@ -101,7 +106,11 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
     if not variants or not any(v.runs for v in variants):
         raise UserError(f"sweep {sweep_name!r}: no runs in the registry {registry_url or default_url()} yet; "
                         f"run `archspec ablate` first")
-    out_dir = out_dir or Path("reports") / sweep_name
+    from archspec.ablate.budgets import options_text, report_dir
+
+    if sweep is not None:  # the options that made this budget, as the sweep was loaded with them
+        steps, overrides = sweep.steps_option, sweep.overrides
+    out_dir = out_dir or report_dir(sweep_name, steps, overrides)  # one folder per budget: none overwrites another
     meta = {"sweep": sweep_name, "registry": registry_url or default_url(),
             "seeds": ", ".join(sorted({str(r.seed) for v in variants for r in v.runs}))}
     evaluated = sorted({int(r.summary["eval_tokens"]) for v in variants for r in v.runs if "eval_tokens" in r.summary})
@@ -110,6 +119,8 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
                                f"differ between runs ({', '.join(f'{n:,}' for n in evaluated)}): compare with care")
     if sweep is not None:
         meta["budget"] = json.dumps(sweep.file.budget.model_dump(exclude_none=True)) if sweep.file.budget else "train.steps"
+        if options_text(steps, overrides):
+            meta["options"] = options_text(steps, overrides)
         if sweep.rates:
             from archspec.ablate.rates import rule_text
 
@@ -117,6 +128,12 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
         if sweep.file.match:
             meta["matched"] = (f"{sweep.file.match} equal to the baseline's within {sweep.file.tolerance:.1%}, by "
                                f"solving {sweep.file.solve} (multiples of {sweep.file.multiple_of}) per variant")
+    from archspec.ablate.report import load_differed
+
+    if load_differed(variants):
+        meta["tok/s"] = load_differed(variants)
+        if not as_json:
+            make_console(stderr=True).print(f"note: {escape(load_differed(variants))}")
     schemes = sorted({s for v in variants for r in v.runs for s in r.quant})
     if schemes:
         meta["quantized"] = (f"{', '.join(schemes)} (archspec quantize, weight-only): Δ = quantized − trained val loss "
@@ -147,6 +164,7 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @set_option
 @click.option("--seeds", callback=_seeds, metavar="0,1,2", help="Seeds to train each variant with (replaces the file's seeds).")
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Train every variant this many steps (replaces the file's budget).")
+@eval_tokens_option
 @click.option("--add-seeds", type=click.IntRange(1, 1000), metavar="N",
               help="Extend a sweep that has run with N more seeds per variant (the next unused seed numbers), "
                    "training only the new runs; the report then holds every seed.")
@@ -161,20 +179,34 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
               help="Print where each variant stands (queued / running / finished / failed) from the registry; "
                    "train nothing.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
-               steps: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
+               steps: int | None, eval_tokens: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
                log_to: str | None, out_dir: Path | None, as_json: bool, show_status: bool = False, **launch):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
     console = make_console(stderr=True)
     index, count = parse_shard(shard)
+    if eval_tokens is not None:  # the base's validation size (a grid key still wins): observation, not identity
+        overrides = (*overrides, f"train.eval_tokens={eval_tokens}")
     # every variant validated before anything trains
     sweep = load_sweep(sweep_path, overrides=overrides, seeds=seeds, steps=steps)
     if show_status:
         from archspec.launch.status import sweep_status
         from archspec.registry import Registry
 
-        make_console().print(sweep_status(Registry(registry_url), sweep.name, sweep)[0])
+        registry = Registry(registry_url)
+        if overrides or steps is not None or seeds is not None:
+            make_console().print(sweep_status(registry, sweep.name, sweep)[0])
+            return
+        from archspec.ablate.budgets import file_budgets
+
+        budgets = file_budgets(registry, sweep_path)  # no options: every budget the file has run at
+        if not budgets:
+            make_console().print(sweep_status(registry, sweep.name, sweep)[0])
+            return
+        for budget in budgets:
+            make_console().print(sweep_status(registry, sweep.name, budget.sweep, only=set(budget.run_ids),
+                                              title=budget.describe)[0])
         return
     if add_seeds is not None:
         if seeds is not None:
@@ -222,10 +254,18 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     if sweep.file.quantize and not outcome.count("submitted"):
         _quantize_phase(sweep, outcome, registry_url, console)
     if outcome.count("submitted"):
-        echo(f"submitted {outcome.count('submitted')} job(s); follow them with: archspec ablate "
-             f"{printable(str(sweep_path))} --status" + (f" --registry {registry_url}" if registry_url else ""))
+        import shlex
+
+        from archspec.ablate.budgets import options_text
+        from archspec.console import program
+
+        options = options_text(sweep.steps_option, sweep.overrides)
+        echo(f"submitted {outcome.count('submitted')} job(s); follow them with: {program()} ablate "
+             f"{shlex.quote(printable(str(sweep_path)))}{' ' + options if options else ''} --status"
+             + (f" --registry {shlex.quote(registry_url)}" if registry_url else ""))
         return
-    _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json)  # the verdict goes to stdout
+    _report(make_console(), sweep.name, sweep, registry_url, out_dir, as_json,  # the verdict goes to stdout
+            steps=steps, overrides=tuple(overrides))
 
 
 def _quantize_phase(sweep: Sweep, outcome, registry_url, console) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 import re
 import sys
 import time
@@ -177,8 +178,13 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     if not no_record:
         _record_spec(registry_url, spec, gen, acc, console)
 
+    solved_file = _write_solved(spec, gen.path.parent) if solution is not None else None
     if solution is not None:
+        from archspec.console import program
+
         console.print(f"matched: {solution.text()}", highlight=False, soft_wrap=True)
+        console.print(f"solved spec: {solved_file} (train it: {program()} train {shlex.quote(str(solved_file))})",
+                      highlight=False, soft_wrap=True)
     if overridden:
         console.print(f"note: --set{'/--match' if solution is not None else ''} changes {spec_path}'s model, so its module goes to {gen.path}, not beside the "
                       "file's own; --out DIR puts it elsewhere", highlight=False, soft_wrap=True)
@@ -189,7 +195,8 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
         out = build_json(spec, gen, acc)
         if solution is not None:
             out["matched"] = {"key": solution.key, "value": solution.value, "measure": solution.measure,
-                              "count": solution.count, "target": solution.target, "residual": solution.residual}
+                              "count": solution.count, "target": solution.target, "residual": solution.residual,
+                              "spec_file": str(solved_file)}
         if compile_s is not None:
             console.print(f"compiled {spec.model.n_layers} blocks + first forward in {compile_s:.1f} s")
         echo(json.dumps(out))
@@ -200,6 +207,20 @@ def build_cmd(spec_path: Path, overrides, out_dir: Path | None, as_json: bool, d
     console.print(f"generated [bold]{gen.path}[/] (sha256 {gen.source_hash[:12]}); forward on (1, {T}) → logits {tuple(logits.shape)}")
     if compile_s is not None:
         console.print(f"torch.compile per block ({spec.model.n_layers} blocks, one graph) + first forward: {compile_s:.1f} s")
+
+
+def _write_solved(spec, directory: Path) -> Path:
+    """The spec `build --match` solved (the width in place), as a spec file beside its generated module: what the
+    match was for is training it (`archspec train <this file>`), and the file says exactly what was built."""
+    import yaml
+
+    from archspec.spec import canonical_dict
+
+    path = directory / f"{spec.name}-{model_hash(spec)[:12]}.yaml"
+    text = (f"# solved by `archspec build --match` (model hash {model_hash(spec)}): train it with `archspec train "
+            f"{path.name}`\n" + yaml.safe_dump(canonical_dict(spec), sort_keys=False, allow_unicode=True))
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def _solve(spec_path: Path, overrides, match: str, key: str, tolerance: float, multiple_of: int):

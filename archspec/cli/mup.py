@@ -61,8 +61,11 @@ def mup_check_cmd(spec_path: Path, overrides: tuple[str, ...], widths: list[int]
     for p in order:  # every width of every run checked before any trains
         for w in widths:
             widened(spec, w, p)
-    checks = {p: coordinate_check(spec, widths, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                                  parametrization=p) for p in order}
+    from archspec.console import Tracker
+
+    with Tracker("mup-check", total=len(order) * len(widths) * steps) as tracker:  # training steps, on stderr
+        checks = {p: coordinate_check(spec, widths, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                                      parametrization=p, tracker=tracker) for p in order}
     png = plot_checks([checks[p] for p in sorted(order, key=lambda p: p != "standard")], plot_path) \
         if plot_path is not None else None
     verdict = checks[own]
@@ -77,7 +80,7 @@ def mup_check_cmd(spec_path: Path, overrides: tuple[str, ...], widths: list[int]
     for p in order:
         check = checks[p]
         slopes, at_init = check.slopes(), check.slopes(0)
-        table = Table(title=f"{spec.name}, {p}: activation RMS after {steps - 1} steps (lr {spec.train.lr:g}, "
+        table = Table(title=f"{spec.name}, {p}: activation RMS at step {steps} of {steps} (lr {spec.train.lr:g}, "
                             f"{batch_size}×{min(seq_len, spec.model.context_length)} tokens a step)",
                       title_justify="left")
         table.add_column("coordinate")

@@ -24,6 +24,12 @@ device_option = click.option(
 )
 
 
+eval_tokens_option = click.option(
+    "--eval-tokens", "eval_tokens", type=click.IntRange(1, 1 << 30), metavar="N", default=None,
+    help="Validation tokens per evaluation (train.eval_tokens; how the run is observed, not its identity) "
+         "[default: the budget rule: half the training tokens over the evaluations, 16,384 to 65,536 each].",
+)
+
 
 def _log_to(ctx, param, value: str | None) -> str | None:
     """Checked and spelled one way (`tensorboard,wandb`, `none`): still text, so a resume command repeats it."""

@@ -34,10 +34,12 @@ def quantize_cmd(source: str, scheme: str, group_size: int | None, embeddings: b
     is refused by name. No GPTQ/AWQ calibration (torchao's GPTQ is CUDA-only). Filters reach the evaluation:
     `archspec runs list --where "quant.int4.val_loss_delta < 0.05"`. `archspec sample` reads the checkpoint; training
     (--resume, --init-from) and export-hf refuse it."""
+    from archspec.console import Tracker
     from archspec.quant.run import quantize_source
 
-    result = quantize_source(source, scheme.strip().lower(), group_size=group_size, embeddings=embeddings,
-                             registry_url=registry_url, record=not no_record)
+    with Tracker("loading the run") as tracker:  # on stderr: --json's stdout stays one object
+        result = quantize_source(source, scheme.strip().lower(), group_size=group_size, embeddings=embeddings,
+                                 registry_url=registry_url, record=not no_record, tracker=tracker)
     if json_out:
         echo(json.dumps(result.to_json(), sort_keys=True))
         return

@@ -449,6 +449,11 @@ def runs_compare(ctx, registry_url, run_ids, show_all, fmt) -> None:
         for k in summary_keys:
             table.add_row(f"  {k}", *(_fmt(k, r.summary.get(k)) for r in runs))
     console.print(table)
+    from archspec.ablate.report import loads_differed
+
+    note = loads_differed([r.summary for r in runs if r.summary.get("tokens_per_s")])
+    if note:  # tokens_per_s above measured the machine as much as the runs
+        echo(f"note: {note}", err=True)
 
 
 @runs_cmd.command("reap")

@@ -12,7 +12,7 @@ import shlex
 
 import click
 
-from archspec.cli.options import device_option, log_to_option, registry_option, set_option
+from archspec.cli.options import device_option, eval_tokens_option, log_to_option, registry_option, set_option
 from archspec.launch.options import launcher_options
 from archspec.console import echo
 from archspec.signals import install_signal_handlers, last_words
@@ -45,7 +45,9 @@ _NOT_REPEATED = {"spec_path", "resume", "run_dir", "init_from", "take_over", "dr
 def resume_command(ctx: click.Context, checkpoint) -> str:
     """The command that continues an interrupted `archspec train` from its checkpoint: the same spec and every option
     the run was started with (read from the command's own parameters, so a new option is repeated too)."""
-    args = ["archspec", "train", os.path.abspath(str(ctx.params["spec_path"]))]  # works from any directory
+    from archspec.console import program
+
+    args = ["train", os.path.abspath(str(ctx.params["spec_path"]))]  # works from any directory
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name in _NOT_REPEATED:
             continue
@@ -56,7 +58,7 @@ def resume_command(ctx: click.Context, checkpoint) -> str:
             args += [a for v in value or () for a in (flag, str(v))]
         elif value is not None and value != param.default:
             args += [flag, str(value)]
-    return shlex.join([*args, "--resume", str(checkpoint)])
+    return program() + " " + shlex.join([*args, "--resume", str(checkpoint)])  # the program as it was invoked
 
 
 def _resume_line(ctx: click.Context, signum: int, notes: dict) -> None:
@@ -70,7 +72,10 @@ def _resume_line(ctx: click.Context, signum: int, notes: dict) -> None:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("spec_path", metavar="SPEC")
 @set_option
-@click.option("--steps", type=click.IntRange(1, MAX_STEPS), help="Optimizer steps (overrides train.steps, so the schedule too).")
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS),
+              help="Optimizer steps (overrides train.steps, so the schedule too); the spec's train.eval_interval is "
+                   "rescaled to keep its number of evaluations (unless --set gives one).")
+@eval_tokens_option
 @device_option
 @click.option("--resume", metavar="PATH", help="Continue from a checkpoint file or a run directory.")
 @click.option("--init-from", metavar="CHECKPOINT",
@@ -94,12 +99,14 @@ def _resume_line(ctx: click.Context, signum: int, notes: dict) -> None:
 @launcher_options
 @click.option("--nodes", type=click.IntRange(1, 4096), default=None,
               help="With --launcher slurm: one job of N nodes running torchrun (--gpus-per-task processes a node).")
-def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, device: str, resume: str | None,
+def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, eval_tokens: int | None, device: str,
+              resume: str | None,
               init_from: str | None,
               registry_url: str | None, log_to: str | None, run_dir: str | None, no_compile: bool, json_out: bool,
               quiet: bool,
               dry_run: bool, world_size: int | None, take_over: bool, nodes: int | None = None, **launch) -> None:
     """Train SPEC once with the shared loop and record the run."""
+    overrides = (*overrides, *observation_overrides(spec_path, overrides, steps, eval_tokens))
     if launch.get("launcher") not in (None, "local") or nodes:
         _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch,
                   resume=resume, init_from=init_from, run_dir=run_dir, dry_run=dry_run)
@@ -131,6 +138,21 @@ def train_cmd(spec_path: str, overrides: tuple[str, ...], steps: int | None, dev
         raise click.ClickException(f"run {result.run_id} {result.status}: {result.error}{where}")
 
 
+def observation_overrides(spec_path: str, overrides: tuple[str, ...], steps: int | None,
+                          eval_tokens: int | None) -> tuple[str, ...]:
+    """The --set overrides `--steps` and `--eval-tokens` imply for how the run is observed (not its identity):
+    `--eval-tokens N` is train.eval_tokens=N, and with `--steps N` a spec's own train.eval_interval is rescaled to keep
+    its number of evaluations (archspec.spec.train.rescaled_interval); an interval given with --set is kept."""
+    extra = [f"train.eval_tokens={eval_tokens}"] if eval_tokens is not None else []
+    if steps is not None and not any(o.split("=", 1)[0].strip() == "train.eval_interval" for o in overrides):
+        from archspec.spec.train import rescaled_interval
+
+        t = load_spec(spec_path, overrides).train
+        if t.eval_interval:
+            extra.append(f"train.eval_interval={rescaled_interval(t.eval_interval, t.steps, steps)}")
+    return tuple(extra)
+
+
 def _launched(spec_path, overrides, steps, device, registry_url, no_compile, nodes, launch, **not_with) -> None:
     """`archspec train --launcher slurm|slurm-local|ray`: the run trained by the launcher's worker (archspec.launch)."""
     from archspec.console import make_console
@@ -149,7 +171,10 @@ def _launched(spec_path, overrides, steps, device, registry_url, no_compile, nod
     status = launch_train(settings, spec_path, overrides, steps, device, registry_url or default_url(), no_compile,
                           launch.get("detach", False), console.print)
     if status is None:
-        echo("submitted; follow the run with: archspec runs list" + (f" --registry {registry_url}" if registry_url else ""))
+        from archspec.console import program
+
+        echo(f"submitted; follow the run with: {program()} runs list"
+             + (f" --registry {shlex.quote(registry_url)}" if registry_url else ""))
 
 
 def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
@@ -219,7 +244,11 @@ def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
     dev = resolve_device(device)
     dtype = autocast_dtype("auto", dev) or torch.float32
     if measure:
+        import os
+
         entry = measure_ceiling(dev, dtype, cache_dir(cache))
-        echo(f"measured {entry['flops'] / 1e9:.1f} GFLOP/s ({entry['how']}, load average {entry['load_average']:.2f})")
+        kept = "stored" if entry["latest"] >= entry["flops"] else (
+            f"below the stored {entry['flops'] / 1e9:.1f} GFLOP/s, which stays: a ceiling only rises")
+        echo(f"measured {entry['latest'] / 1e9:.1f} GFLOP/s now (load average {os.getloadavg()[0]:.2f}): {kept}")
     flops, source = peak_flops(dev, dtype, cache_dir(cache))
     echo(f"MFU ceiling: {flops / 1e9:.1f} GFLOP/s, {source}")

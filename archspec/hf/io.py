@@ -110,6 +110,20 @@ def read_tokenizer(directory: Path) -> dict[str, str]:
     return out
 
 
+def readable_like_normal_files(directory: Path) -> None:
+    """The modes a plain `mkdir` and `open(..., "w")` would have given `directory` and the files in it (0755 and 0644
+    under the usual umask 022): what a private temporary directory (mkdtemp: 0700) is given before it is renamed into
+    place, so an export is readable like any other model directory, as the user's umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+        elif path.is_dir() and not path.is_symlink():
+            path.chmod(0o777 & ~mask)
+    directory.chmod(0o777 & ~mask)
+
+
 def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
                     tokenizer: dict[str, str], generation: dict[str, Any] | None = None) -> None:
     """config.json, model.safetensors, the tokenizer files and generation_config.json (when `generation` is given),
@@ -134,6 +148,7 @@ def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, to
         for name, text in tokenizer.items():
             if name in TOKENIZER_FILES:
                 (tmp / name).write_text(text, encoding="utf-8")
+        readable_like_normal_files(tmp)  # mkdtemp made it 0700: an export is shared like any model directory
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)
         os.replace(tmp, out_dir)

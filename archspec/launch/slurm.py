@@ -90,7 +90,18 @@ class SubmititLauncher(Launcher):
                 jobs = [self.executor.submit(run_payload, h.payload) for h in group]
             for h, job in zip(group, jobs):
                 h.native, h.job_id = job, str(job.job_id)
+        self._tidy_folder()
         return handles
+
+    def _tidy_folder(self) -> None:
+        """submitit makes the folder pattern itself (a literal `%j` directory) before each job's own folder: left
+        empty, it is removed, so the launcher's folder holds one folder per job id and nothing else."""
+        literal = self.folder
+        try:
+            if literal.is_dir() and not any(literal.iterdir()):
+                literal.rmdir()
+        except OSError:  # another submission is using it right now: left for the next
+            pass
 
     def _start_queued(self, running: int) -> None:
         from archspec.launch.worker import run_payload
@@ -102,6 +113,7 @@ class SubmititLauncher(Launcher):
             h.job_id = str(h.native.job_id)
             self.on_started(h)
             running += 1
+        self._tidy_folder()
 
     def wait(self, handles: Sequence[Handle]) -> list[WorkerResult | Died]:
         results: dict[int, WorkerResult | Died] = {}

@@ -8,17 +8,19 @@ COLUMNS = (("queued", ("SCHEDULED",)), ("running", ("RUNNING",)), ("finished", (
            ("failed", ("FAILED", "KILLED")))
 
 
-def sweep_status(registry, sweep_name: str, sweep=None) -> tuple[Table, dict[int, dict[str, int]]]:
+def sweep_status(registry, sweep_name: str, sweep=None, only: set[str] | None = None,
+                 title: str | None = None) -> tuple[Table, dict[int, dict[str, int]]]:
     """A table of the sweep's variants × (queued, running, finished, failed) counts, and the counts. A RUNNING run
     whose heartbeat is stale counts as failed (its process died; the next write reaps it KILLED)."""
     from archspec.ablate.runner import collect
     from archspec.registry.query.parse import text_literal
 
-    variants, baseline = collect(registry, sweep_name, sweep)
+    variants, baseline = collect(registry, sweep_name, sweep, only=only)
     rows = {r.id: r for r in registry.runs(where=f"sweep = {text_literal(sweep_name)}")}
     stale = {i for i, r in rows.items() if getattr(r, "stale", False)}
     counts: dict[int, dict[str, int]] = {}
-    table = Table(title=f"sweep {sweep_name}: status from the registry", title_justify="left")
+    table = Table(title=f"sweep {sweep_name}" + (f" ({title})" if title else "") + ": status from the registry",
+                  title_justify="left")
     for col in ("variant", "label", *(c for c, _ in COLUMNS), "jobs"):
         table.add_column(col, justify="left" if col in ("variant", "label", "jobs") else "right", overflow="fold")
     for v in variants:

@@ -82,7 +82,8 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
         finally:
             if not detach:
                 launcher.close()
-    on_event(f"run {result.run_id} {result.status}" + (f": {result.error.splitlines()[0]}" if result.error else "")
+    # the run id was said once, at submission ("<name> (<run id>): submitted as ... job N"): not again here
+    on_event(f"{spec.name}: {result.status}" + (f": {result.error.splitlines()[0]}" if result.error else "")
              + (f" (job {result.scheduler_job} on {result.host})" if result.scheduler_job else ""))
     if result.status != "FINISHED":
         first = (result.error or "").strip().splitlines()

@@ -106,7 +106,8 @@ def run_payload(payload: Payload) -> WorkerResult:
         logger = MemberLogger(with_sinks(RegistryLogger(payload.registry_url, rerun_finished=payload.rerun_finished),
                                          payload.log_to), membership, job,
                               die_on_first_metrics=die)
-        result = train(spec, device=payload.device, logger=logger, compile=payload.compile, progress=False,
+        # progress on: the job's log (its stderr) holds the run's own lines, its evaluations and its closing line
+        result = train(spec, device=payload.device, logger=logger, compile=payload.compile, progress=True,
                        cache=payload.cache, build=build)
     except UserError as e:  # a data or registry problem: nothing trained (RUNNING elsewhere is one)
         return WorkerResult(payload.run_id, "REFUSED", e.render(), scheduler_job=job, host=host)

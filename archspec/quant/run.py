@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from archspec.console import NULL_TRACKER
 from archspec.errors import UserError, printable
 from archspec.quant.model import QuantPlan, apply_plan, quant_plan, quantized_state
 
@@ -55,7 +56,7 @@ class QuantResult:
 
 
 @torch.no_grad()
-def val_loss(model: nn.Module, batches) -> float:
+def val_loss(model: nn.Module, batches, tracker=NULL_TRACKER) -> float:
     """The loop's validation loss (archspec.train.loop.Trainer.evaluate): the mean over the fixed windows."""
     model.eval()
     loss_sum, windows = 0.0, 0
@@ -63,6 +64,7 @@ def val_loss(model: nn.Module, batches) -> float:
         _, loss = model(inputs, targets)
         loss_sum += loss.item() * len(inputs)
         windows += len(inputs)
+        tracker.update(advance=1)
     return loss_sum / windows
 
 
@@ -73,8 +75,10 @@ def quantized_path(checkpoint: Path, plan: QuantPlan) -> Path:
 
 
 def quantize_source(source: str, scheme: str, *, group_size: int | None = None, embeddings: bool = False,
-                    registry_url: str | None = None, record: bool = True, cache: str | Path | None = None
-                    ) -> QuantResult:
+                    registry_url: str | None = None, record: bool = True, cache: str | Path | None = None,
+                    tracker=NULL_TRACKER) -> QuantResult:
+    """`tracker` (archspec.console.Tracker): the progress shown, in validation batches (two evaluations) plus the
+    quantization itself."""
     from archspec.sample import load_model, resolve_source
     from archspec.spec import canonical_dict
     from archspec.train.cache import cache_dir
@@ -93,9 +97,12 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
     spec, model = loaded.spec, loaded.model
     plan = quant_plan(model, spec, scheme, group_size, embeddings)  # refusals before any work
     data = build_data(spec, cache_dir(cache))  # the run's own validation windows (same recipe, same data hash)
-    before = val_loss(model, data.val_batches)
+    tracker.update("evaluating as trained", total=2 * len(data.val_batches) + 1)
+    before = val_loss(model, data.val_batches, tracker)
+    tracker.update(f"quantizing ({scheme})")
     counts = apply_plan(model, plan)
-    after = val_loss(model, data.val_batches)
+    tracker.update(f"evaluating {scheme}", advance=1)
+    after = val_loss(model, data.val_batches, tracker)
     if not math.isfinite(after):
         raise UserError(f"{path}: the {scheme} model's validation loss is {after}; nothing written")
     out = quantized_path(path, plan)

@@ -166,7 +166,31 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
             taken.add(real)
             plan.dirs.append(d)
             plan.size += tree_size(d)
+        _plan_tensorboard(plan, taken)
     return plans
+
+
+TENSORBOARD_FILE = "events.out.tfevents."  # what a SummaryWriter writes, and all the sink's directory holds
+
+
+def _plan_tensorboard(plan: RunDeletion, taken: set[Path]) -> None:
+    """The run's TensorBoard directory (archspec.train.sinks.tensorboard_logdir), when the sink wrote one here:
+    deleted with the run, like its run directory, when it holds event files only."""
+    from archspec.train.sinks import tensorboard_logdir
+
+    run = plan.run
+    d = tensorboard_logdir(run.spec_name or run.name, run.id)
+    if d.is_symlink() or not d.is_dir():
+        return
+    foreign = sorted(e.name for e in d.iterdir() if not (e.is_file() and e.name.startswith(TENSORBOARD_FILE)))
+    if foreign:
+        raise UserError(f"run {run.id}: {printable(str(d), 200)} also holds files the TensorBoard sink did not write "
+                        f"({', '.join(printable(f, 60) for f in foreign[:3])}); move them first, or pass --keep-files")
+    real = d.resolve()
+    if real not in taken:
+        taken.add(real)
+        plan.dirs.append(d)
+        plan.size += tree_size(d)
 
 
 def _protected_paths(reg: Registry) -> list[tuple[str, Path]]:

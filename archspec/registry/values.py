@@ -124,6 +124,11 @@ def is_stale(heartbeat: datetime | None, timeout_s: float, now: datetime) -> boo
 # the pid namespace it is a pid in (the inode of /proc/self/ns/pid), the boot it ran in (the kernel's boot_id) and
 # the process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot).
 WRITER_IDENTITY = ("pid", "pid_namespace", "boot_id", "pid_start")
+# Every tag archspec records by itself (the loop's run_info, the launchers): how and where a run ran. A user's own
+# tags (`archspec runs tag`) are the others; the UI shows those first and folds these.
+SYSTEM_TAGS = frozenset({*WRITER_IDENTITY, "device", "precision", "world_size", "compile", "parallel",
+                         "activation_checkpointing", "corpus", "corpus_hash", "tokenizer", "train_tokens", "val_tokens",
+                         "resumed_from_step", "repeat_of", "launcher", "scheduler_job", "node", "host"})
 
 
 def _proc_start(pid: int) -> str | None:

@@ -104,6 +104,41 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
     return ".".join(parts)
 
 
+def _fields_at(loc: tuple, root: type[BaseModel] = Spec) -> set[str]:
+    """The field names valid at `loc` (the mapping an unknown key was found in), walked as `_user_path` walks it: a
+    union field's tag picks its member; without one, every member's fields."""
+    model: type[BaseModel] | None = root
+    members: dict[str, type[BaseModel]] | None = None
+    for part in loc:
+        if members is not None:
+            if str(part) in members:
+                model, members = members[str(part)], None
+                continue
+            model, members = None, None
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        if field is None:
+            return set()
+        members = _kind_members(field.annotation)
+        model = None if members else _model_of(field.annotation)
+    if members:
+        return {name for m in members.values() for name in m.model_fields}
+    return set(model.model_fields) if model is not None else set()
+
+
+def _did_you_mean(loc: tuple, root: type[BaseModel]) -> str:
+    """`; did you mean ffn?` for an unknown key: the nearest valid key at its place (the filter language's
+    closest_key: an abbreviation part by part, else the closest spelling), or the valid ones when few."""
+    from archspec.errors import closest_key
+
+    if not loc:
+        return ""
+    valid = _fields_at(tuple(loc[:-1]), root)
+    close = closest_key(str(loc[-1]), valid) if valid else None
+    if close:
+        return f"; did you mean {close}?"
+    return f"; valid here: {', '.join(sorted(valid))}" if valid and len(valid) <= 12 else ""
+
+
 def known_keys() -> frozenset[str]:
     """Every dotted leaf key a spec can have, across all union members (`model.norm.eps`, `train.data.corpus.paths`):
     what a registry filter may name as `params.<key>`. Plus `train.data_parallel`, which runs on several data-parallel replicas add to the recipe, and
@@ -172,7 +207,8 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
             msg = ("must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), "
                    f"got {_printable(_repr(e['input']))}")
         elif e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `archspec schema` lists the valid fields)"
+            msg = ("unknown field" + (_did_you_mean(e["loc"], root) or " (check the spelling)")
+                   + " (`archspec schema` lists the valid fields)")
         elif e["type"] == "missing":
             msg = "required field is missing"
         elif e["type"] == "value_error":  # our own validators: the message already names what was given

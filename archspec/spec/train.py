@@ -25,7 +25,50 @@ from archspec.spec.legacy import note
 # Where a run is recorded besides the registry (archspec.train.sinks): each an optional extra, `archspec[<name>]`.
 LogSink = Literal["tensorboard", "wandb", "mlflow"]
 
+# ── how much evaluation a run does when its recipe does not say (observation, not identity) ──────────────────────
+# The rule (docs/budgets.md): all of a run's evaluations together read at most EVAL_SHARE of the tokens it trains on
+# (a forward pass costs a third of a training step per token, so about a seventh of the run's compute), in
+# EVAL_POINTS evaluations of EVAL_SHARE · train tokens / EVAL_POINTS tokens each, that size held between a floor and
+# a cap. The floor is where the validation set's own noise stops exceeding the seed-to-seed spread (16,384 tokens:
+# 0.92× the seed std at the ablation presets, bench/eval_noise.py, docs/ABLATIONS.md); the cap is where more tokens
+# no longer pay (65,536: a third of the seed std, the default before this rule). When the floor binds (a short run),
+# the run evaluates fewer times instead, EVAL_SHARE · train tokens / floor, but never fewer than MIN_EVAL_POINTS.
 EVAL_POINTS = 10  # evaluations per run when eval_interval is not given: enough points for a curve at any budget
+MIN_EVAL_POINTS = 4  # the fewest a short run gets, so a curve is still a curve
+EVAL_SHARE = 0.5
+EVAL_TOKENS_FLOOR = 16_384
+EVAL_TOKENS_CAP = 65_536
+
+
+def auto_eval_tokens(train_tokens: int) -> int:
+    """Validation tokens per evaluation by the budget rule, for a run that trains on `train_tokens` tokens."""
+    return int(min(EVAL_TOKENS_CAP, max(EVAL_TOKENS_FLOOR, math.ceil(EVAL_SHARE * train_tokens / EVAL_POINTS))))
+
+
+def auto_eval_points(train_tokens: int, eval_tokens: int) -> int:
+    """Evaluations per run by the budget rule: EVAL_POINTS, fewer when even the floor-sized set would take the run's
+    evaluation past EVAL_SHARE of its training tokens, but at least MIN_EVAL_POINTS."""
+    return int(min(EVAL_POINTS, max(MIN_EVAL_POINTS, math.ceil(EVAL_SHARE * train_tokens / max(1, eval_tokens)))))
+
+
+def rescaled_interval(eval_interval: int, spec_steps: int, steps: int) -> int:
+    """A spec's eval_interval for a run of `steps` steps instead of its `spec_steps` (`train --steps N`): the interval
+    is read as a number of points per run (a preset's `eval_interval: 25` of 100 steps is four points), so a short run
+    still gets its points and a long one no more than it asked for."""
+    points = max(1, math.ceil(spec_steps / eval_interval))
+    return max(1, math.ceil(steps / points))
+
+
+def resolved_eval(steps: int, tokens_per_step: int, eval_interval: int | None,
+                  eval_tokens: int | None) -> tuple[int, int]:
+    """(steps between evaluations, validation tokens per evaluation) of a recipe: what it states, else the rule. The
+    one place the defaults are decided (the loop, the estimates and the reports of recorded runs call it)."""
+    train_tokens = steps * tokens_per_step
+    size = eval_tokens or auto_eval_tokens(train_tokens)
+    if eval_interval:
+        return eval_interval, size
+    points = auto_eval_points(train_tokens, size) if eval_tokens is None else EVAL_POINTS
+    return max(1, math.ceil(steps / points)), size
 
 MAX_STEPS = 10_000_000  # optimizer steps of one run at most (also the limit of every --steps option)
 
@@ -127,11 +170,14 @@ class TrainSpec(_Strict):
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     eval_interval: int | None = Field(
         None, ge=1, description="steps between evaluations (the last step is always evaluated); default: about ten "
-                                "evaluations per run, ceil(steps / 10)")
-    # 65,536 target tokens: at the ablation presets' size the evaluation noise this leaves (~0.003 nats) is a tenth of
-    # the seed-to-seed spread (~0.03), measured by bench/eval_noise.py (docs/ABLATIONS.md). Capped by the split.
-    eval_tokens: int = Field(65_536, ge=1, le=1 << 30, description="target tokens in the fixed validation set "
-                             "(whole windows of seq_len, spread over the validation split; at most the split)")
+                                "evaluations per run, ceil(steps / 10), fewer (at least 4) for a run too short to "
+                                "afford them (the budget rule, docs/budgets.md)")
+    # Default: the budget rule above (resolved_eval): half the run's training tokens over ten evaluations, each between
+    # 16,384 and 65,536 tokens. Capped by the split. Observation, not identity (archspec.train.logger.NOT_IDENTITY).
+    eval_tokens: int | None = Field(None, ge=1, le=1 << 30, description="target tokens in the fixed validation set "
+                                    "(whole windows of seq_len, spread over the validation split; at most the "
+                                    "split); default: the budget rule, half the run's training tokens over its "
+                                    "evaluations, between 16,384 and 65,536 (docs/budgets.md)")
     checkpoint_interval: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end")
     # auto: bf16 autocast on CUDA, fp32 on CPU. fp16: autocast fp16 with dynamic loss scaling (torch.amp.GradScaler;
     # an overflowed step is skipped). fp8: torchao's float8 training of the quantizable linears (archspec.quant's
@@ -170,6 +216,16 @@ class TrainSpec(_Strict):
         return value
 
     @property
+    def tokens_per_step(self) -> int:
+        """Tokens one process trains on per optimizer step (the rule reads the recipe alone, not the world size)."""
+        return self.batch_size * self.grad_accum * (self.seq_len or 0)
+
+    @property
     def eval_every(self) -> int:
-        """Steps between evaluations: `eval_interval`, or about ten points a curve whatever the steps."""
-        return self.eval_interval or max(1, math.ceil(self.steps / EVAL_POINTS))
+        """Steps between evaluations: `eval_interval`, or the budget rule's (about ten points a curve)."""
+        return resolved_eval(self.steps, self.tokens_per_step, self.eval_interval, self.eval_tokens)[0]
+
+    @property
+    def eval_size(self) -> int:
+        """Target validation tokens per evaluation: `eval_tokens`, or the budget rule's."""
+        return resolved_eval(self.steps, self.tokens_per_step, self.eval_interval, self.eval_tokens)[1]

@@ -254,5 +254,5 @@ def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData
         return task_data(spec, rank=rank, world=world)  # type: ignore[return-value]  # TrainData's interface
     corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)
-    val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_tokens, rank, world)
+    val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_size, rank, world)
     return TrainData(corpus, tokenizer, store, sampler, val)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import random
 import resource
 import shutil
@@ -81,7 +82,7 @@ from archspec.train.parallel import (apply_activation_checkpointing, clip_gradie
                                      shard_fsdp, split_model)
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
 from archspec.train.optim import build_optimizer, lr_at, restore_hyperparameters, set_lr
-from archspec.train.progress import ProgressBar, eval_line
+from archspec.train.progress import ProgressBar, SweepPosition, eval_line
 from archspec.train.run_dir import default_run_dir
 from archspec.train.throughput import peak_flops
 from archspec.train.tokenizer import TOKENIZER_FILE, tokenizer_state
@@ -215,7 +216,9 @@ class Trainer:
         self.amp_dtype_autocast = self.amp_dtype
         self.cache = cache_dir(cache)
         self.logger: RunLogger = (logger or NullLogger()) if self.world.is_main else NullLogger()
-        self.progress = ProgressBar(progress and self.world.is_main, total=self.recipe.steps)
+        self.load_samples: list[float] = []
+        self.progress = ProgressBar(bool(progress) and self.world.is_main, total=self.recipe.steps,
+                                    sweep=progress if isinstance(progress, SweepPosition) else None)
 
         check_start(resume, init_from)
         self.init_weights = self._read_init(init_from) if init_from is not None else None
@@ -297,6 +300,7 @@ class Trainer:
                                                                         self.cache), self.started,
                                      data_parallel=self.layout.dp)
         self.tokens_per_step = self.metrics.tokens_per_step
+        self.progress.plan(self.tokens_per_step, self.eval_tokens, self.recipe.eval_every)  # the ETA's evaluations
         self.last_eval: dict[str, float] = {}
         # train.stability: per-layer figures at each evaluation (archspec.train.metrics), None when not asked
         self.stability = StabilityProbe(self.model) if self.recipe.stability else None
@@ -839,7 +843,7 @@ class Trainer:
                           + f" · dir {_shown(self.run_dir)}")
         self.progress.log(f"data: {_shown(d['corpus'])} · {d['tokenizer']} tokenizer · {d['train_tokens']:,} train / "
                           f"{d['val_tokens']:,} val tokens (evaluated on {self.eval_tokens:,}, every "
-                          f"{self.recipe.eval_every} steps)")
+                          f"{self.recipe.eval_every} steps: {self._eval_share(acc):.0%} of the run's FLOPs)")
         if self.amp_dtype == torch.bfloat16 and self.device.type == "cpu":
             self.progress.log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower "
                               "than fp32; train.precision=auto picks fp32 here[/]")
@@ -857,6 +861,14 @@ class Trainer:
         self.progress.log(f"memory plan: {plan.total / 2**30:.2f} GiB per device at the peak of a step"
                           + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
 
+    def _eval_share(self, acc) -> float:
+        """The part of the run's FLOPs its evaluations take (forward only, at the accounting's FLOPs per token)."""
+        steps, every = self.recipe.steps, self.recipe.eval_every
+        evals = steps // every + (1 if steps % every else 0)  # evaluates_at's steps, counted
+        evaluation = evals * self.eval_tokens * acc.flops_forward
+        total = evaluation + self.recipe.steps * self.tokens_per_step * acc.flops_train
+        return evaluation / total if total else 0.0
+
     def evaluates_at(self, step: int) -> bool:
         """Whether the run evaluates once `step` steps are done."""
         return step % self.recipe.eval_every == 0 or step == self.recipe.steps
@@ -869,8 +881,19 @@ class Trainer:
         self.logger.log_metrics(self.step, metrics)
         self.progress.update(self.step, stats.loss, self.metrics.live_rate())
 
+    def _sample_load(self) -> None:
+        """The machine's 1-minute load average now (archspec.ablate.report compares runs' throughput only when their
+        loads were alike)."""
+        try:
+            self.load_samples.append(os.getloadavg()[0])
+        except (OSError, AttributeError):  # no load average on this platform
+            pass
+
     def _record_eval(self) -> float:
+        self._sample_load()
+        began = time.monotonic()
         self.last_eval = self.evaluate()
+        self.progress.evaluated(time.monotonic() - began)
         self.logger.log_metrics(self.step, self.last_eval)
         self.logger.heartbeat()
         self.progress.log(eval_line(self.step, self.recipe.steps, self.last_eval, self.metrics.since_eval(self.step)))
@@ -888,6 +911,8 @@ class Trainer:
         kind_stats = KindStats(self.spec)
         out.update({k: v for k, v in self.last_eval.items() if kind_stats.in_summary(k) and StabilityProbe.in_summary(k)})
         out.update(self.metrics.throughput())
+        if self.load_samples:  # how busy the machine was: tok/s of runs measured under other loads do not compare
+            out["load_average"] = sum(self.load_samples) / len(self.load_samples)
         return out
 
     def _save_on_stop(self) -> str:

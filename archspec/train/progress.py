@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.progress import Progress
@@ -30,9 +31,26 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+@dataclass(frozen=True)
+class SweepPosition:
+    """Where a run stands in a sweep (passed as the loop's `progress`): its place, and the estimated seconds of the
+    sweep's work after it (training and evaluation), so that the run's progress line also says when the sweep ends."""
+
+    label: str  # e.g. "sweep ffn 2/4"
+    after_s: float | None  # None: no estimate
+
+    def __bool__(self) -> bool:
+        return True
+
+
 def progress_line(width: int, *, step: int, total: int, loss: float | None, rate: tuple[float, int] | None,
-                  elapsed: float | None, remaining: float | None, description: str = "train") -> Text:
-    """The progress line at `width` columns: every field that fits, whole. `rate`: (tokens/s, steps averaged)."""
+                  elapsed: float | None, remaining: float | None, description: str = "train",
+                  sweep_remaining: float | None = None) -> Text:
+    """The progress line at `width` columns: every field that fits, whole. `rate`: (tokens/s, steps averaged).
+    `remaining` counts the run's evaluations still to come; `sweep_remaining` (in a sweep) the sweep's rest too."""
+    eta = f"ETA {clock(remaining)}"
+    if sweep_remaining is not None:
+        eta += f" (sweep {clock(None if remaining is None else remaining + sweep_remaining)})"
     fields = {
         "description": Text(shown(description), style="bold"),
         "step": Text(f"{step}/{total}"),
@@ -40,7 +58,7 @@ def progress_line(width: int, *, step: int, total: int, loss: float | None, rate
         "rate": (Text.assemble((f"{rate[0]:,.0f}", "green"), f" {live_rate_label(rate[1])}") if rate
                  else Text("- tok/s")),
         "elapsed": Text(f"elapsed {clock(elapsed)}"),
-        "eta": Text(f"ETA {clock(remaining)}"),
+        "eta": Text(eta),
     }
     dropped: list[str] = []
     for n in range(len(DROP_ORDER) + 1):
@@ -102,10 +120,11 @@ class _Line:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for task in self.progress.tasks:
+            remaining = task.fields.get("remaining")
             yield progress_line(options.max_width, step=int(task.completed), total=int(task.total or 0),
                                 loss=task.fields.get("loss"), rate=task.fields.get("rate"), elapsed=task.elapsed,
-                                remaining=0.0 if task.finished else task.time_remaining,
-                                description=task.description)
+                                remaining=0.0 if task.finished else remaining,
+                                description=task.description, sweep_remaining=task.fields.get("sweep_after"))
 
 
 class _Display(Progress):
@@ -114,8 +133,18 @@ class _Display(Progress):
 
 
 class ProgressBar:
-    def __init__(self, enabled: bool, total: int, description: str = "train", console: Console | None = None):
+    """The run's progress line. Its ETA is the steps left at the current step time plus the evaluations left at the
+    measured evaluation time (before the first evaluation: its forward tokens at a third of a training token's time),
+    so a run that evaluates often is not promised early (`plan` tells it the run's evaluation schedule)."""
+
+    def __init__(self, enabled: bool, total: int, description: str = "train", console: Console | None = None,
+                 sweep: SweepPosition | None = None):
         self.enabled, self.total, self.description = enabled, total, description
+        self.sweep = sweep
+        if sweep is not None:
+            self.description = sweep.label
+        self.tokens_per_step, self.eval_tokens, self.eval_every = 0, 0, 0
+        self.eval_times: list[float] = []
         # soft_wrap: long run lines stay whole in logs
         self.console = console or MarkupConsole(stderr=True, soft_wrap=True, width=terminal_width(sys.stderr))
         self._progress = _Display(console=self.console, disable=not enabled)
@@ -123,7 +152,8 @@ class ProgressBar:
 
     def start(self, done: int = 0) -> None:
         """Show the bar from `done` steps (a resumed run); elapsed time and ETA count from here."""
-        self._task = self._progress.add_task(self.description, total=self.total, completed=done, loss=None, rate=None)
+        self._task = self._progress.add_task(self.description, total=self.total, completed=done, loss=None, rate=None,
+                                             remaining=None, sweep_after=None)
         self._progress.start()
 
     def __enter__(self) -> ProgressBar:
@@ -132,11 +162,36 @@ class ProgressBar:
     def __exit__(self, *exc) -> None:
         self._progress.stop()
 
+    def plan(self, tokens_per_step: int, eval_tokens: int, eval_every: int) -> None:
+        """The run's evaluation schedule (every `eval_every` steps and at the last, `eval_tokens` tokens each)."""
+        self.tokens_per_step, self.eval_tokens, self.eval_every = tokens_per_step, eval_tokens, eval_every
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took `seconds`: the ETA uses the measured time from here on."""
+        self.eval_times.append(seconds)
+
+    def remaining(self, step: int, rate: tuple[float, int] | None) -> float | None:
+        """Seconds left: the steps after `step` and the evaluations among them (None until a rate is measured)."""
+        if not rate or rate[0] <= 0 or not self.tokens_per_step:
+            return None
+        step_s = self.tokens_per_step / rate[0]
+        every = self.eval_every or self.total
+        done = min(step, self.total)
+        evals_left = (  # evaluations at multiples of `every` and at the last step, less those done
+            self.total // every + (1 if self.total % every else 0)
+            - (done // every + (1 if done == self.total and self.total % every else 0)))
+        if self.eval_times:
+            eval_s = sum(self.eval_times) / len(self.eval_times)
+        else:  # a forward token costs about a third of a training token
+            eval_s = self.eval_tokens * step_s / (3 * self.tokens_per_step)
+        return max(0, self.total - step) * step_s + max(0, evals_left) * eval_s
+
     def update(self, step: int, loss: float, rate: tuple[float, int] | None) -> None:
         """rate: (tokens/s, over how many recent steps), `RunMetrics.live_rate`."""
         if self._task is None:
             self.start(step - 1)
-        self._progress.update(self._task, completed=step, loss=loss, rate=rate)
+        self._progress.update(self._task, completed=step, loss=loss, rate=rate, remaining=self.remaining(step, rate),
+                              sweep_after=self.sweep.after_s if self.sweep is not None else None)
 
     def line(self) -> Text | None:
         """The progress line as it is now, at the console's width (None before the first step)."""

@@ -178,6 +178,13 @@ def _state_root() -> Path:
     return state_root()[0]
 
 
+def tensorboard_logdir(spec_name: str, run_id: str) -> Path:
+    """Where the TensorBoard sink writes a run's event files: `$ARCHSPEC_TENSORBOARD_DIR/<spec>-<run id>` (default
+    `<state root>/tensorboard/...`). `archspec runs delete` removes it with the run."""
+    root = Path(os.environ.get(TENSORBOARD_ENV) or _state_root() / "tensorboard")
+    return root / f"{spec_name}-{run_id}"
+
+
 def _text(value: Any) -> str:
     """A param's value as text (MLflow params, TensorBoard hparams of a list): strings as they are, the rest as
     JSON (`true`, `32`, `["a", "b"]`, `null`)."""
@@ -206,7 +213,8 @@ class Sink:
 
 class TensorBoardSink(Sink):
     """Event files in `$ARCHSPEC_TENSORBOARD_DIR/<spec>-<run id>` (default `<state root>/tensorboard/...`): each
-    metric a scalar (float64, exact), the summary as `summary/<key>` scalars at the last step, the params as the
+    metric a scalar summary (what TensorBoard's scalar dashboard and EventAccumulator.Scalars() read; float32 there:
+    the registry keeps the exact value), the summary as `summary/<key>` scalars at the last step, the params as the
     HPARAMS tab's and as a `params` text of JSON, artifacts and the final status as texts."""
 
     name = "tensorboard"
@@ -218,8 +226,7 @@ class TensorBoardSink(Sink):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
-        root = Path(os.environ.get(TENSORBOARD_ENV) or _state_root() / "tensorboard")
-        self.logdir = root / f"{info.spec_name}-{run_id}"
+        self.logdir = tensorboard_logdir(info.spec_name, run_id)
         self.writer = SummaryWriter(str(self.logdir))
         plain = {k: v if isinstance(v, (bool, int, float, str)) else _text(v) for k, v in params.items()}
         for event in hparams(plain, {"val_loss": 0.0}):  # the HPARAMS tab; val_loss is a column there
@@ -228,7 +235,7 @@ class TensorBoardSink(Sink):
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step, new_style=True, double_precision=True)
+            self.writer.add_scalar(key, value, step)  # a scalar summary: TensorBoard's Scalars() reads it
 
     def flush(self) -> None:
         self.writer.flush()
@@ -238,7 +245,7 @@ class TensorBoardSink(Sink):
 
     def set_summary(self, last_step: int, summary: Mapping[str, float]) -> None:
         for key, value in summary.items():
-            self.writer.add_scalar(f"summary/{key}", value, last_step, new_style=True, double_precision=True)
+            self.writer.add_scalar(f"summary/{key}", value, last_step)
 
     def end(self, status: str, error: str | None) -> None:
         self.writer.add_text("status", status + (f": {error}" if error else ""), 0)

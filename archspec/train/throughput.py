@@ -71,7 +71,7 @@ def _measurement_key(device: torch.device, dtype: torch.dtype) -> str:
 
 
 CEILING_FILE = "peak_flops.json"
-_PROVISIONAL: dict[str, dict] = {}  # measurements taken under load: this process's only, never stored
+_REMEASURED: set[str] = set()  # keys this process has measured already (a ceiling taken under load, once a process)
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[float, str]:
@@ -88,21 +88,18 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[f
             return peak, f"datasheet bf16 peak of {name}"
     key = _measurement_key(device, dtype)
     entry = read_ceiling(device, dtype, cache)
+    # One ceiling per machine, stored, that only ever rises: a measurement under load is a lower bound of the
+    # machine's rate, so it is kept until a higher one replaces it (a quiet moment, `archspec peak --measure`), and no
+    # run under load can lower it (every run's MFU is a fraction of the same figure).
     if entry is None:
-        # Measured once per machine and stored in the per-user cache, but only when the machine is quiet: a figure
-        # taken under load is too low (MFU above 100%). A busy machine gets a provisional figure, kept for this process
-        # alone while the load lasts (a second run in the same process, or a Trainer after a planner, reads it).
-        busy = device.type == "cpu" and machine_busy()
-        if busy and key in _PROVISIONAL:
-            entry = _PROVISIONAL[key]
-        else:
-            entry = measure_ceiling(device, dtype, cache, store=not busy)
-            if busy:
-                entry = _PROVISIONAL[key] = {**entry, "provisional": True}
-    if entry.get("provisional"):
-        return entry["flops"], (f"this machine's matmul rate measured now under load (load average "
-                                f"{entry['load_average']:.1f}; provisional, not stored: `archspec peak --measure` "
-                                f"in a quiet moment stores it) ({key})")
+        entry = measure_ceiling(device, dtype, cache)
+    elif entry.get("under_load") and device.type == "cpu" and not machine_busy() and key not in _REMEASURED:
+        _REMEASURED.add(key)  # quiet now: measured again, once a process, and kept if higher
+        entry = measure_ceiling(device, dtype, cache)
+    if entry.get("under_load"):
+        return entry["flops"], (f"this machine's matmul rate, measured under load (load average "
+                                f"{entry['load_average']:.1f}; the highest so far: no run lowers it; `archspec peak "
+                                f"--measure` in a quiet moment raises it) ({key}, {entry['measured_at']})")
     return entry["flops"], f"this machine's measured matmul rate ({key}, {entry['measured_at']})"
 
 
@@ -133,19 +130,27 @@ def read_ceiling(device: torch.device, dtype: torch.dtype, cache: Path) -> dict 
 
 def measure_ceiling(device: torch.device, dtype: torch.dtype, cache: Path, repeats: int = 10,
                     store: bool = True) -> dict:
-    """Measure the matmul rate now and (`store`) keep it in the per-user cache (the only writer of the file)."""
+    """Measure the matmul rate now and (`store`) keep it in the per-user cache (the only writer of the file) when it
+    is higher than the stored one: other work only ever slows a measurement down, so the highest is the machine's
+    figure, and a measurement under load never lowers it. Returns the entry the cache holds now (`latest`: this
+    measurement's rate)."""
     # Seeded apart from the run's RNG: measuring must not change the training random stream.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         slow = device.type == "cpu" and dtype != torch.float32  # no native bf16 on most CPUs: ~0.3 GFLOP/s
         n = 256 if slow else 2048
         flops = measure_matmul_flops(device, dtype, n=n, repeats=repeats)
+    busy = device.type == "cpu" and machine_busy()
     entry = {"flops": flops, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-             "how": f"best of {repeats} {n}x{n} matmuls", "load_average": os.getloadavg()[0]}
+             "how": f"best of {repeats} {n}x{n} matmuls", "load_average": os.getloadavg()[0],
+             **({"under_load": True} if busy else {})}
+    old = read_ceiling(device, dtype, cache)
+    if old is not None and old["flops"] >= flops:
+        return {**old, "latest": flops}
     if store:
         table = _read_table(cache)
         table[_measurement_key(device, dtype)] = entry
         _store(cache / CEILING_FILE, table)
-    return entry
+    return {**entry, "latest": flops}
 
 
 def _store(path: Path, table: dict) -> None:

@@ -129,6 +129,11 @@ class App:
         data.update(spec=run.spec, params=run.params, artifacts=[{"kind": k, "path": p} for k, p in
                                                                  self.registry.artifacts(run_id)],
                     evaluations=self.registry.evaluations(run_id), metric_keys=sorted(run.steps))  # keys, no points
+        from archspec.registry.values import SYSTEM_TAGS
+
+        tags = data.get("tags") or {}  # the user's own first; what archspec records by itself folded below
+        data["user_tags"] = {k: v for k, v in tags.items() if k not in SYSTEM_TAGS}
+        data["system_tags"] = {k: v for k, v in tags.items() if k in SYSTEM_TAGS}
         return run, data
 
     def metric(self, run_id: str, key: str) -> dict[str, Any]:
@@ -141,18 +146,36 @@ class App:
                 "tokens": [p.step * tokens for p in points] if tokens else None,
                 "flops": [p.step * tokens * flops for p in points] if tokens and flops else None}
 
-    def sweep(self, name: str) -> dict[str, Any]:
+    def sweep(self, name: str, budget_key: str | None = None, curve_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A sweep's report at one budget (archspec.ablate.budgets: `?budget=` its key; default the latest), with
+        every budget the sweep has run at, so that two budgets' runs never mix in one table or chart."""
+        from archspec.ablate.budgets import name_budgets
         from archspec.ablate.report import effect_numbers, effect_rows, main_effects, table_rows, variant_numbers
         from archspec.ablate.runner import collect
 
+        budgets = name_budgets(self.registry, name)
+        if budget_key is not None:
+            chosen = [b for b in budgets if b.key == budget_key or (budget_key and b.key.startswith(budget_key))]
+            if len(chosen) != 1:
+                raise HTTPException(404, f"sweep {name[:80]!r} has no budget {budget_key[:80]!r}")
+            budget = chosen[0]
+        else:
+            budget = budgets[0] if budgets else None
         try:
-            variants, baseline = collect(self.registry, name, None)
+            variants, baseline = collect(self.registry, name, None,
+                                         only=set(budget.run_ids) if budget is not None else None)
         except UserError:  # a name the filter language cannot hold is no sweep of this registry either
             variants, baseline = [], 0
         if not variants or not any(v.runs for v in variants):
             raise HTTPException(404, f"no sweep {name[:80]!r} in this registry")
         effects = main_effects(variants, baseline)
-        return {"sweep": name, "baseline": baseline, "rows": table_rows(variants, baseline),
+        rows = table_rows(variants, baseline)
+        return {"sweep": name, "baseline": baseline, "rows": rows,
+                "groups": {key: sweep_curves(self.registry, variants, rows, key) for key in curve_keys},
+                "budget": budget.key if budget is not None else None,
+                "budgets": [{"key": b.key, "label": b.label, "runs": len(b.run_ids), "seeds": b.seeds,
+                             "steps": b.steps, "latest": b.latest.isoformat() if b.latest else None}
+                            for b in budgets],
                 "variants": variant_numbers(variants, baseline), "main_effects": effect_numbers(effects),
                 "effect_rows": effect_rows(effects),
                 "runs": [{"variant": v.label, "run": r.run_id, "seed": r.seed} for v in variants for r in v.runs]}
@@ -169,7 +192,8 @@ class App:
         return _json(self.metric(request.path_params["run_id"], request.path_params["key"]))
 
     async def api_sweep(self, request: Request) -> Response:
-        data = self.sweep(request.path_params["name"])
+        keys = tuple(k for k in request.query_params.getlist("curves") if k)[:8]  # ?curves=val_loss&curves=loss
+        data = self.sweep(request.path_params["name"], request.query_params.get("budget"), keys)
         data.pop("effect_rows")
         return _json(data)
 
@@ -206,7 +230,7 @@ class App:
             raise HTTPException(400, f"compare: give 2 to 8 run ids, ?ids=A,B (got {len(ids)})")
         runs = [self._get_run(i) for i in ids]
         ids = [r.id for r in runs]
-        flat = [flatten({"model": r.spec.get("model") or {}, "train": r.recipe}) for r in runs]
+        flat = [flatten({"model": r.spec.get("model") or {}, "train": r.recipe, "summary": r.summary}) for r in runs]
         keys = sorted(set().union(*flat))
         fields = [{"key": k, "values": [json.dumps(f.get(k), sort_keys=True) if k in f else "-" for f in flat]}
                   for k in keys]
@@ -223,8 +247,31 @@ class App:
         return _page("sweeps.html.j2", sweeps=self.registry.sweep_names())
 
     async def sweep_page(self, request: Request) -> Response:
-        data = self.sweep(request.path_params["name"])
+        data = self.sweep(request.path_params["name"], request.query_params.get("budget"))
         return _page("sweep.html.j2", **data)
+
+
+def sweep_curves(registry: Registry, variants, rows: list[dict[str, str]], key: str) -> list[dict[str, Any]]:
+    """A sweep's curves of metric `key` grouped by variant: at each step the seeds' mean and its 95% t interval (the
+    report's own interval function, archspec.ablate.stats.mean_interval), with the variant's verdict beside it."""
+    from archspec.ablate.stats import mean_interval
+
+    out = []
+    for v, row in zip(variants, rows):
+        by_step: dict[int, list[float]] = {}
+        for r in v.runs:
+            for p in registry.metric_history(r.run_id, key):
+                if p.value is not None and math.isfinite(p.value):
+                    by_step.setdefault(p.step, []).append(p.value)
+        steps = sorted(by_step)
+        intervals = [mean_interval(by_step[s]) for s in steps]
+        out.append({"variant": v.index, "label": v.label or "base", "row": row["variant"],
+                    "verdict": row.get("verdict"), "delta": row.get("Δ vs baseline"), "ci": row.get("95% CI"),
+                    "seeds": len(v.runs), "step": steps, "n": [len(by_step[s]) for s in steps],
+                    "mean": [i.estimate for i in intervals],
+                    "low": [i.low if i.known else None for i in intervals],
+                    "high": [i.high if i.known else None for i in intervals]})
+    return out
 
 
 def _generated_source(spec: dict[str, Any]) -> tuple[str | None, str | None]:

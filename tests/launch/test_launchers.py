@@ -243,9 +243,14 @@ def test_train_with_slurm_local_trains_one_run_in_a_worker(workdir, base_spec, c
     url = f"sqlite:///{workdir / 'reg.db'}"
     assert main(["train", str(spec), "--steps", "2", "--registry", url, "--no-compile", "--device", "cpu",
                  "--launcher", "slurm-local"]) == 0
-    assert "FINISHED" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "FINISHED" in err
     (run,) = Registry(url).runs()
     assert run.status == "FINISHED" and run.scheduler_job and run.recipe["steps"] == 2
+    assert err.count(run.id) == 1, err  # said once, at submission
+    assert not list(workdir.rglob("%j"))  # no literal folder pattern left beside the job's own folder
+    logs = list(workdir.rglob(f"{run.scheduler_job}_0_log.err"))
+    assert logs and f"run {run.id}" in logs[0].read_text()  # the job's log holds the run's own lines
 
 
 @pytest.mark.skipif(not PG_URL, reason="a multi-node job refuses SQLite: needs ARCHSPEC_TEST_PG_URL")

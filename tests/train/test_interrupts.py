@@ -71,7 +71,7 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_printed_command_continues_it_e
         assert option in command, (option, command)
     assert command[-2:] == ["--resume", str(tmp_path / "run" / "checkpoint.pt")]
     monkeypatch.setattr(Trainer, method, real)
-    assert main(command[1:] + ["--json"]) == 0
+    assert main(command[command.index("train"):] + ["--json"]) == 0  # after the program, however it was invoked
     result = json.loads(capsys.readouterr().out)
     assert result["status"] == "FINISHED" and result["step"] == 5
     resumed = load_checkpoint(tmp_path / "run")["model"]

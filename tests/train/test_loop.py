@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from archspec.cli import main
+from archspec.console import program
 from archspec.registry import Registry
 from archspec.train.checkpoint import load_checkpoint
 from archspec.train.logger import FAILED, FINISHED, KILLED, NullLogger
@@ -361,8 +362,10 @@ def test_ctrl_c_prints_the_resume_command_and_it_resumes(tmp_path, capsys, corpu
     assert code == 130
     (line,) = [x for x in err.splitlines() if x.startswith("resume with: ")]
     command = shlex.split(line.removeprefix("resume with: "))
-    assert command[:3] == ["archspec", "train", str(spec)] and "--resume" in command and "train.lr=1e-2" in command
+    at = command.index("train")  # after the program as this process was invoked (archspec.console.program)
+    assert shlex.join(command[:at]) == program()
+    assert command[at:at + 2] == ["train", str(spec)] and "--resume" in command and "train.lr=1e-2" in command
     monkeypatch.setattr(Trainer, "train_step", real_step)
-    assert main(command[1:] + ["--no-compile", "-q", "--json"]) == 0
+    assert main(command[at:] + ["--no-compile", "-q", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["status"] == "FINISHED" and result["step"] == 4

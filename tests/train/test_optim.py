@@ -70,7 +70,7 @@ def test_the_measured_ceiling_is_read_never_rewritten(tmp_path, monkeypatch):
     from archspec.train.throughput import _measurement_key, measure_ceiling, peak_flops, read_ceiling
 
     monkeypatch.setattr("archspec.train.throughput.machine_busy", lambda: False)  # a quiet machine stores it
-    monkeypatch.setattr("archspec.train.throughput._PROVISIONAL", {})  # nothing measured earlier in this process
+    monkeypatch.setattr("archspec.train.throughput._REMEASURED", set())  # nothing measured earlier in this process
     cpu = torch.device("cpu")
     key = _measurement_key(cpu, torch.float32)
     (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1e30}))  # old format, absurdly raised
@@ -85,20 +85,32 @@ def test_the_measured_ceiling_is_read_never_rewritten(tmp_path, monkeypatch):
     assert measure_ceiling(cpu, torch.float32, tmp_path, repeats=2)["flops"] > 0  # only an explicit measure writes
 
 
-def test_a_ceiling_measured_under_load_is_provisional_never_stored_and_measured_once(tmp_path, monkeypatch):
+def test_one_ceiling_per_machine_that_a_loaded_measurement_never_lowers(tmp_path, monkeypatch):
+    import json
+
     import torch
 
     from archspec.train import throughput
 
-    monkeypatch.setattr(throughput, "machine_busy", lambda: True)
-    monkeypatch.setattr(throughput, "_PROVISIONAL", {})
+    busy = [True]
+    monkeypatch.setattr(throughput, "machine_busy", lambda: busy[0])
+    monkeypatch.setattr(throughput, "_REMEASURED", set())
+    rates = iter([50e9, 80e9, 30e9, 90e9])  # what each measurement would find
     calls = []
-    real = throughput.measure_matmul_flops
-    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda *a, **k: calls.append(1) or next(rates))
     cpu = torch.device("cpu")
+    key = throughput._measurement_key(cpu, torch.float32)
+    stored = lambda: json.loads((tmp_path / throughput.CEILING_FILE).read_text())[key]["flops"]  # noqa: E731
     flops, source = throughput.peak_flops(cpu, torch.float32, tmp_path)
-    assert flops > 0 and "provisional, not stored" in source and not (tmp_path / throughput.CEILING_FILE).exists()
-    assert throughput.peak_flops(cpu, torch.float32, tmp_path) == (flops, source) and len(calls) == 1
+    assert flops == 50e9 and "measured under load" in source and stored() == 50e9  # stored: one figure for all runs
+    assert throughput.peak_flops(cpu, torch.float32, tmp_path)[0] == 50e9 and len(calls) == 1  # read, not measured
+    busy[0] = False  # a quiet moment: measured once more, and the higher figure kept
+    assert throughput.peak_flops(cpu, torch.float32, tmp_path)[0] == 80e9 and stored() == 80e9
+    assert "under load" not in throughput.peak_flops(cpu, torch.float32, tmp_path)[1] and len(calls) == 2
+    busy[0] = True
+    entry = throughput.measure_ceiling(cpu, torch.float32, tmp_path)  # a loaded measurement never lowers it
+    assert entry["latest"] == 30e9 and entry["flops"] == 80e9 and stored() == 80e9
+    assert throughput.measure_ceiling(cpu, torch.float32, tmp_path)["flops"] == 90e9 == stored()  # a higher one raises
 
 
 def test_peak_command_shows_the_ceiling_without_writing(tmp_path, capsys):

@@ -10,6 +10,7 @@ import math
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -168,26 +169,28 @@ def test_a_failing_sink_is_said_once_and_the_run_and_its_record_go_on(spec_file,
 
 @needs["tensorboard"]
 def test_tensorboard_event_files_hold_what_the_registry_got(spec_file, tmp_path, capsys, monkeypatch):
+    """Metrics and the summary as scalar summaries: what TensorBoard's scalar dashboard and EventAccumulator.Scalars()
+    read (float32 there; the registry holds the exact values); params, artifacts and the status as texts."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
 
     monkeypatch.setenv("ARCHSPEC_TENSORBOARD_DIR", str(tmp_path / "tb"))
     result, _ = _train(spec_file, tmp_path, capsys, "--log-to", "tensorboard")
     params, history, summary = _recorded(result["run_id"], tmp_path)
     (logdir,) = (tmp_path / "tb").iterdir()
     assert logdir.name == f"tiny-{result['run_id']}"
-    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
-    tags = acc.Tags()["tensors"]
-    value = lambda e: tensor_util.make_ndarray(e.tensor_proto).item()  # noqa: E731
+    scalars = acc.Tags()["scalars"]
     text = lambda tag: acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()  # noqa: E731
     assert json.loads(text("params/text_summary")) == params
-    metric_tags = [t for t in tags if not t.startswith(("summary/", "_hparams_")) and not t.endswith("/text_summary")]
-    _same_history({t: [(e.step, value(e)) for e in acc.Tensors(t)] for t in metric_tags}, history)
-    _same_summary({t.removeprefix("summary/"): value(acc.Tensors(t)[-1]) for t in tags if t.startswith("summary/")},
-                  summary)
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    metric_tags = [t for t in scalars if not t.startswith("summary/")]
+    got = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in metric_tags}
+    _same_history(got, {k: [(s, f32(v)) for s, v in points] for k, points in history.items()})
+    _same_summary({t.removeprefix("summary/"): acc.Scalars(t)[-1].value for t in scalars if t.startswith("summary/")},
+                  {k: f32(v) for k, v in summary.items()})
     assert text("status/text_summary") == "FINISHED"
-    assert acc.Tensors("summary/val_loss")[-1].step == 3
+    assert acc.Scalars("summary/val_loss")[-1].step == 3
 
 
 def _wandb_records(path: Path):

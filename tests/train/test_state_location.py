@@ -96,13 +96,13 @@ def test_build_with_overrides_never_rewrites_generated(monkeypatch, capsys, tmp_
     assert f"its module goes to {out['generated']}" in captured.err
 
 
-def test_a_ceiling_measured_under_load_is_provisional_and_not_stored(tmp_path, monkeypatch):
+def test_a_ceiling_measured_under_load_is_stored_flagged_and_only_rises(tmp_path, monkeypatch):
     monkeypatch.setattr(throughput, "machine_busy", lambda: True)
-    monkeypatch.setattr(throughput, "_PROVISIONAL", {})
+    monkeypatch.setattr(throughput, "_REMEASURED", set())
     monkeypatch.setattr(throughput, "measure_matmul_flops", lambda *a, **k: 1e9)
     flops, source = throughput.peak_flops(torch.device("cpu"), torch.float32, tmp_path)
-    assert flops == 1e9 and "provisional, not stored" in source
-    assert not (tmp_path / throughput.CEILING_FILE).exists()
+    assert flops == 1e9 and "measured under load" in source and "no run lowers it" in source
+    assert (tmp_path / throughput.CEILING_FILE).exists()
     monkeypatch.setattr(throughput, "machine_busy", lambda: False)
     flops, source = throughput.peak_flops(torch.device("cpu"), torch.float32, tmp_path)
     assert "provisional" not in source and (tmp_path / throughput.CEILING_FILE).is_file()

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from archspec.errors import closest_key  # noqa: F401  (the one nearest-key rule: filters and spec keys)
 from archspec.registry.models import RunNote, RunRecord, SpecRecord
 from archspec.registry.query.parse import FilterError, _fields_of, parse_filter, parse_sort
 
@@ -171,31 +172,6 @@ def resolve_field(name: str, target: str) -> FieldRef:
     if target == "specs" and name in RUN_ATTRS:
         raise ValueError(f"field {name!r} is a run attribute; specs have: {', '.join(SPEC_ATTRS)}")
     raise ValueError(f"unknown field {name!r}; fields are {FIELDS_HELP}")
-
-
-def closest_key(key: str, known: set[str]) -> str | None:
-    """The known key `key` most likely meant: one it abbreviates part by part (`tok_s` → `tokens_per_s`: every `_`/`.`
-    part a prefix of a part, in order), else the closest spelling."""
-    import re
-
-    parts = [p for p in re.split(r"[_.]", key) if p]
-
-    def abbreviates(candidate: str) -> bool:
-        rest = [p for p in re.split(r"[_.]", candidate) if p]
-        i = 0
-        for part in parts:
-            while i < len(rest) and not rest[i].startswith(part):
-                i += 1
-            if i == len(rest):
-                return False
-            i += 1
-        return True
-
-    abbreviated = sorted((k for k in known if k != key and abbreviates(k)), key=lambda k: (len(k), k))
-    if parts and abbreviated:
-        return abbreviated[0]
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return close[0] if close else None
 
 
 def unknown_key(name: str, metric_keys: set[str], summary_keys: set[str], probe_keys: set[str] | None = None

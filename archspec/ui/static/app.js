@@ -96,46 +96,128 @@ async function fetchSeries(ids, key) {
   return out;
 }
 
-let chartState = { ids: [], wired: false };
+let chartState = { ids: [], wired: false, draw: null };
+
+function chartKeys() {
+  // Several metrics, one panel each: a <select multiple> (the run page) or a comma-separated list.
+  const el = document.getElementById("chart-key");
+  if (el.tagName === "SELECT") return [...el.selectedOptions].map((o) => o.value);
+  return el.value.split(",").map((k) => k.trim()).filter((k) => k);
+}
+
+function panel(holder, key) {
+  const box = document.createElement("div");
+  box.className = "panel";
+  const title = document.createElement("h3");
+  title.textContent = key;  // a metric key is data: textContent
+  box.appendChild(title);
+  holder.appendChild(box);
+  return box;
+}
+
+function note(box, text) {
+  const p = document.createElement("p");
+  p.textContent = text;
+  box.appendChild(p);
+}
 
 async function drawChart() {
   const holder = document.getElementById("chart");
   const { ids } = chartState;
-  const key = document.getElementById("chart-key").value;
   const xKind = document.getElementById("chart-x").value;
   const logx = document.getElementById("chart-logx").checked;
   const logy = document.getElementById("chart-logy").checked;
   const alpha = Number(document.getElementById("chart-smooth").value);
-  const series = (await fetchSeries(ids, key)).filter((s) => s.value.length);
+  const keys = chartKeys();
+  const drawn = [];
+  for (const key of keys) drawn.push([key, (await fetchSeries(ids, key)).filter((s) => s.value.length)]);
   holder.replaceChildren();
-  holder.dataset.series = String(series.length);
-  holder.dataset.points = String(series.reduce((n, s) => n + s.value.length, 0));
-  if (!series.length) {
-    const note = document.createElement("p");
-    note.textContent = "no points for " + key;
-    holder.appendChild(note);
-    return;
+  holder.dataset.series = String(drawn.reduce((n, [, series]) => n + series.length, 0));
+  holder.dataset.points = String(drawn.reduce((n, [, series]) => n + series.reduce((m, s) => m + s.value.length, 0), 0));
+  for (const [key, series] of drawn) {
+    const box = panel(holder, key);
+    if (!series.length) { note(box, "no points for " + key); continue; }
+    // One x axis for all: the union of every run's x values; a run without a point at some x has a gap there.
+    // A run whose row cannot say its tokens or FLOPs (a damaged recipe) stays on steps.
+    const xsOf = (s) => (xKind === "tokens" && s.tokens ? s.tokens : xKind === "flops" && s.flops ? s.flops : s.step);
+    const xs = [...new Set(series.flatMap(xsOf))].sort((a, b) => a - b).filter((x) => !logx || x > 0);
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const data = [xs];
+    for (const s of series) {
+      const column = new Array(xs.length).fill(null);
+      xsOf(s).forEach((x, i) => { if (index.has(x)) column[index.get(x)] = s.value[i]; });
+      data.push(smooth(column, alpha).map((v) => (logy && v !== null && v <= 0 ? null : v)));
+    }
+    const options = {
+      width: Math.max(400, holder.clientWidth || 900), height: 260,
+      scales: { x: { time: false, distr: logx ? 3 : 1 }, y: { distr: logy ? 3 : 1 } },
+      series: [{ label: xKind }, ...series.map((s, i) => ({
+        label: s.name + " " + s.run, stroke: COLORS[i % COLORS.length], spanGaps: true, value: (u, v) => fmt(v),
+      }))],
+      axes: [{ label: xKind }, { label: key }],
+    };
+    new uPlot(options, data, box);
   }
-  // One x axis for all: the union of every run's x values; a run without a point at some x has a gap there.
-  // A run whose row cannot say its tokens or FLOPs (a damaged recipe) stays on steps.
-  const xsOf = (s) => (xKind === "tokens" && s.tokens ? s.tokens : xKind === "flops" && s.flops ? s.flops : s.step);
-  const xs = [...new Set(series.flatMap(xsOf))].sort((a, b) => a - b).filter((x) => !logx || x > 0);
-  const index = new Map(xs.map((x, i) => [x, i]));
-  const data = [xs];
-  for (const s of series) {
-    const column = new Array(xs.length).fill(null);
-    xsOf(s).forEach((x, i) => { if (index.has(x)) column[index.get(x)] = s.value[i]; });
-    data.push(smooth(column, alpha).map((v) => (logy && v !== null && v <= 0 ? null : v)));
+}
+
+// ── a sweep's curves: one per variant, the mean over seeds and its 95% band, the verdict in the legend ──
+
+async function drawSweepChart() {
+  const controls = document.getElementById("sweep-chart-controls");
+  const holder = document.getElementById("chart");
+  const sweep = JSON.parse(controls.dataset.sweep);
+  const budget = JSON.parse(controls.dataset.budget);
+  const logy = document.getElementById("chart-logy").checked;
+  const params = new URLSearchParams();
+  if (budget) params.set("budget", budget);
+  const keys = chartKeys();
+  for (const key of keys) params.append("curves", key);
+  const response = await fetch("/api/sweeps/" + encodeURIComponent(sweep) + "?" + params.toString());
+  holder.replaceChildren();
+  if (!response.ok) { note(holder, "no curves: " + response.status); return; }
+  const groups = (await response.json()).groups;
+  let drawnSeries = 0;
+  for (const key of keys) {
+    const box = panel(holder, key);
+    const variants = (groups[key] || []).filter((g) => g.step.length);
+    if (!variants.length) { note(box, "no points for " + key); continue; }
+    const xs = [...new Set(variants.flatMap((g) => g.step))].sort((a, b) => a - b);
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const data = [xs];
+    const series = [{ label: "step" }];
+    const bands = [];
+    variants.forEach((g, i) => {
+      const color = COLORS[i % COLORS.length];
+      const cols = ["mean", "high", "low"].map((what) => {
+        const column = new Array(xs.length).fill(null);
+        g.step.forEach((x, j) => { column[index.get(x)] = g[what][j]; });
+        return column.map((v) => (logy && v !== null && v <= 0 ? null : v));
+      });
+      const verdict = g.verdict === "baseline" ? "baseline" : g.verdict + (g.ci && g.ci !== "-" ? " " + g.delta + " " + g.ci : "");
+      const base = data.length;
+      data.push(cols[0], cols[1], cols[2]);
+      series.push({ label: g.row + " " + g.label + " · " + verdict + " (" + g.seeds + " seeds)", stroke: color,
+                    width: 2, spanGaps: true, value: (u, v) => fmt(v) },
+                  { label: "95% high", stroke: color, width: 0.5, dash: [4, 4], spanGaps: true, value: (u, v) => fmt(v) },
+                  { label: "95% low", stroke: color, width: 0.5, dash: [4, 4], spanGaps: true, value: (u, v) => fmt(v) });
+      bands.push({ series: [base + 1, base + 2], fill: color + "22" });
+      drawnSeries += 1;
+    });
+    const options = {
+      width: Math.max(400, holder.clientWidth || 900), height: 280, bands,
+      scales: { x: { time: false }, y: { distr: logy ? 3 : 1 } },
+      series, axes: [{ label: "step" }, { label: key }],
+    };
+    new uPlot(options, data, box);
   }
-  const options = {
-    width: Math.max(400, holder.clientWidth || 900), height: 320,
-    scales: { x: { time: false, distr: logx ? 3 : 1 }, y: { distr: logy ? 3 : 1 } },
-    series: [{ label: xKind }, ...series.map((s, i) => ({
-      label: s.name + " " + s.run, stroke: COLORS[i % COLORS.length], spanGaps: true, value: (u, v) => fmt(v),
-    }))],
-    axes: [{ label: xKind }, { label: key }],
-  };
-  new uPlot(options, data, holder);
+  holder.dataset.series = String(drawnSeries);
+}
+
+function setupSweepChart() {
+  const controls = document.getElementById("sweep-chart-controls");
+  if (!controls) return;
+  for (const id of ["chart-key", "chart-logy"]) document.getElementById(id).addEventListener("change", drawSweepChart);
+  drawSweepChart();
 }
 
 function setupChart(ids) {
@@ -158,4 +240,5 @@ function setupPageChart() {
 document.addEventListener("DOMContentLoaded", () => {
   setupRunsPage();
   setupPageChart();
+  setupSweepChart();
 });
