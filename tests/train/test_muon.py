@@ -198,3 +198,15 @@ def test_lr_sweep_with_muons_own_rate_is_refused_and_without_it_is_accepted(tmp_
     sweep["grid"]["train.optimizer"][1] = {"kind": "muon", "lr": 0.02}
     with pytest.raises(UserError, match=r"variant 1 .*train\.optimizer\.lr: lr_sweep sweeps train\.lr"):
         load_sweep(data=sweep)
+
+
+def test_the_mup_check_runs_a_muon_spec_standard_and_refuses_mup_beside_it(tmp_path, capsys):
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "s", "model": {"vocab_size": 320, "context_length": 32,
+                                                                 "d_model": 32, "n_layers": 2,
+                                                                 "attention": {"n_heads": 2}},
+                                         "train": {"optimizer": {"kind": "muon"}}}))
+    assert main(["mup-check", str(spec_file), "--widths", "32,64", "--both"]) == 2
+    err = capsys.readouterr().err
+    assert "--both: µP (model.parametrization: mup) is not built with train.optimizer muon" in err
+    assert len(err.strip().splitlines()) == 1, err
