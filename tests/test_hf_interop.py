@@ -469,7 +469,8 @@ REFUSED = {
                          "sliding_window: None: transformers' gemma2 needs a window"),
     "gemma2_bidirectional": (lambda: _set(CASES["gemma2"]().to_dict(), use_bidirectional_attention=True),
                              "use_bidirectional_attention"),
-    "falcon_pending": (lambda: _set(_llama_config(), model_type="falcon"), "fused per K/V group"),
+    "falcon_alibi": (lambda: _set(transformers.FalconConfig(hidden_size=32, num_attention_heads=4).to_dict(),
+                                  alibi=True), "alibi: true: Falcon adds ALiBi divided by sqrt(head_dim)"),
     "cross_attention": (lambda: _set(CASES["gpt2"]().to_dict(), add_cross_attention=True), "add_cross_attention"),
 }
 

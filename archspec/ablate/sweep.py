@@ -415,6 +415,10 @@ def load_sweep(path: str | Path | None = None, data: dict | None = None, *, over
             if file is not None and file.stability:
                 train_i["stability"] = True
             spec = parse_spec(data_i)
+            if file is not None and file.lr_sweep and getattr(spec.train.optimizer, "lr", None) is not None:
+                lines = [f"train.optimizer.lr: lr_sweep sweeps train.lr, which a muon optimizer with a rate of its own "
+                         f"({spec.train.optimizer.lr:g}) does not follow for its matrices; leave train.optimizer.lr "
+                         "out (Muon then takes train.lr) or drop lr_sweep"]
         except UserError as e:
             lines = [e.render()]
         except ValidationError as e:

@@ -74,7 +74,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
 
         check_memory(spec)
         tensors = io.read_tensors(cfg_path.parent)
-        hf = hf_type(data.get("model_type"), printable(cfg_path))
+        hf = hf_type(data.get("model_type"), printable(cfg_path), data)
         state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec),
                               skip_layers=left_out_layers(hf, data))
         tokenizer = io.read_tokenizer(cfg_path.parent)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from archspec.errors import Caution, printable
-from archspec.hf.types import COMMON_INERT, EXPORT_ORDER, PENDING, TYPES
+from archspec.hf.types import COMMON_INERT, EXPORT_ORDER, PENDING, TYPES, VARIANTS
 from archspec.kinds import family
 from archspec.kinds.hf import HFConfig, HFType, HFUnsupported, HFWeight, put_fact
 from archspec.spec import Spec
@@ -34,9 +34,11 @@ _FAMILIES = (("norm", ("model", "norm")), ("positional", ("model", "attention", 
 _COMPONENT = {"norm": "norm", "positional": "attention", "sparsity": "attention", "ffn": "ffn"}
 
 
-def hf_type(model_type: Any, source: str) -> HFType:
+def hf_type(model_type: Any, source: str, data: Any = None) -> HFType:
+    """The type that reads a config of `model_type` (`data`, the config, picks among a type's variants)."""
     if model_type in TYPES:
-        return TYPES[model_type]
+        pick = VARIANTS.get(model_type)
+        return pick(data) if pick is not None and isinstance(data, dict) else TYPES[model_type]
     if model_type in PENDING:
         raise HFUnsupported(f"{source}: model_type: {model_type!r} needs {PENDING[model_type]}, which archspec "
                             f"does not have yet")
@@ -62,7 +64,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     or known not to change the computed function; anything else is refused by name (HFUnsupported)."""
     if not isinstance(data, dict):
         raise HFUnsupported(f"{source}: expected a JSON object, got {type(data).__name__}")
-    hf = hf_type(data.get("model_type"), source)
+    hf = hf_type(data.get("model_type"), source, data)
     cfg = HFConfig(data, hf, source)
     if hf.rewrite is not None and hf.rewrite[0] is not None:  # the type's own spellings in the words units read
         hf.rewrite[0](cfg)

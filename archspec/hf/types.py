@@ -775,10 +775,120 @@ MPT = HFType(
     rewrite=(None, _nest_mpt_attn_config),
 )
 
+# ── falcon: one fused query_key_value grouped per K/V head, LayerNorms, a GELU MLP, parallel blocks ────────────────
+# falcon-7b's shape: multi-query, attention and MLP in parallel from one input_layernorm (new_decoder_architecture
+# false); the new decoder architecture (falcon-40b/180b): grouped-query, q/k/v rows grouped per K/V head, two norms
+# ln_attn and ln_mlp (num_ln_in_parallel_attn 2; 1: one input_layernorm). Both fuse q/k/v as [each K/V group's
+# queries, its key, its value] per group (multi-query: one group; multi-head without the new architecture: one per
+# head), the layout HFWeight regroups to archspec's (all queries, all keys, all values). The norms' module names
+# depend on the shape, so there are two types of model_type falcon; `VARIANTS` picks one from a config.
+
+_FALCON_KEYS = {"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
+                "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads", "n_kv_heads": "num_kv_heads",
+                "ffn_hidden": "ffn_hidden_size", "activation": "activation", "norm_eps": "layer_norm_epsilon",
+                "tie": "tie_word_embeddings"}
+_FALCON_NAMES = {"base": "transformer", "embed": "word_embeddings", "layers": "h", "attn": "self_attention",
+                 "ffn": "mlp", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                 "final_norm": "ln_f", "qkv": "query_key_value", "o": "dense", "up": "dense_h_to_4h",
+                 "down": "dense_4h_to_h"}
+# FalconConfig's defaults (falcon-7b's sizes; num_kv_heads null: the query heads; ffn_hidden_size null: 4 · hidden)
+_FALCON_DEFAULTS = {"vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                    "layer_norm_epsilon": 1e-5, "hidden_dropout": 0.0, "attention_dropout": 0.0, "alibi": False,
+                    "new_decoder_architecture": False, "multi_query": True, "parallel_attn": True, "bias": False,
+                    "max_position_embeddings": 2048, "activation": "gelu", "tie_word_embeddings": True,
+                    "rope_theta": 10000.0}
+_FALCON_FACTS = {"qkv_bias": "bias", "out_bias": "bias", "mlp_bias": "bias", "norm_bias": True, "qkv_per_head": True}
+
+
+def _falcon_two_norms(data: dict) -> bool:
+    """The new decoder architecture with its two norms (num_ln_in_parallel_attn null or 2): ln_attn and ln_mlp."""
+    return data.get("new_decoder_architecture") is True and data.get("num_ln_in_parallel_attn") in (None, 2)
+
+
+def _falcon_read(cfg: HFConfig) -> None:
+    """Falcon's switches → one block shape and the K/V heads its fused projection holds; combinations transformers'
+    FalconDecoderLayer cannot run, and ALiBi, refused by name."""
+    if cfg.take("alibi", bool, default=False):
+        raise cfg.refuse("alibi", "true: Falcon adds ALiBi divided by sqrt(head_dim) with its slope·distance rounded "
+                         "to bfloat16, which archspec's ALiBi (BLOOM's slopes, unscaled, fp32) does not compute")
+    new = cfg.take("new_decoder_architecture", bool, default=False)
+    multi_query = cfg.take("multi_query", bool, default=True)
+    parallel = cfg.take("parallel_attn", bool, default=True)
+    n_ln = cfg.take("num_ln_in_parallel_attn", int, default=None)
+    n_heads = cfg.take("n_heads", int)
+    kv = cfg.take("n_kv_heads", int, default=n_heads)
+    if new and not parallel:
+        raise cfg.refuse("parallel_attn", "false with new_decoder_architecture: transformers' FalconDecoderLayer "
+                         "then builds norms its forward does not use (it cannot run)")
+    if n_ln not in (None, 1, 2) or (n_ln == 2 and not new and parallel):
+        raise cfg.refuse("num_ln_in_parallel_attn", f"{n_ln!r}: transformers' Falcon runs 1 or 2 with "
+                         "new_decoder_architecture, and null otherwise")
+    if not new:
+        if not multi_query and kv != n_heads:
+            raise cfg.refuse("num_kv_heads", f"{kv}: without new_decoder_architecture or multi_query Falcon's "
+                             f"query_key_value holds every head's key and value ({n_heads})")
+        kv = 1 if multi_query else n_heads
+    if n_heads % kv:
+        raise cfg.refuse("num_kv_heads", f"{kv}: must divide num_attention_heads ({n_heads})")
+    derived = cfg.data.get("num_key_value_heads")  # FalconConfig writes the heads it derived; they must agree
+    cfg.mark("num_key_value_heads")
+    if derived is not None and derived != kv:
+        raise cfg.refuse("num_key_value_heads", f"{derived!r}, but the switches above give {kv} K/V heads")
+    cfg.data["num_kv_heads"] = kv
+
+
+def _falcon_write(m, out: dict) -> None:
+    """The K/V heads and block shape in Falcon's switches: multi-query or multi-head without the new architecture
+    (falcon-7b's layouts), grouped-query with it."""
+    n_heads, kv = m.attention.n_heads, m.attention.n_kv_heads
+    two_norms = out.pop("falcon.two_norms")
+    parallel = out.get("parallel_attn", True)
+    new = two_norms or kv not in (1, n_heads)
+    if new and not parallel:
+        raise HFUnsupported(f"model.attention.n_kv_heads: {kv} cannot be expressed as falcon with a sequential block "
+                            "(grouped-query needs its new decoder architecture, whose blocks are parallel)")
+    out.update(new_decoder_architecture=new, multi_query=kv == 1, parallel_attn=parallel, alibi=False,
+               num_ln_in_parallel_attn=(2 if two_norms else 1) if new else None)
+
+
+def _falcon_mark(two_norms: bool):
+    def write(m, out: dict) -> None:
+        out["falcon.two_norms"] = two_norms
+        _falcon_write(m, out)
+    return write
+
+
+FALCON = HFType(  # falcon-7b's shape: parallel from one input_layernorm (or sequential, parallel_attn false)
+    model_type="falcon", architecture="FalconForCausalLM",
+    blocks={"norm": "layer_norm", "positional": "rotary", "sparsity": "full_attention", "ffn": "plain_mlp"},
+    keys=_FALCON_KEYS, defaults=_FALCON_DEFAULTS, names=_FALCON_NAMES,
+    facts={**_FALCON_FACTS, "parallel": "parallel_attn", "shared_norm": True},
+    dropout_keys=("hidden_dropout", "attention_dropout"),
+    aliases={"n_embed": "hidden_size"},  # FalconConfig's older spelling
+    # apply_residual_connection_post_layernorm: in RefinedWeb-era files, read by no transformers Falcon module
+    inert=frozenset({"apply_residual_connection_post_layernorm"}),
+    rewrite=(_falcon_read, _falcon_mark(False)),
+    check=(_common_checks,),
+)
+
+FALCON_NEW = HFType(  # the new decoder architecture's two norms: ln_attn before attention, ln_mlp before the MLP
+    model_type="falcon", architecture="FalconForCausalLM",
+    blocks=FALCON.blocks, keys=_FALCON_KEYS, defaults=_FALCON_DEFAULTS,
+    names={**_FALCON_NAMES, "attn_norm": "ln_attn", "ffn_norm": "ln_mlp"},
+    facts={**_FALCON_FACTS, "parallel": True, "shared_norm": False},
+    dropout_keys=FALCON.dropout_keys, aliases=FALCON.aliases, inert=FALCON.inert,
+    fixed={"parallel_attn": True},
+    rewrite=(_falcon_read, _falcon_mark(True)),
+    check=(_common_checks,),
+)
+
+# A model type whose module names depend on its config: the callable (config dict) → the HFType that reads it.
+VARIANTS = {"falcon": lambda data: FALCON_NEW if _falcon_two_norms(data) else FALCON}
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
-                                                              GEMMA2, BLOOM, MPT)}
+                                                              GEMMA2, BLOOM, MPT, FALCON)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -786,13 +896,10 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {
     "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
     "gemma3": "per-layer rope bases (rope_local_base_freq)",
-    "falcon": "q/k/v rows fused per K/V group (new_decoder_architecture), which archspec's weight mapping cannot "
-              "regroup, and an ALiBi bias added before the 1/sqrt(head_dim) scale (scaled with the scores, unlike "
-              "BLOOM's and archspec's)",
 }

@@ -271,6 +271,15 @@ class KindUnit(Strict):
         layer's units, and says what they kept in the evaluation it records."""
         return []
 
+    # the optimizer (archspec.train.optim)
+    def hidden_matrices(self, module: "torch.nn.Module") -> list[str]:
+        """The parameters of this unit's module (names inside it) that `train.optimizer: muon` orthogonalizes: its
+        2-D hidden matrices. Default: the 2-D ones among `quantized_weights`, the unit's projections (so a MoE's router
+        and shared-expert gate, kept out there, stay with AdamW; its stacked 3-D expert banks are not 2-D, which
+        torch.optim.Muon requires); a kind overrides to say otherwise."""
+        params = dict(module.named_parameters())
+        return [n for n in self.quantized_weights(module) if params[n].ndim == 2]
+
     # codegen
     def constants(self, m: "ModelSpec") -> list[Const]:
         return []

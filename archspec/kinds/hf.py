@@ -160,8 +160,9 @@ class HFWeight:
     transpose: bool = False
     dim: int = 0
     stack: bool = False
-    # GPT-NeoX's fused q/k/v: HF's rows are grouped by head (head 0's q, k, v, then head 1's, ...), ours by part (every
-    # head's q, then k, then v); `per_head` is the number of heads, the parts are `sizes` (equal, one head each ×).
+    # A fused q/k/v whose HF rows are grouped per K/V head (GPT-NeoX, BLOOM: head 0's q, k, v, then head 1's, ...;
+    # Falcon: each K/V group's query heads, then its k and v), ours by part (every head's q, then k, then v);
+    # `per_head` is the number of query heads, the parts are `sizes` (q, k, v rows).
     per_head: int = 0
 
     @property
@@ -204,11 +205,20 @@ class HFWeight:
 
 
     def _regroup(self, whole: Any, by_head: bool) -> Any:
-        """Rows (parts, heads, width) ↔ (heads, parts, width): ours → HF's (by_head) or back."""
-        parts, heads = len(self.sizes), self.per_head
-        width = whole.shape[0] // (parts * heads)
-        shape = (parts, heads, width) if by_head else (heads, parts, width)
-        return whole.reshape(*shape, *whole.shape[1:]).transpose(0, 1).reshape(whole.shape).contiguous()
+        """Rows ours (every query head, then every key head, then every value head) ↔ HF's, grouped per K/V head
+        (that group's query heads, its key, its value): ours → HF's (by_head) or back. GPT-NeoX and BLOOM: one group
+        per head (q, k, v of head 0, then head 1, ...); Falcon: one per K/V head (one group under multi-query)."""
+        import torch
+
+        q_rows, kv_rows = self.sizes[0], self.sizes[1]
+        groups = kv_rows * self.per_head // q_rows  # K/V heads (per_head: the query heads)
+        rest = tuple(whole.shape[1:])
+        if by_head:
+            parts = [p.reshape(groups, -1, *rest) for p in whole.split(list(self.sizes), dim=0)]
+            return torch.cat(parts, dim=1).reshape(whole.shape).contiguous()
+        per_group = [size // groups for size in self.sizes]
+        grouped = whole.reshape(groups, sum(per_group), *rest)
+        return torch.cat([p.reshape(-1, *rest) for p in grouped.split(per_group, dim=1)], dim=0).contiguous()
 
 
 def linear(ours: str, hf: str, bias: bool, conv1d: bool) -> list[HFWeight]:

@@ -48,6 +48,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
 
     out += _parametrization_problems(m)
     out += _parallel_problems(spec)
+    out += _optimizer_problems(spec)
 
     if spec.name in RESERVED_NAMES:
         out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
@@ -168,6 +169,33 @@ def _parametrization_problems(m) -> list[Problem]:
     if m.parametrization == "mup" and m.embedding_scale != "none":
         out.append((("model", "embedding_scale"), f"{m.embedding_scale} grows the token embeddings with the width, "
                     "which µP (model.parametrization: mup) keeps constant; use none", m.embedding_scale))
+    return out
+
+
+def _optimizer_problems(spec) -> list[Problem]:
+    """What `train.optimizer: {kind: muon}` is not built with, and why (archspec.train.optim; docs/optimizers.md)."""
+    t, m = spec.train, spec.model
+    if t.optimizer.kind != "muon":
+        return []
+    out: list[Problem] = []
+    where = ("train", "optimizer", "kind")
+    if m.parametrization == "mup":
+        out.append((where, "muon with model.parametrization: mup is not built: µP divides the hidden matrices' Adam "
+                    "rate by the width multiplier, while Muon's orthogonalized update is already width-independent in "
+                    "spectral norm, so the two would scale it twice; use adamw, or parametrization standard", "muon"))
+    par = t.parallel
+    if par.kind == "fsdp":
+        out.append((where, "muon under train.parallel.kind fsdp is not built: FSDP shards each matrix over the "
+                    "processes and Muon orthogonalizes whole matrices (torch.optim.Muon takes plain 2-D tensors); "
+                    "use parallel kind ddp", "muon"))
+    for axis, why in (("tp", "tensor parallelism splits each matrix over processes and Muon orthogonalizes whole "
+                             "matrices"),
+                      ("pp", "a pipeline stage's optimizer holds part of the blocks, which the Muon/AdamW split has "
+                             "not been built or tested for"),
+                      ("ep", "expert parallelism's layout has not been built or tested with it")):
+        if getattr(par, axis) > 1:
+            out.append((where, f"muon with train.parallel.{axis} > 1 is not built: {why}; use {axis}: 1 or "
+                        "optimizer adamw", "muon"))
     return out
 
 

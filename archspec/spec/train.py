@@ -148,6 +148,41 @@ class EveryKCheckpointing(_Strict):
 ActivationCheckpointing = kind_union(NoCheckpointing, FullCheckpointing, EveryKCheckpointing, default="none")
 
 
+# ── the optimizer (archspec.train.optim): which one updates the weights; part of a run's identity ───────────────
+
+
+class AdamWOptimizer(_Strict):
+    """AdamW over every parameter (decay on matrices only): its settings are the recipe's own lr, beta1, beta2,
+    adam_eps and weight_decay, as before this field existed."""
+
+    kind: Literal["adamw"] = "adamw"
+
+
+class MuonOptimizer(_Strict):
+    """Muon (torch.optim.Muon: momentum, then Newton–Schulz orthogonalization of the update) for the blocks' 2-D
+    hidden matrices; AdamW, with the recipe's own settings, for the embedding, head, norms, biases, routers and gates
+    and anything not 2-D (docs/optimizers.md states the split). Both follow the recipe's schedule."""
+
+    kind: Literal["muon"] = "muon"
+    lr: float | None = Field(
+        None, gt=0.0, le=10.0, description="Muon's peak rate (the schedule's shape is train.lr's); default train.lr "
+                                           "itself, which lr_sweep sweeps: with adjust_lr_fn match_rms_adamw Muon's "
+                                           "update has AdamW's RMS, so one rate serves both")
+    weight_decay: float | None = Field(
+        None, ge=0.0, le=10.0, description="Muon's decoupled decay (lr · weight_decay per step); default "
+                                           "train.weight_decay")
+    momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of the gradient buffer")
+    nesterov: bool = Field(True, description="Nesterov momentum: orthogonalize g + momentum · buffer")
+    ns_steps: int = Field(5, ge=1, le=99, description="Newton–Schulz iterations (torch takes fewer than 100)")
+    adjust_lr_fn: Literal["match_rms_adamw", "original"] = Field(
+        "match_rms_adamw", description="per-matrix rate scale: match_rms_adamw (Moonshot: 0.2 · sqrt(max(A, B)), "
+                                       "AdamW's rate and decay carry over) or original (Keller Jordan's "
+                                       "sqrt(max(1, A/B)), rates around 0.02)")
+
+
+Optimizer = kind_union(AdamWOptimizer, MuonOptimizer, default="adamw")
+
+
 # How torch.compile is applied (archspec.train.compile.resolve_compile). Stored with a run, not identity.
 CompileMode = Literal["auto", "none", "per_block", "whole", "cudagraphs"]
 COMPILE_MODES = get_args(CompileMode)
@@ -163,6 +198,11 @@ class TrainSpec(_Strict):
     lr: float = Field(3e-4, gt=0.0, le=10.0, description="peak learning rate")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
     warmup_steps: int = Field(20, ge=0, description="linear warmup from lr/warmup_steps to lr")
+    # adamw (default: as before this field) | muon (archspec.train.optim). At its default it is left out of the run
+    # key (Since), so every run recorded before it keeps its id.
+    optimizer: Annotated[Optimizer, Since("0.6")] = Field(
+        default_factory=AdamWOptimizer, description="adamw | muon (Muon for the blocks' 2-D hidden matrices, AdamW "
+                                                    "for the rest)")
     weight_decay: float = Field(0.1, ge=0.0, le=10.0, description="AdamW decay on ≥2-D weights only")
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)

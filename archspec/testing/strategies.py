@@ -30,7 +30,7 @@ from archspec.kinds.introspect import field_values, fields_of
 from archspec.spec import parse_spec
 from archspec.spec.model import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH, AttentionSpec, ModelSpec
 from archspec.data.base import data_family, task_kinds, task_tokenizer
-from archspec.spec.train import DataSpec, LogSink, TrainSpec
+from archspec.spec.train import DataSpec, LogSink, MuonOptimizer, TrainSpec
 from archspec.testing.introspect import kind_omittable
 
 Strategy = st.SearchStrategy
@@ -402,8 +402,14 @@ def train_dicts(draw, context_length: int, vocab_size: int) -> dict:
             st.integers(1, 4096).map(lambda k: {"kind": "every_k", "k": k})),
         "log_to": st.lists(st.sampled_from(get_args(LogSink)), unique=True),
         "fp8_scaling": None,  # drawn below: only with precision fp8
+        "optimizer": None,  # drawn below: muon is not built under fsdp (nor µP: spec_dicts drops it there)
     }
     out = dict(draw(fields_of(TrainSpec, overrides)))
+    if draw(st.booleans()):
+        fsdp = out.get("parallel", {}).get("kind") == "fsdp"
+        out["optimizer"] = draw(st.just({"kind": "adamw"}) if fsdp else st.one_of(
+            st.sampled_from([{}, {"kind": "adamw"}]),
+            fields_of(MuonOptimizer).map(lambda d: {"kind": "muon", **d})))
     if out.get("precision") == "fp8" and draw(st.booleans()):
         out["fp8_scaling"] = draw(field_values(fields["fp8_scaling"]))
     if steps is not None:
@@ -433,6 +439,8 @@ def spec_dicts(draw, *, train: bool = True, **model_kwargs: Any) -> dict:
     out: dict[str, Any] = {"name": draw(names()), "model": model}
     if train and draw(st.booleans()):
         out["train"] = draw(train_dicts(model["context_length"], model["vocab_size"]))
+        if model.get("parametrization") == "mup" and out["train"].get("optimizer", {}).get("kind") == "muon":
+            out["train"]["optimizer"] = {"kind": "adamw"}  # muon with µP is refused (archspec.spec.rules)
     return out
 
 

@@ -290,7 +290,7 @@ class Trainer:
         self.loss_context = self._loss_context()
         if self.pipeline is not None:
             self.pipeline.build_schedule()
-        self.optimizer = build_optimizer(self.model, self.recipe, self.device)
+        self.optimizer = build_optimizer(self.model, self.recipe, self.device, spec.model)
         self.compile_s = self._warm_up_compiled() if self.compiled else 0.0
         self.step, self.saved_step = 0, -1
         if self.resume_path:
