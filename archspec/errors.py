@@ -8,7 +8,8 @@ import re
 # (?password=..., libpq's keyword form): what `redact` hides.
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'\"<>]*:)[^\s@]*@")
 _QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|passwd|pwd)=)[^&;\s'\"<>#]*")
-HIDDEN = "***"  # SQLAlchemy's own mark (URL.render_as_string(hide_password=True))
+HIDDEN = "***"
+MAX_MESSAGE = 2000  # characters of one line of an error: any echoed input beyond it is cut  # SQLAlchemy's own mark (URL.render_as_string(hide_password=True))
 
 
 def redact(text: str) -> str:
@@ -58,7 +59,8 @@ class UserError(Exception):
         self.problems = list(problems or [])
 
     def render(self) -> str:
-        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`)."""
+        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`) and cut to
+        MAX_MESSAGE characters, whatever input it echoes."""
         if not self.problems:
-            return printable(str(self))
-        return "\n".join([printable(str(self)), *("  " + printable(p) for p in self.problems)])
+            return printable(str(self), MAX_MESSAGE)
+        return "\n".join([printable(str(self), MAX_MESSAGE), *("  " + printable(p, MAX_MESSAGE) for p in self.problems)])

@@ -10,7 +10,22 @@ from archspec.cli.options import registry_option
 from archspec.console import echo
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _TypesHelp(click.Command):
+    """A command whose help lists the model types from the registry of types (archspec.hf.types.TYPES) when shown,
+    so the list is never out of date (and the module is imported only for --help)."""
+
+    def format_help_text(self, ctx, formatter) -> None:
+        from archspec.hf.types import TYPES
+
+        written = self.help
+        self.help = (written or "").replace("{types}", ", ".join(sorted(TYPES)))
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = written
+
+
+@click.command(cls=_TypesHelp, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", metavar="PATH")
 @click.option("-o", "--output", "spec_out", required=True, metavar="SPEC.yaml", help="Spec file to write (must not exist).")
 @click.option("--checkpoint", "checkpoint_out", metavar="OUT.pt",
@@ -22,8 +37,7 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
     """Spec (and weights) from a transformers config.json or model directory.
 
     Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
-    Model types: gpt2, llama (rope llama3/linear scaling), mistral (sliding window), ministral, qwen2, qwen3,
-    mixtral, qwen2_moe, qwen3_moe (per-layer patterns and dense layers as layer groups)."""
+    Model types: {types}."""
     from archspec.hf import import_hf
 
     out = import_hf(path, spec_out, checkpoint_out, name)

@@ -68,7 +68,13 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
     cfg_path = io.config_path(path)
     data = io.read_json(cfg_path, "a transformers config.json")
     spec_dict = spec_from_config(data, printable(cfg_path), _slug(name or spec_out.stem))
-    spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
+    try:
+        spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
+    except UserError as e:  # a config's value beyond the spec's bounds: one line, whatever the spec's format
+        if not e.problems:
+            raise
+        raise UserError(f"{e}: " + "; ".join(printable(p, 300) for p in e.problems[:3])
+                        + ("; ..." if len(e.problems) > 3 else "")) from None
 
     params = None
     if checkpoint_out is not None:
