@@ -21,10 +21,9 @@ from archspec.spec.train import MAX_STEPS
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
-    try:
-        seeds = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, e.g. 0,1,2; got {value!r}") from None
+    from archspec.cli.options import int_list
+
+    seeds = int_list(value)
     if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"expected distinct non-negative integers, e.g. 0,1,2; got {value!r}")
     return seeds
