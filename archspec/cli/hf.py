@@ -10,15 +10,41 @@ from archspec.cli.options import registry_option
 from archspec.console import echo
 
 
+def registered_types() -> list[str]:
+    """The model types of the registry of types (archspec.hf.types.TYPES), read from its source: importing it imports
+    torch (archspec.hf, archspec.kinds), which `--help` must not. Each `NAME = HFType(model_type="...", ...)` (or any
+    call with a literal model_type) names a type; TYPES' expression names the ones registered.
+    tests/test_hf_hostile.py checks the result equals TYPES."""
+    import ast
+    from pathlib import Path
+
+    import archspec
+
+    tree = ast.parse((Path(archspec.__file__).parent / "hf" / "types.py").read_text(encoding="utf-8"))
+    model_type: dict[str, str] = {}
+    registry = None
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        value = getattr(node, "value", None)
+        if "TYPES" in names:
+            registry = value
+        if isinstance(value, ast.Call):
+            for kw in value.keywords:
+                if kw.arg == "model_type" and isinstance(kw.value, ast.Constant):
+                    model_type.update({n: kw.value.value for n in names})
+    seen = [n.id for n in ast.walk(registry) if isinstance(n, ast.Name)] if registry is not None else []
+    return list(dict.fromkeys(model_type[n] for n in seen if n in model_type))
+
+
 class _TypesHelp(click.Command):
-    """A command whose help lists the model types from the registry of types (archspec.hf.types.TYPES) when shown,
-    so the list is never out of date (and the module is imported only for --help)."""
+    """A command whose help lists the model types from the registry of types (`registered_types`) when shown, so the
+    list is never out of date."""
 
     def format_help_text(self, ctx, formatter) -> None:
-        from archspec.hf.types import TYPES
-
         written = self.help
-        self.help = (written or "").replace("{types}", ", ".join(sorted(TYPES)))
+        self.help = (written or "").replace("{types}", ", ".join(sorted(registered_types())))
         try:
             super().format_help_text(ctx, formatter)
         finally:
