@@ -134,3 +134,37 @@ def test_worker_url_is_given_the_url_that_connects_and_workers_put_the_password_
     assert with_password("sqlite:///x.db") == "sqlite:///x.db"
     source = (Path(__file__).parents[1] / "archspec" / "launch" / "sweeps.py").read_text()
     assert "worker_url(registry.url)" not in source  # the redacted form would hand the workers PGPASSWORD=***
+
+
+def test_ray_tasks_never_carry_the_password_in_their_runtime_env(recwarn):
+    """Ray's runtime_env agent writes a task's env_vars into its log files: a local cluster's workers inherit the
+    password from the environment the cluster was started in; a remote cluster is told to provide it."""
+    from archspec.launch.base import Payload
+    from archspec.launch.ray import RayLauncher
+    from archspec.launch.settings import LauncherSettings
+
+    seen = []
+
+    class Ref:
+        def task_id(self):
+            return type("T", (), {"hex": lambda self: "t1"})()
+
+    class Task:
+        def options(self, **kw):
+            seen.append(kw)
+            return self
+
+        def remote(self, payload):
+            return Ref()
+
+    class FakeRay:
+        def remote(self, fn):
+            return Task()
+
+    for address in (None, "ray://head:10001"):
+        launcher = object.__new__(RayLauncher)
+        launcher.ray, launcher.env = FakeRay(), {"PGPASSWORD": SECRET}
+        launcher.settings = LauncherSettings(kind="ray", ray_address=address)
+        launcher.submit([Payload(spec={}, run_id="r", registry_url="postgresql://alice@db/reg")])
+    assert seen and all("runtime_env" not in kw and SECRET not in repr(kw) for kw in seen)
+    assert any("not sent to the cluster" in str(w.message) for w in recwarn.list)

@@ -210,7 +210,8 @@ def worker_url(url: str) -> tuple[str, dict[str, str]]:
     script: it is taken out of the URL and exported as PGPASSWORD (libpq's own variable, which psycopg reads when the
     URL has none; `with_password` puts it back for any other driver) to the jobs' environment only (`exported`):
     sbatch passes the submitting environment on (its default --export=ALL), submitit's local executor and a local
-    Ray cluster inherit it, a Ray task gets it as its runtime_env. `url` must hold the password itself, not a
+    Ray cluster inherit it (never a Ray runtime_env: Ray's agent logs its env_vars; a remote cluster's workers are
+    told to take it from their own environment or a libpq password file). `url` must hold the password itself, not a
     redacted form (a Registry's `url` shows *** in its place: use its engine's URL)."""
     from sqlalchemy.engine import URL, make_url
 

@@ -54,20 +54,22 @@ def password_pg(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_slurm_local_workers_open_a_registry_that_needs_a_password(password_pg, workdir, base_spec, capsys,
-                                                                   monkeypatch):
-    pytest.importorskip("submitit")
+@pytest.mark.parametrize("launcher", ["slurm-local", "ray"])
+def test_launcher_workers_open_a_registry_that_needs_a_password(password_pg, workdir, base_spec, capsys,
+                                                                monkeypatch, launcher):
+    pytest.importorskip("submitit" if launcher == "slurm-local" else "ray")
     monkeypatch.delenv("PGPASSWORD", raising=False)
-    sweep = {"name": "pw", "base": base_spec, "seeds": [0], "budget": {"steps": 2},
+    seed = 0 if launcher == "slurm-local" else 1  # its own run key: a run FINISHED by the other test is skipped
+    sweep = {"name": "pw", "base": base_spec, "seeds": [seed], "budget": {"steps": 2},
              "grid": {"model.norm.kind": ["rmsnorm"]}}
     path = workdir / "pw.yaml"
     path.write_text(yaml.safe_dump(sweep))
     rc = main(["ablate", str(path), "--registry", password_pg, "--no-compile", "--device", "cpu",
-               "--launcher", "slurm-local"])
+               "--launcher", launcher, "--max-parallel", "1"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "1 trained" in err and "NOT trained" not in err
-    (run,) = Registry(password_pg).runs(where="sweep = 'pw'")
+    (run,) = [r for r in Registry(password_pg).runs(where="sweep = 'pw'") if r.seed == seed]
     assert run.status == "FINISHED"
     assert SECRET not in out + err
     held = [str(p) for p in workdir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
