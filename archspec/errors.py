@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import re
+
+# A password in a URL's user part (scheme://user:PASSWORD@host, SQLAlchemy's and libpq's form) or in its query
+# (?password=..., libpq's keyword form): what `redact` hides.
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'\"<>]*:)[^\s@]*@")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|passwd|pwd)=)[^&;\s'\"<>#]*")
+HIDDEN = "***"
+MAX_MESSAGE = 2000  # characters of one line of an error: any echoed input beyond it is cut  # SQLAlchemy's own mark (URL.render_as_string(hide_password=True))
+
+
+def redact(text: str) -> str:
+    """`text` with every password a URL in it carries replaced by ***: the one redaction every line and file archspec
+    writes for people goes through (console lines and error messages through `printable`, reports, run records).
+    A registry URL is the usual carrier: `--registry postgresql+psycopg://user:PASSWORD@host/db`."""
+    text = str(text)
+    if "://" not in text and "=" not in text:
+        return text
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + HIDDEN + "@", text)
+    return _QUERY_PASSWORD.sub(lambda m: m.group(1) + HIDDEN, text)
+
 
 def printable(text: str, limit: int | None = None) -> str:
-    """User text inside a message: control characters escaped (no forged lines, no terminal codes), length capped.
+    """User text inside a message: control characters escaped (no forged lines, no terminal codes), passwords in
+    URLs hidden (`redact`), length capped.
 
     Anything that echoes a path, key or value the user (or a file) supplied goes through this, so a corpus path
     holding `\\r` or `\\x1b[2K` cannot rewrite what the terminal shows."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in redact(str(text)))
     if limit is not None and len(out) > limit:
         return out[: limit - 3] + "..."
     return out
@@ -38,10 +59,11 @@ class UserError(Exception):
         self.problems = list(problems or [])
 
     def render(self) -> str:
-        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`)."""
+        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`) and cut to
+        MAX_MESSAGE characters, whatever input it echoes."""
         if not self.problems:
-            return printable(str(self))
-        return "\n".join([printable(str(self)), *("  " + printable(p) for p in self.problems)])
+            return printable(str(self), MAX_MESSAGE)
+        return "\n".join([printable(str(self), MAX_MESSAGE), *("  " + printable(p, MAX_MESSAGE) for p in self.problems)])
 
 
 def closest_key(key: str, known: set[str]) -> str | None:

@@ -134,3 +134,23 @@ def announce(path: Path) -> None:
     _ANNOUNCED.add(str(root))
     warnings.warn(Note(f"archspec keeps its registry and runs under {root} ({why}); set ${HOME_ENV} to choose "
                        "another place"), stacklevel=2)
+
+
+def new_output(path: str | os.PathLike, what: str, *, replace: bool = False) -> Path:
+    """Where archspec writes an output the user named (import-hf's spec and checkpoint, export-hf's directory, a
+    quantized checkpoint): the path with its directory resolved (links above it followed once, here), so the write
+    lands where this check looked, and the writer's own temporary file and rename stay in that one directory. Refused
+    (UserError, one line) when the path itself is a link, dangling or not (archspec never writes through one), or
+    exists and `replace` is false (nothing is overwritten). Called when the command starts and again just before the
+    write (the moment of acting)."""
+    p = Path(path)
+    shown = printable(str(p), 200)
+    if p.is_symlink():
+        raise UserError(f"{shown}: is a link; archspec does not write through one (name a new path)")
+    if not replace and p.exists():
+        raise UserError(f"{shown}: already exists; choose another {what} path (nothing is overwritten)")
+    try:
+        parent = (p.parent if str(p.parent) else Path(".")).resolve()
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"{shown}: its directory cannot be resolved ({getattr(e, 'strerror', None) or e})") from None
+    return parent / p.name

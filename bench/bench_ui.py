@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
         built = build(db, a.runs, a.points)
-        client = TestClient(create_app(f"sqlite:///{db}"))
+        client = TestClient(create_app(f"sqlite:///{db}"), base_url="http://127.0.0.1")
         ids = [r["id"] for r in client.get("/api/runs", params={"limit": "10"}).json()["runs"]]
 
         def ok(response):

@@ -454,7 +454,8 @@ REFUSED = {
     "qwen2_sliding_without_window": (lambda: _set(CASES["qwen2"]().to_dict(), sliding_window=8,
                                                   layer_types=["sliding_attention", "full_attention"]),
                                      "layer_types: 'sliding_attention' layers, but use_sliding_window is false"),
-    "dropouts_differ": (lambda: _set(CASES["gpt2"]().to_dict(), attn_pdrop=0.1), "dropout rates differ"),
+    # dropout rates that differ are imported (the largest, with a note: tests/test_hf_hostile.py); one out of [0, 1)
+    "dropout_out_of_range": (lambda: _set(CASES["gpt2"]().to_dict(), attn_pdrop=1.5), "a dropout rate is in [0, 1)"),
     # block-shape types: what their configs can say and archspec cannot, by name
     "phi_qk_layernorm": (lambda: _set(CASES["phi"]().to_dict(), qk_layernorm=True), "qk_layernorm: True"),
     "stablelm_qk_layernorm": (lambda: _set(CASES["stablelm"]().to_dict(), qk_layernorm=True), "qk_layernorm: True"),
@@ -836,7 +837,7 @@ def test_deepseek_v3_moe_layers_with_a_selection_bias_equal_hf(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"first_k_dense_replace": -1}, "first_k_dense_replace: -1: must be at least 0"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace: -1 is out of range"),
     ({"attention_bias": True}, "attention_bias"),
     ({"num_key_value_heads": 2}, "num_key_value_heads"),
     ({"head_dim": 5}, "head_dim: 5, but the other widths imply 4"),

@@ -149,3 +149,21 @@ def test_bad_schemes_and_group_sizes_exit_2_naming_what_is_valid(run, cli):
     _one_line_error(rc, err, "applies to int4")
     rc, _, err = cli("runs", "list", "--where", "quant.int8.val_loss_dleta < 1")
     assert rc == 2 and "quant.int8.val_loss_delta" in err, err
+
+
+@pytest.mark.parametrize("scheme, part", [("int8", "__scale"), ("int4", ".scale"), ("int4", ".minimum")])
+def test_a_tampered_quantized_file_with_a_huge_scale_is_refused_by_sample(run, cli, tmp_path, scheme, part):
+    """Issue 42: the digest rewritten (as an adversary would), a scale of 1e30 (finite, so the finite check passes)
+    would give weights that overflow fp32 and a traceback deep in sampling; it is refused on load, one line."""
+    from archspec.train.checkpoint import save_quantized
+
+    run_id, _, _, _ = run
+    rc, out, err = cli("quantize", run_id, "--scheme", scheme, "--json")
+    assert rc == 0, err
+    state = torch.load(json.loads(out)["checkpoint"], weights_only=True)
+    name = next(k for k in state["model"] if k.endswith(part))
+    state["model"][name] = state["model"][name].clone().fill_(1e30)
+    tampered = tmp_path / f"tampered-{scheme}.pt"
+    save_quantized(tampered, {k: v for k, v in state.items() if k not in ("digest", "format")})
+    rc, _, err = cli("sample", str(tampered), "--prompt", "def ", "--max-new-tokens", "3", "--temperature", "0")
+    _one_line_error(rc, err, "quantization scale", name)

@@ -629,7 +629,11 @@ def _save(fig, path: Path) -> Path:
 def write_report(title: str, variants: list[VariantResult], baseline_index: int, out_dir: Path,
                  meta: dict[str, Any], fits=None) -> tuple[list[dict[str, str]], Path, Path]:
     """Table rows, the PNG and the HTML; `fits` (archspec.ablate.scaling.sweep_fits), when the sweep has a scaling
-    fit, adds it to the HTML with its own picture (`<title>-scaling.png`)."""
+    fit, adds it to the HTML with its own picture (`<title>-scaling.png`). A report is shared: its header and the
+    whole HTML pass archspec.errors.redact (a registry URL's password never reaches it)."""
+    from archspec.errors import redact
+
+    meta = {k: redact(v) if isinstance(v, str) else v for k, v in meta.items()}
     rows = table_rows(variants, baseline_index)
     png = plot_png(title, variants, out_dir / f"{title}.png", baseline_index)
     html = out_dir / f"{title}.html"
@@ -648,5 +652,5 @@ def write_report(title: str, variants: list[VariantResult], baseline_index: int,
                         "caption": "the largest over the layers of each figure at every evaluation (train.stability;"
                                    " archspec.train.metrics): max attention logit q·k/√d, RMS of a block's output, "
                                    "gradient and update L2 norms of the step before the evaluation"})
-    html.write_text(render_html(title, rows, png, variants, meta, effects, scaling, figures), encoding="utf-8")
+    html.write_text(redact(render_html(title, rows, png, variants, meta, effects, scaling, figures)), encoding="utf-8")
     return rows, png, html

@@ -21,10 +21,9 @@ from archspec.spec.train import MAX_STEPS
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
-    try:
-        seeds = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, e.g. 0,1,2; got {value!r}") from None
+    from archspec.cli.options import int_list
+
+    seeds = int_list(value)
     if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"expected distinct non-negative integers, e.g. 0,1,2; got {value!r}")
     return seeds
@@ -247,10 +246,24 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
     outcome = run(jobs)
     if sweep.rates:  # the pilots have run (here or elsewhere): the other seeds at each variant's best rate
         outcome.outcomes += _seed_phase(sweep, index, count, registry_url, run, console).outcomes
-    console.print(f"sweep {sweep.name}: {outcome.count('trained')} trained, "
-                  f"{outcome.count('skipped (finished)')} already finished, "
+    from archspec.train.logger import FAILED, FINISHED
+
+    ran = [o for o in outcome.outcomes if o.action == "trained"]
+    untrained = [o for o in ran if o.status not in (FINISHED, FAILED)]  # REFUSED, KILLED, still SCHEDULED
+    failed = sum(o.status == FAILED for o in ran)
+    console.print(f"sweep {sweep.name}: {len(ran) - len(untrained)} trained"
+                  + (f" ({failed} of them FAILED)" if failed else "")
+                  + (f", {len(untrained)} NOT trained" if untrained else "")
+                  + f", {outcome.count('skipped (finished)')} already finished, "
                   f"{outcome.count('skipped (running elsewhere)')} running elsewhere"
                   + (f", {outcome.count('submitted')} submitted" if outcome.count("submitted") else ""))
+    if untrained:
+        first = untrained[0]
+        why = (first.error or "").strip().splitlines()
+        raise UserError(f"sweep {sweep.name}: {len(untrained)} of {len(ran)} run(s) were not trained (run "
+                        f"{first.run_id} {first.status or 'not started'}" + (f": {printable(why[0], 300)}" if why else "")
+                        + "); no report is written from a sweep that did not run; `archspec ablate --status` shows "
+                        "where each run stands")
     if sweep.file.quantize and not outcome.count("submitted"):
         _quantize_phase(sweep, outcome, registry_url, console)
     if outcome.count("submitted"):

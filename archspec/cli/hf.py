@@ -10,7 +10,48 @@ from archspec.cli.options import registry_option
 from archspec.console import echo
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def registered_types() -> list[str]:
+    """The model types of the registry of types (archspec.hf.types.TYPES), read from its source: importing it imports
+    torch (archspec.hf, archspec.kinds), which `--help` must not. Each `NAME = HFType(model_type="...", ...)` (or any
+    call with a literal model_type) names a type; TYPES' expression names the ones registered.
+    tests/test_hf_hostile.py checks the result equals TYPES."""
+    import ast
+    from pathlib import Path
+
+    import archspec
+
+    tree = ast.parse((Path(archspec.__file__).parent / "hf" / "types.py").read_text(encoding="utf-8"))
+    model_type: dict[str, str] = {}
+    registry = None
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        value = getattr(node, "value", None)
+        if "TYPES" in names:
+            registry = value
+        if isinstance(value, ast.Call):
+            for kw in value.keywords:
+                if kw.arg == "model_type" and isinstance(kw.value, ast.Constant):
+                    model_type.update({n: kw.value.value for n in names})
+    seen = [n.id for n in ast.walk(registry) if isinstance(n, ast.Name)] if registry is not None else []
+    return list(dict.fromkeys(model_type[n] for n in seen if n in model_type))
+
+
+class _TypesHelp(click.Command):
+    """A command whose help lists the model types from the registry of types (`registered_types`) when shown, so the
+    list is never out of date."""
+
+    def format_help_text(self, ctx, formatter) -> None:
+        written = self.help
+        self.help = (written or "").replace("{types}", ", ".join(sorted(registered_types())))
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = written
+
+
+@click.command(cls=_TypesHelp, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", metavar="PATH")
 @click.option("-o", "--output", "spec_out", required=True, metavar="SPEC.yaml", help="Spec file to write (must not exist).")
 @click.option("--checkpoint", "checkpoint_out", metavar="OUT.pt",
@@ -22,8 +63,7 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
     """Spec (and weights) from a transformers config.json or model directory.
 
     Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
-    Model types: gpt2, llama (rope llama3/linear scaling), mistral (sliding window), ministral, qwen2, qwen3,
-    mixtral, qwen2_moe, qwen3_moe (per-layer patterns and dense layers as layer groups)."""
+    Model types: {types}."""
     from archspec.hf import import_hf
 
     out = import_hf(path, spec_out, checkpoint_out, name)

@@ -62,3 +62,17 @@ class FiniteFloat(click.FloatRange):
         if number != number or number in (float("inf"), float("-inf")):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+def int_list(value: str, example: str = "0,1,2") -> list[int]:
+    """A comma-separated list of whole numbers (--seeds, --distances): every item an ASCII integer, none empty
+    (`1,,2` and `1,` are typos, not lists), at most 18 digits each; click.BadParameter (exit 2, one line) otherwise."""
+    import re
+
+    items = value.split(",")
+    bad = next((x for x in items if not re.fullmatch(r"-?[0-9]{1,18}", x.strip())), None)
+    if bad is not None:
+        what = "an empty item" if not bad.strip() else f"{bad.strip()[:40]!r}"
+        raise click.BadParameter(f"expected comma-separated integers, e.g. {example}; got {value[:80]!r} "
+                                 f"({what} is not one)")
+    return [int(x) for x in items]

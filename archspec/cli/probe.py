@@ -16,10 +16,9 @@ from archspec.errors import UserError
 def _distances(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    from archspec.cli.options import int_list
+
+    out = int_list(value, "64,128")
     if not out:
         raise click.BadParameter("expected at least one distance")
     return out

@@ -663,10 +663,7 @@ def runs_delete(ctx, registry_url, run_ids, force, yes, dry_run, keep_files) -> 
         if not ok:
             echo("nothing deleted")
             ctx.exit(1)
-    left = delete_runs(reg, plans)
-    echo(f"deleted {what}")
-    for a in left:
-        echo(f"could not remove {printable(a, 200)}; remove it by hand", err=True)
+    delete_runs(reg, plans, done=lambda left: _said_done(f"deleted {what}", left))
 
 
 @click.command("gc")
@@ -709,8 +706,12 @@ def gc_cmd(ctx, registry_url, keep, metric, where, do_apply) -> None:
     if not plan:  # nothing to free: nothing written (a mistyped --registry URL is not created)
         echo(f"freed {total} in {n}")
         return
-    left = apply_gc(reg, plan)
-    echo(f"freed {total} in {n}")
+    apply_gc(reg, plan, done=lambda left: _said_done(f"freed {total} in {n}", left))
+
+
+def _said_done(what: str, left: list[str]) -> None:
+    """What a deletion did, said once it is complete (before an interrupt that arrived meanwhile is acted on)."""
+    echo(what)
     for a in left:
         echo(f"could not remove {printable(a, 200)}; remove it by hand", err=True)
 

@@ -40,12 +40,11 @@ def ui_cmd(registry_url: str | None, host: str, port: int, check: bool) -> None:
         from archspec.ui.app import create_app
     except ImportError as e:
         raise UserError(f"archspec ui needs the ui extra ({e.name} is missing): pip install 'archspec[ui]'") from None
-    from archspec.ui.app import LOOPBACK_NAMES
+    from archspec.ui.app import served_hosts
 
-    # Bound to loopback: only loopback names answer (DNS rebinding). Bound to one address: that one too. Bound to all
-    # of them (0.0.0.0): whatever name the machine is reached by.
-    allowed = LOOPBACK_NAMES if _loopback(host) else ["*"] if host in ("0.0.0.0", "::") else [*LOOPBACK_NAMES, host]
-    app = create_app(registry_url, allowed)
+    # Only the names that reach the address bound answer (DNS rebinding): loopback's own names for loopback, the
+    # address itself otherwise; bound to all of them (0.0.0.0), whatever name the machine is reached by.
+    app = create_app(registry_url, served_hosts(host))
     registry = app.state.archspec.registry
     registry.runs(limit=1)  # the registry opens (a schema this code cannot read is refused here, with its command)
     _can_bind(host, port)

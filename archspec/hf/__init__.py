@@ -44,9 +44,11 @@ def expected_shapes(spec) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def _refuse_existing(path: Path | None, what: str) -> None:
-    if path is not None and (path.exists() or path.is_symlink()):
-        raise UserError(f"{printable(path)}: already exists; choose another {what} path (nothing is overwritten)")
+def _refuse_existing(path: Path | None, what: str) -> Path | None:
+    """The output path, confined (archspec.paths.new_output): no link, nothing there, its directory resolved."""
+    from archspec.paths import new_output
+
+    return None if path is None else new_output(path, what)
 
 
 def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_out: str | os.PathLike | None = None,
@@ -61,12 +63,18 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
 
     spec_out = Path(spec_out)
     checkpoint_out = Path(checkpoint_out) if checkpoint_out is not None else None
-    _refuse_existing(spec_out, "spec")
-    _refuse_existing(checkpoint_out, "checkpoint")
+    spec_out = _refuse_existing(spec_out, "spec")
+    checkpoint_out = _refuse_existing(checkpoint_out, "checkpoint")
     cfg_path = io.config_path(path)
     data = io.read_json(cfg_path, "a transformers config.json")
     spec_dict = spec_from_config(data, printable(cfg_path), _slug(name or spec_out.stem))
-    spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
+    try:
+        spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
+    except UserError as e:  # a config's value beyond the spec's bounds: one line, whatever the spec's format
+        if not e.problems:
+            raise
+        raise UserError(f"{e}: " + "; ".join(printable(p, 300) for p in e.problems[:3])
+                        + ("; ..." if len(e.problems) > 3 else "")) from None
 
     params = None
     if checkpoint_out is not None:
@@ -78,6 +86,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
         state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec),
                               skip_layers=left_out_layers(hf, data))
         tokenizer = io.read_tokenizer(cfg_path.parent)
+        _refuse_existing(checkpoint_out, "checkpoint")  # again, at the moment of writing
         save_weights(checkpoint_out, canonical_dict(spec), model_hash(spec), state, tokenizer,
                      source=str(cfg_path.parent))
         params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())  # a tied matrix once
@@ -88,6 +97,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
                  f"{printable(checkpoint_out)}`).\n" if checkpoint_out is not None else ""))
     body = yaml.safe_dump({"name": spec.name, "model": canonical_dict(spec)["model"]}, sort_keys=False)
     try:
+        _refuse_existing(spec_out, "spec")  # again, at the moment of writing
         atomic_write_text(spec_out, header + body)
     except OSError as e:
         raise UserError(f"{printable(spec_out)}: cannot write the spec: {e.strerror or e}") from None

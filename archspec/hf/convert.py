@@ -27,6 +27,11 @@ from archspec.spec.model import ModelSpec
 # frequencies some LLaMA checkpoints saved. Derived from the config; skipped on import.
 _INERT_TENSORS = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq)$")
 
+# Keys of released configs that only training reads (an auxiliary loss's weight and form in DeepSeek's original code;
+# transformers' models read none of them): ignored on import with one note, never refused. Dropout rates are
+# training-only too; they are mapped (model.dropout), see `_dropout`.
+TRAINING_ONLY = frozenset({"aux_loss_alpha", "seq_aux"})
+
 # The families a block is made of, in the order their `to_hf` run (the attention's q/k norm reads the norm's eps).
 _FAMILIES = (("norm", ("model", "norm")), ("positional", ("model", "attention", "positional")),
              ("sparsity", ("model", "attention", "sparsity")), ("ffn", ("model", "ffn")))
@@ -92,11 +97,17 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     if groups:
         model["layers"] = groups
     unread = sorted(set(data) - cfg.taken - COMMON_INERT - hf.inert)
+    training = [k for k in unread if k in TRAINING_ONLY]
+    if training:  # released configs carry them; the function the model computes does not depend on them
+        warnings.warn(Caution(f"{source}: {', '.join(training)}: training-only settings ({hf.model_type}), which do "
+                              "not change what the model computes: not imported"))
+        unread = [k for k in unread if k not in TRAINING_ONLY]
     if unread:
+        shown = ", ".join(f"{printable(k, 60)}: {printable(repr(data[k]), 60)}" for k in unread[:5])
         raise HFUnsupported(
-            f"{source}: {len(unread)} field{'s' * (len(unread) > 1)} archspec does not map; a {hf.model_type} model "
-            "with them may compute something else, so nothing was imported",
-            [f"{k}: {printable(repr(data[k]), 80)}" for k in unread])
+            f"{source}: {len(unread)} field{'s' * (len(unread) > 1)} archspec does not map ({shown}"
+            f"{', ...' if len(unread) > 5 else ''}); a {hf.model_type} model with them may compute something else, "
+            "so nothing was imported")
     return {"name": name, "model": model}
 
 
@@ -167,11 +178,20 @@ def _model_wide_and_groups(per_layer: dict[str, list[dict[str, Any]]]) -> tuple[
 
 
 def _dropout(cfg: HFConfig) -> float:
+    """model.dropout from the config's rates. Dropout acts only in training (the imported model computes the same
+    logits whatever the rate), so rates that differ (phi-2's resid_pdrop 0.1 beside embd_pdrop 0.0) are not refused:
+    the largest is taken, with a note."""
     rates = {k: cfg.take(k, (int, float), default=cfg.hf.defaults.get(k, 0.0)) for k in cfg.hf.dropout_keys}
+    for k, v in rates.items():
+        if not 0.0 <= v < 1.0:
+            raise cfg.refuse(k, f"{v}: a dropout rate is in [0, 1)")
     values = set(rates.values())
     if len(values) > 1:
-        raise cfg.refuse(cfg.hf.dropout_keys[0], f"dropout rates differ ({', '.join(f'{k}={v}' for k, v in rates.items())}); "
-                         "archspec has one, model.dropout")
+        chosen = max(values)
+        warnings.warn(Caution(f"{cfg.source}: dropout rates differ ({', '.join(f'{k}={v}' for k, v in rates.items())}); "
+                              f"archspec has one, model.dropout = {chosen} (dropout acts only in training: the logits "
+                              "are the same)"))
+        return float(chosen)
     return float(values.pop()) if values else 0.0
 
 
@@ -411,6 +431,14 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
         if any(name not in tensors for name in w.hf):
             missing += [name for name in w.hf if name not in tensors]
             continue
+        for name in w.hf:  # a weight is a finite float: integer tensors or NaN/inf would import as a broken model
+            t = tensors[name]
+            if not t.is_floating_point():
+                raise HFUnsupported(f"{source}: {printable(name, 200)}: {str(t.dtype).removeprefix('torch.')} "
+                                    "tensor; a weight is floating point (quantized files are not imported)")
+            if not bool(torch.isfinite(t).all()):
+                raise HFUnsupported(f"{source}: {printable(name, 200)}: holds NaN or infinite values; refusing "
+                                    "weights that cannot compute anything")
         used.update(w.hf)
         try:
             out.update({k: v.to(torch.float32) for k, v in w.to_ours([tensors[name] for name in w.hf]).items()})

@@ -131,9 +131,12 @@ def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, to
     Written into a temporary directory beside it and renamed: the directory appears complete or not at all."""
     from safetensors.torch import save_file
 
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    from archspec.paths import new_output
+
+    if out_dir.is_symlink() or (out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))):
         raise UserError(f"{printable(out_dir)}: exists and is not an empty directory; choose a new one "
-                        "(nothing is overwritten)")
+                        "(nothing is overwritten, nothing is written through a link)")
+    out_dir = new_output(out_dir, "model directory", replace=True)  # its parent resolved: written where checked
     parent = out_dir.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +152,8 @@ def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, to
             if name in TOKENIZER_FILES:
                 (tmp / name).write_text(text, encoding="utf-8")
         readable_like_normal_files(tmp)  # mkdtemp made it 0700: an export is shared like any model directory
+        if out_dir.is_symlink():  # put there since the check: never written through
+            raise UserError(f"{printable(out_dir)}: became a link while the model was written; nothing written")
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)
         os.replace(tmp, out_dir)

@@ -584,6 +584,21 @@ GLM4 = HFType(  # GLM-4-0414: GLM's block with a norm after each sublayer too (s
     check=(_common_checks,),
 )
 
+def _gemma_read(cfg: HFConfig) -> None:
+    """transformers' GemmaConfig reads `hidden_act: gelu` (in released Gemma files) as gelu_pytorch_tanh, the tanh
+    approximation: read as it computes, with a note."""
+    if cfg.data.get("hidden_act") == "gelu":
+        cfg.data["hidden_act"] = "gelu_pytorch_tanh"
+        _caution(f"{cfg.source}: hidden_act: 'gelu' is read as transformers' Gemma reads it, the tanh approximation "
+                 "(gelu_tanh)")
+
+
+def _gemma_write(m, out: dict) -> None:
+    if out.get("hidden_act") == "gelu":  # it would be read back as the tanh form
+        raise HFUnsupported("model.ffn.activation: gelu (exact) cannot be expressed as gemma (transformers' Gemma "
+                            "reads hidden_act 'gelu' as the tanh approximation)")
+
+
 GEMMA = HFType(  # Gemma: RMSNorm with a (1 + w) gain, embeddings scaled by sqrt(hidden_size), GeGLU, tied
     model_type="gemma", architecture="GemmaForCausalLM", blocks=_LLAMA_BLOCKS, keys=_LLAMA_KEYS,
     defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
@@ -594,6 +609,7 @@ GEMMA = HFType(  # Gemma: RMSNorm with a (1 + w) gain, embeddings scaled by sqrt
            "embedding_scale": True},
     dropout_keys=("attention_dropout",),
     check=(_common_checks, _must_be("use_bidirectional_attention", None, "archspec models are causal")),
+    rewrite=(_gemma_read, _gemma_write),
 )
 
 # ── gemma2: Gemma's block with sandwich norms, soft-capped scores and logits, alternating window/global layers ──

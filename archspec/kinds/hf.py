@@ -13,9 +13,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
+from archspec.kinds import limits
 
 _MISSING = object()
+
+# Every integer a config gives is bounded before anything is sized by it (a list per layer, a tensor), with the
+# spec's own bounds (archspec.kinds.limits): `num_hidden_layers: 1000000000` in a 700-byte file is refused here, not
+# by the kernel's OOM killer. Roles not named take GENERIC_INT (a count or a size, never negative).
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "n_layers": (1, limits.MAX_LAYERS), "vocab_size": (1, limits.MAX_VOCAB),
+    "context_length": (1, limits.MAX_CONTEXT), "n_ctx": (1, limits.MAX_CONTEXT), "d_model": (1, limits.MAX_WIDTH),
+    "n_heads": (1, limits.MAX_HEADS), "n_kv_heads": (1, limits.MAX_HEADS), "head_dim": (1, limits.MAX_HEAD_DIM),
+    "v_head_dim": (1, limits.MAX_HEAD_DIM), "qk_rope_head_dim": (0, limits.MAX_HEAD_DIM),
+    "qk_nope_head_dim": (0, limits.MAX_HEAD_DIM), "rotary_dim": (0, limits.MAX_HEAD_DIM),
+    "ffn_hidden": (1, limits.MAX_HIDDEN), "expert_hidden": (1, limits.MAX_HIDDEN),
+    "shared_hidden": (1, limits.MAX_HIDDEN), "kv_lora_rank": (1, limits.MAX_WIDTH),
+    "q_lora_rank": (1, limits.MAX_WIDTH), "n_experts": (1, limits.MAX_LAYERS * 16),
+    "top_k": (1, limits.MAX_LAYERS * 16), "sliding_window": (1, limits.MAX_CONTEXT),
+}
+GENERIC_INT = (0, limits.MAX_CONTEXT)
+SHOWN = 80  # characters of a config value echoed in a message
 
 
 class HFUnsupported(UserError):
@@ -116,8 +134,8 @@ class HFConfig:
                 value = float(value)
             if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
                 names = " or ".join(k.__name__ for k in kinds)
-                raise self.refuse(role, f"expected {names}, got {value!r}")
-        return value
+                raise self.refuse(role, f"expected {names}, got {printable(repr(value), SHOWN)}")
+        return bounded(self, role, value)
 
     def fact(self, name: str) -> bool:
         """A yes/no property (`HFType.facts`): the value this type always has, or read from its config key."""
@@ -128,7 +146,26 @@ class HFConfig:
         self.taken.update(keys)
 
     def refuse(self, role: str, why: str) -> HFUnsupported:
-        return HFUnsupported(f"{self.source}: {self.key(role)}: {why} ({self.hf.model_type})")
+        return HFUnsupported(f"{self.source}: {printable(self.key(role), SHOWN)}: {printable(why, 4 * SHOWN)} "
+                             f"({self.hf.model_type})")
+
+
+def bounded(cfg: HFConfig, role: str, value: Any) -> Any:
+    """`value` when every number in it is within bounds (INT_BOUNDS by role, else GENERIC_INT; floats finite), else
+    refused by its key, before anything is sized by it. Lists (layer_types, mlp_only_layers) are checked per item."""
+    import math
+
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            lo, hi = INT_BOUNDS.get(role, GENERIC_INT)
+            if not lo <= v <= hi:
+                raise cfg.refuse(role, f"{printable(repr(v), SHOWN)} is out of range (archspec takes {lo} to {hi})")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise cfg.refuse(role, f"{v!r}: expected a finite number")
+    return value
 
 
 def put_fact(out: dict[str, Any], hf: HFType, name: str, value: bool, path: tuple[str, ...]) -> None:

@@ -201,13 +201,18 @@ def submit(launcher: Launcher, payloads: Sequence[Payload], registry, on_event=l
     return handles
 
 
+PASSWORD_VAR = "PGPASSWORD"
+
+
 def worker_url(url: str) -> tuple[str, dict[str, str]]:
     """The registry URL a worker is handed, and the environment it needs beside it. A password never travels in a
-    payload (pickled into the launcher's folder, often on a shared filesystem) or in an sbatch script: it is taken
-    out of the URL and exported as PGPASSWORD (libpq's own variable, which psycopg reads when the URL has none) to
-    the jobs' environment only (`exported`): sbatch passes the submitting environment on (its default
-    --export=ALL), submitit's local executor and a local Ray cluster inherit it, a Ray task gets it as its
-    runtime_env."""
+    payload (pickled into the launcher's folder, often on a shared filesystem), on a command line or in an sbatch
+    script: it is taken out of the URL and exported as PGPASSWORD (libpq's own variable, which psycopg reads when the
+    URL has none; `with_password` puts it back for any other driver) to the jobs' environment only (`exported`):
+    sbatch passes the submitting environment on (its default --export=ALL), submitit's local executor and a local
+    Ray cluster inherit it (never a Ray runtime_env: Ray's agent logs its env_vars; a remote cluster's workers are
+    told to take it from their own environment or a libpq password file). `url` must hold the password itself, not a
+    redacted form (a Registry's `url` shows *** in its place: use its engine's URL)."""
     from sqlalchemy.engine import URL, make_url
 
     url = sqlite_absolute(url)
@@ -222,7 +227,23 @@ def worker_url(url: str) -> tuple[str, dict[str, str]]:
         return url, {}
     bare = URL.create(parsed.drivername, parsed.username, None, parsed.host, parsed.port, parsed.database,
                       {k: v for k, v in parsed.query.items() if k != "password"})
-    return bare.render_as_string(hide_password=False), {"PGPASSWORD": str(password)}
+    if str(password) == "***":
+        raise ValueError("worker_url: given a redacted URL (its password is ***), not the one to connect with")
+    return bare.render_as_string(hide_password=False), {PASSWORD_VAR: str(password)}
+
+
+def with_password(url: str) -> str:
+    """In a worker: its registry URL with the password its job's environment carries (PGPASSWORD) put back, when the
+    URL has none; in memory only, so every driver (not libpq's alone) connects as the submitting command did."""
+    password = os.environ.get(PASSWORD_VAR)
+    if not password or url.startswith("sqlite"):
+        return url
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.password is not None or "password" in parsed.query:
+        return url
+    return parsed.set(password=password).render_as_string(hide_password=False)
 
 
 @contextmanager

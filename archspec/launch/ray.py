@@ -35,7 +35,7 @@ class RayLauncher(Launcher):
                 if settings.max_parallel:
                     cpus = settings.max_parallel * (settings.cpus_per_task or 1)
                 ray.init(num_cpus=cpus, log_to_driver=False, include_dashboard=False)
-            self.started_here = True
+            self.started_here = True  # inside `exported`: its workers inherit the jobs' environment (the password)
         total = ray.cluster_resources().get("CPU", 0)
         if (settings.cpus_per_task or 1) > total:
             raise UserError(f"--cpus-per-task {settings.cpus_per_task}: the Ray cluster has {total:g} CPUs")
@@ -45,10 +45,19 @@ class RayLauncher(Launcher):
 
         task = self.ray.remote(run_payload)
         handles = []
+        if self.env and self.settings.ray_address:
+            # Not sent as the tasks' runtime_env: Ray's runtime_env agent writes a task's env_vars, password and all,
+            # into its log files. A local cluster's workers inherit this process's environment instead (it was
+            # started inside archspec.launch.base.exported); a remote cluster's need it on their side.
+            import warnings
+
+            from archspec.errors import Caution
+
+            warnings.warn(Caution(f"--ray-address {self.settings.ray_address}: the registry password is not sent to "
+                                  "the cluster (Ray logs a task's environment); give its workers PGPASSWORD in "
+                                  "their environment, or a libpq password file (~/.pgpass, or $PGPASSFILE)"))
         for p in payloads:
-            options = {"runtime_env": {"env_vars": dict(self.env)}} if self.env else {}  # a remote cluster's workers
-            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0,
-                               **options).remote(p)
+            ref = task.options(num_cpus=p.resources.cpus, num_gpus=p.resources.gpus, max_retries=0).remote(p)
             handles.append(Handle(p, ref.task_id().hex(), ref))
         return handles
 

@@ -12,14 +12,17 @@
       retries: 1
       ray_address: ray://head:10001
 
-Imported by the sweep file's model (archspec.ablate.sweep): pydantic only, no torch, no submitit, no ray.
+Imported by the sweep file's model (archspec.ablate.sweep): pydantic and the script gate (archspec.launch.shell)
+only: no torch, no submitit, no ray.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from archspec.launch.shell import script_problem
 
 LAUNCHERS = ("local", "slurm", "slurm-local", "ray")
 LauncherKind = Literal["local", "slurm", "slurm-local", "ray"]
@@ -46,6 +49,25 @@ class LauncherSettings(BaseModel):
     retries: int = Field(1, ge=0, le=100)
     ray_address: str | None = Field(None, max_length=512)
     folder: str = Field("runs/launcher", max_length=1024, description="submitit's job files and logs")
+
+    # Every value here may reach a generated sbatch script (archspec.launch.shell): checked when the section is read,
+    # from a sweep file or from the command line, so nothing is recorded or submitted first.
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _slurm_word(cls, value: str | None) -> str | None:
+        problem = None if value is None else script_problem(value, word=True)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("sbatch", "folder", "ray_address")
+    @classmethod
+    def _script_text(cls, value):
+        for item in ([] if value is None else value if isinstance(value, list) else [value]):
+            problem = script_problem(item)
+            if problem:
+                raise ValueError(problem)
+        return value
 
     @property
     def multi_host(self) -> bool:

@@ -14,25 +14,33 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from archspec.errors import UserError
+from archspec.errors import UserError, printable
 from archspec.launch.base import Died, Handle, Launcher, Payload, Resources, WorkerResult
 from archspec.launch.settings import LauncherSettings
+from archspec.launch.shell import script_value
 
 
 def sbatch_options(extra: Sequence[str]) -> dict[str, object]:
-    """`--constraint=a100`, `--exclusive`, `--mail-type END` → submitit's additional_parameters."""
+    """`--constraint=a100`, `--exclusive`, `--mail-type END` → submitit's additional_parameters. The name must be a
+    word and the value one line of text (archspec.launch.shell.script_value): submitit writes each as a `#SBATCH`
+    line, the value shell-quoted."""
     out: dict[str, object] = {}
     for item in extra:
+        script_value(item, "--sbatch")
         text = item.strip()
         if not text.startswith("--") or len(text) < 3:
-            raise UserError(f"--sbatch {item!r}: expected an sbatch long option such as --constraint=a100")
+            raise UserError(f"--sbatch {printable(repr(item), 80)}: expected an sbatch long option such as "
+                            "--constraint=a100")
         key, sep, value = text[2:].partition("=")
         if not sep and " " in key:
             key, _, value = key.partition(" ")
             sep = " "
-        if not key.replace("-", "").replace("_", "").isalnum():
-            raise UserError(f"--sbatch {item!r}: {key!r} is not an sbatch option name")
-        out[key.replace("-", "_")] = value.strip() if sep else True
+        if not key.replace("-", "").replace("_", "").isalnum() or not key.isascii():
+            raise UserError(f"--sbatch {printable(repr(item), 80)}: {printable(repr(key), 40)} is not an sbatch "
+                            "option name")
+        if sep and not value.strip():
+            raise UserError(f"--sbatch {printable(repr(item), 80)}: no value after {sep!r}")
+        out[key.replace("-", "_")] = script_value(value.strip(), f"--sbatch --{key}") if sep else True
     return out
 
 
@@ -42,7 +50,8 @@ class SubmititLauncher(Launcher):
         import submitit
 
         self.name = settings.kind
-        self.folder = Path(settings.folder).absolute() / "%j"
+        folder = Path(script_value(settings.folder, "launcher folder")).absolute()
+        self.folder = Path(script_value(str(folder), "launcher folder (absolute)")) / "%j"  # its #SBATCH --output
         if settings.kind == "slurm":
             self.executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
         else:
@@ -64,7 +73,7 @@ class SubmititLauncher(Launcher):
             params["gpus_per_node"] = r.gpus
         for key in ("partition", "account", "qos"):
             if getattr(s, key):
-                params[key] = getattr(s, key)
+                params[key] = script_value(getattr(s, key), f"--{key}", word=True)
         if self.parallel:
             params["array_parallelism"] = self.parallel
         extra = sbatch_options(s.sbatch)
@@ -146,15 +155,18 @@ def torchrun_setup(nodes: int, gpus_per_node: int, train_args: Sequence[str], po
     import shlex
 
     # Only the two placeholders the node's shell must expand stay unquoted, chosen by position; every other word,
-    # the user's --set values above all, is quoted: it reaches `bash -c` on every node.
-    words = [shlex.quote(a) for a in ("torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus_per_node),
-                                      "--rdzv-backend", "c10d", "--rdzv-endpoint")]
+    # the user's --set values above all, is quoted by the script gate: it reaches `bash -c` on every node.
+    def quoted(words) -> list[str]:
+        return [script_value(str(a), "the multi-node torchrun command's argument", quote=True) for a in words]
+
+    words = quoted(("torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus_per_node), "--rdzv-backend",
+                    "c10d", "--rdzv-endpoint"))
     words += ["$MASTER_ADDR:$MASTER_PORT", "--rdzv-id", "$SLURM_JOB_ID"]
-    words += [shlex.quote(a) for a in ("-m", "archspec", "train", *train_args)]
+    words += quoted(("-m", "archspec", "train", *train_args))
     line = " ".join(words)
     return ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-            f"export MASTER_PORT={port}",
-            f"export ARCHSPEC_TORCHRUN={shlex.quote(line)}"]  # expanded by each node's task (bash -c), not here
+            f"export MASTER_PORT={int(port)}",
+            f"export ARCHSPEC_TORCHRUN={shlex.quote(line)}"]  # expanded by each node's task (bash -c)
 
 
 def run_torchrun() -> int:

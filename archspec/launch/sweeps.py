@@ -81,7 +81,9 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
     from archspec.spec import canonical_dict
     from archspec.train.cache import cache_dir
 
-    url, secret = worker_url(registry.url)  # the password, if any, goes to the jobs' environment, not the payload
+    # The password, if any, goes to the jobs' environment, not the payload. `registry.url` is for messages (its
+    # password shown as ***); the URL the registry connects with is its engine's.
+    url, secret = worker_url(registry.engine.url.render_as_string(hide_password=False))
     check_launcher(settings, url)
     device_type = "cpu" if device == "cpu" else ("cuda" if wants_gpu(settings, device) else "cpu")
     measured = measured_runs(registry, device_type, "auto") if settings.time_min is None else []

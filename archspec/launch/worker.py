@@ -21,7 +21,7 @@ import socket
 from dataclasses import replace
 from typing import Any
 
-from archspec.launch.base import Payload, WorkerResult
+from archspec.launch.base import Payload, WorkerResult, with_password
 
 # Test-only: a worker whose launch attempt equals this kills itself (SIGKILL) at its first metrics write, so that
 # tests can check that a job dying mid-run is marked KILLED and retried. 0 (unset): never.
@@ -103,7 +103,8 @@ def run_payload(payload: Payload) -> WorkerResult:
                 scheduler_job=job, host=host)
         die = env_int(DIE_ON_ATTEMPT_VAR, 0, 0, 1000) == payload.attempt
         membership = SweepMembership(**payload.membership) if payload.membership else None
-        logger = MemberLogger(with_sinks(RegistryLogger(payload.registry_url, rerun_finished=payload.rerun_finished),
+        logger = MemberLogger(with_sinks(RegistryLogger(with_password(payload.registry_url),
+                                                        rerun_finished=payload.rerun_finished),
                                          payload.log_to), membership, job,
                               die_on_first_metrics=die)
         # progress on: the job's log (its stderr) holds the run's own lines, its evaluations and its closing line

@@ -202,6 +202,9 @@ def _is_int8_subclass(t: Any) -> bool:
         and hasattr(t, "qdata")
 
 
+MAX_DEQUANTIZED = 1e4  # |weight| a scale may give (255 levels at most): trained weights are O(1)
+
+
 def load_quantized_state(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Load a `quantized_state` into a model the same plan was applied to; a UserError names the mismatch."""
     expected = quantized_state(model)
@@ -214,6 +217,13 @@ def load_quantized_state(model: nn.Module, state: dict[str, torch.Tensor], where
                  + [f"{k}: {tuple(state[k].shape)} {state[k].dtype}, expected {tuple(expected[k].shape)} "
                     f"{expected[k].dtype}" for k in wrong[:3]])
         raise UserError(f"{where}: quantized weights do not fit the model its spec builds", lines)
+    for k, v in state.items():  # a tampered file (its digest rewritten) cannot make weights that overflow fp32
+        if k.endswith(("__scale", ".scale", ".minimum")) and v.is_floating_point() and v.numel():
+            top = float(v.abs().max())
+            if not top <= MAX_DEQUANTIZED / 255:
+                raise UserError(f"{where}: {printable(k, 120)} holds a quantization scale of {top:.3g}, beyond any "
+                                f"weight a model is trained to (dequantized weights up to {MAX_DEQUANTIZED:g}); the "
+                                "file is refused")
     with torch.no_grad():
         for name, value in model.state_dict().items():
             if _is_int8_subclass(value):

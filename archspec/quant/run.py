@@ -105,7 +105,10 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
     after = val_loss(model, data.val_batches, tracker)
     if not math.isfinite(after):
         raise UserError(f"{path}: the {scheme} model's validation loss is {after}; nothing written")
-    out = quantized_path(path, plan)
+    from archspec.paths import new_output
+
+    # Beside the checkpoint read, as resolved; a link there (pointing anywhere) is never written through.
+    out = new_output(quantized_path(path, plan), "quantized checkpoint", replace=True)
     weights = state["format"] == WEIGHTS_FORMAT
     save_quantized(out, {
         "spec_hash": state["spec_hash"], "spec": canonical_dict(spec), "model": quantized_state(model),

@@ -28,7 +28,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from archspec.errors import UserError, printable
+from archspec.errors import UserError, printable, redact
 from archspec.registry import migrate
 
 log = logging.getLogger("archspec.registry")
@@ -167,7 +167,7 @@ class RegistryEngine:
     ):
         raw = url or default_url()
         u = _normalize_url(raw)
-        self.url = u.render_as_string(hide_password=True)
+        self.url = redact(u.render_as_string(hide_password=False))  # shown in every message: never its password
         self.retry = retry or RetryPolicy()
         self.dialect = u.get_backend_name()
         self._file = _sqlite_file(u) if self.dialect == "sqlite" else None

@@ -16,16 +16,18 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from archspec.errors import UserError, printable
+from archspec.errors import Caution, UserError, printable
 from archspec.registry.reads import RunRow
 from archspec.registry.store import Registry
 from archspec.train.logger import FINISHED, RecordingError
 
 SHARDED_PATTERN = "checkpoint-step*.dcp"
+CHECKPOINT = "checkpoint.pt"  # archspec.train.checkpoint.FILENAME: the only name a run's checkpoint has
 
 # What a run directory holds when archspec wrote it (archspec.train: loop, checkpoint, tokenizer, run_dir, codegen),
 # besides the run's recorded artifacts. Each entry is judged by its name *and* its type: the files are plain files, the
@@ -101,6 +103,40 @@ def tree_size(path: Path) -> int:
     return total
 
 
+# ── confinement: what archspec may delete ──────────────────────────────────────────────────────────────────────
+
+
+def confined(path: Path, protected: Sequence[tuple[str, Path]], *, directory: bool) -> tuple[Path | None, str]:
+    """(`path` resolved, "") when archspec may delete it, else (None, why) — one helper for `runs delete` (a run
+    directory) and `gc` (a checkpoint file in one). The recorded path must be absolute and itself no link (a link
+    pointing out is never followed), the right type (a real directory, or a plain file), and, resolved (links and
+    `..` of its parents followed), neither be nor hold a protected place (the registry, the working directory, $HOME,
+    archspec's state root) nor lie directly in one. The caller acts on the resolved path, and `remove_with_rows`
+    checks it again at the moment of acting (`_unchanged`)."""
+    if not path.is_absolute():
+        return None, "recorded as a relative path"
+    if path.is_symlink():
+        return None, "is a link (archspec never follows one to delete what it points at)"
+    if directory and not path.is_dir():
+        return None, "is not a directory"
+    if not directory and not path.is_file():
+        return None, "is not a plain file"
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError) as e:
+        return None, f"cannot be resolved ({getattr(e, 'strerror', None) or type(e).__name__})"
+    home = real if directory else real.parent
+    for what, place in protected:
+        if place == home or place.is_relative_to(home) or (not directory and place == real):
+            return None, f"is or holds {what} ({printable(str(place), 200)})"
+    return real, ""
+
+
+def _unchanged(p: Path) -> bool:
+    """At the moment of acting: `p` (a resolved path) is still itself, no link in it or anywhere above it."""
+    return not os.path.islink(p) and os.path.realpath(p) == str(p)
+
+
 # ── deleting runs ────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -135,14 +171,10 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
             if not d.exists() and not d.is_symlink():
                 plan.missing.append(d)
                 continue
-            if d.is_symlink() or not d.is_dir():
-                raise UserError(f"run {run.id}: {where} is not a directory (a link, or a file); archspec deletes only "
-                                "run directories it created (--keep-files deletes the registry rows alone)")
-            real = d.resolve()
-            for what, path in protected:
-                if path == real or path.is_relative_to(real):
-                    raise UserError(f"run {run.id}: {where} is or holds {what} ({printable(str(path), 200)}); not "
-                                    "deleting it (--keep-files deletes the registry rows alone)")
+            real, why = confined(d, protected, directory=True)
+            if real is None:
+                raise UserError(f"run {run.id}: {where} {why}; not deleting it: archspec deletes only run directories "
+                                "it created (--keep-files deletes the registry rows alone)")
             recorded = {Path(p).name for rid, _, p in all_artifacts if rid in ids and Path(p).parent == d}
             if not any((d / name).is_file() for name in recorded):
                 raise UserError(f"run {run.id}: {where} holds none of the run's recorded files (its module or "
@@ -164,8 +196,8 @@ def plan_deletion(reg: Registry, runs: Sequence[RunRow], keep_files: bool = Fals
             if real in taken:
                 continue  # another planned run's directory too: deleted (and counted) once
             taken.add(real)
-            plan.dirs.append(d)
-            plan.size += tree_size(d)
+            plan.dirs.append(real)  # acted on as resolved, and checked again then
+            plan.size += tree_size(real)
         _plan_tensorboard(plan, taken)
     return plans
 
@@ -189,8 +221,8 @@ def _plan_tensorboard(plan: RunDeletion, taken: set[Path]) -> None:
     real = d.resolve()
     if real not in taken:
         taken.add(real)
-        plan.dirs.append(d)
-        plan.size += tree_size(d)
+        plan.dirs.append(real)  # acted on as resolved, and checked again then (as a run directory is)
+        plan.size += tree_size(real)
 
 
 def _protected_paths(reg: Registry) -> list[tuple[str, Path]]:
@@ -239,23 +271,31 @@ def _report_interrupted(lost: Sequence[str]) -> None:
         print("interrupted; nothing deleted" + _not_restored(lost), file=sys.stderr)
 
 
-def remove_with_rows(paths: Sequence[Path], delete_rows: Callable[[], object]) -> list[str]:
+def remove_with_rows(paths: Sequence[Path], delete_rows: Callable[[], object],
+                     done: Callable[[list[str]], None] | None = None) -> list[str]:
     """Rename every path aside, run `delete_rows` (one transaction), then remove the renamed paths; when anything
     fails before the transaction commits (an error, Ctrl-C, SIGTERM) every path is renamed back and the error re-raised
     (a failed transaction as a RecordingError, exit 1; an interruption as it was). The whole is done with interrupts
     deferred (archspec.signals: the CLI's handlers), so a signal is acted on once the deletion is complete. Returns
-    the paths that could not be removed afterwards (the rows are gone; the user is told where they are)."""
+    the paths that could not be removed afterwards (the rows are gone; the user is told where they are). `done` is
+    called with them once everything is removed, still inside the deferred block: a signal that arrived meanwhile is
+    raised after it, so the user reads what was done before `interrupted`."""
     from archspec.signals import deferred_interrupts
 
     with deferred_interrupts():
         moved: list[tuple[Path, Path]] = []
         try:
             for p in paths:
+                if not _unchanged(p):
+                    raise UserError(f"{printable(str(p), 200)}: changed since it was checked (a link now stands in "
+                                    "its path); nothing deleted")
                 a = _aside(p)
                 os.rename(p, a)
                 moved.append((p, a))
         except BaseException as e:
             lost = _put_back(moved)
+            if isinstance(e, UserError):
+                raise UserError(str(e) + _not_restored(lost)) from None
             if isinstance(e, OSError):
                 raise UserError(f"cannot move {printable(str(e.filename or ''), 200)} aside ({e.strerror}); nothing "
                                 "deleted" + _not_restored(lost)) from None
@@ -278,13 +318,16 @@ def remove_with_rows(paths: Sequence[Path], delete_rows: Callable[[], object]) -
                 shutil.rmtree(a) if a.is_dir() and not a.is_symlink() else a.unlink()
             except OSError:
                 left.append(str(a))
+        if done is not None:
+            done(left)
         return left
 
 
-def delete_runs(reg: Registry, plans: Sequence[RunDeletion]) -> list[str]:
+def delete_runs(reg: Registry, plans: Sequence[RunDeletion], done: Callable[[list[str]], None] | None = None,
+                ) -> list[str]:
     """Delete the planned runs: rows and directories together (see `remove_with_rows`)."""
     ids = [p.run.id for p in plans]
-    return remove_with_rows([d for p in plans for d in p.dirs], lambda: reg.delete_runs(ids))
+    return remove_with_rows([d for p in plans for d in p.dirs], lambda: reg.delete_runs(ids), done)
 
 
 # ── freeing checkpoints ──────────────────────────────────────────────────────────────────────────────────────────
@@ -404,11 +447,22 @@ def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | Non
             freed += [(r, p, f"run {winner} has the best {metric} of its model and data") for p in paths]
     going = {(r.id, p) for r, p, _ in freed}
     still_named = {p for run_id, _, p in artifacts if (run_id, p) not in going}
+    protected = _protected_paths(reg)
+    run_dirs = {Path(os.path.realpath(p)).parent for _, kind, p in artifacts if kind == "model" and Path(p).is_absolute()}
     out = []
     for r, p, why in freed:
         path = Path(p)
-        if p in still_named or not path.is_absolute() or path.is_symlink() or not path.is_file():
-            continue  # another run's (or a kept) artifact, not here, or not a plain file: left alone
+        if p in still_named or not path.is_absolute() or not (path.exists() or path.is_symlink()):
+            continue  # another run's (or a kept) artifact, or not here (another host, already gone): left alone
+        real, problem = confined(path, protected, directory=False)
+        if real is not None and real.name != CHECKPOINT:
+            real, problem = None, f"is not named {CHECKPOINT}, the name archspec gives a checkpoint"
+        if real is not None and real.parent not in run_dirs:
+            real, problem = None, "lies outside every run directory (none holds a run's recorded module there)"
+        if real is None:
+            warnings.warn(Caution(f"gc: run {r.id}: {printable(p, 200)} {problem}; left alone"))
+            continue
+        path = real  # acted on as resolved, and checked again then
         if path.parent in busy or Path(os.path.realpath(path)).parent in busy:
             continue  # a run that is not FINISHED uses the directory (it may be writing this very file)
         ok, shards = _free_shards(path)
@@ -418,7 +472,7 @@ def plan_gc(reg: Registry, keep: str, metric: str = "val_loss", where: str | Non
     return out
 
 
-def apply_gc(reg: Registry, plan: Sequence[Freed]) -> list[str]:
+def apply_gc(reg: Registry, plan: Sequence[Freed], done: Callable[[list[str]], None] | None = None) -> list[str]:
     """Remove the planned checkpoint files (with their sharded directories) and forget their artifact rows,
     together. Nothing planned: nothing written (the registry is not even opened for writing)."""
     if not plan:
@@ -430,4 +484,4 @@ def apply_gc(reg: Registry, plan: Sequence[Freed]) -> list[str]:
             by_run.setdefault(f.run.id, []).append(str(f.path))
         reg.forget_artifacts(by_run)
 
-    return remove_with_rows([q for f in plan for q in (f.path, f.shards) if q is not None], rows)
+    return remove_with_rows([q for f in plan for q in (f.path, f.shards) if q is not None], rows, done)

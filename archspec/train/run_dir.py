@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from archspec.errors import redact
 from archspec.train.cache import atomic_write_text
 from archspec.train.logger import RUNNING, RunInfo
 
@@ -33,7 +34,9 @@ class RunDirLogger:
         self._pending: list[dict[str, Any]] = []
 
     def _write(self) -> None:
-        atomic_write_text(self.run_dir / "run.json", json.dumps(self.record, indent=2, sort_keys=True, default=str))
+        # A run directory is shared with its checkpoint: nothing in its record may carry a password (redact).
+        atomic_write_text(self.run_dir / "run.json",
+                          redact(json.dumps(self.record, indent=2, sort_keys=True, default=str)))
 
     def flush(self) -> None:
         if self._pending:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,7 +28,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from archspec.console import number
-from archspec.errors import UserError
+from archspec.errors import UserError, redact
 from archspec.registry.query.fields import resolve_field
 from archspec.registry.store import Registry, RunRow
 from archspec.registry.values import flatten
@@ -40,17 +41,34 @@ MAX_LIMIT = 10_000
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 
+def shown_text(value: Any) -> Any:
+    """Registry text as a page shows it: control characters (but line breaks and tabs) and Unicode format characters
+    (the bidi overrides and isolates that reorder what a reader sees, zero-width marks) written as visible escapes
+    (`\\u202e`), passwords in URLs hidden (archspec.errors.redact). HTML escaping is Jinja's; this is what it leaves.
+    Applied to every value a template prints (the environment's `finalize`) and every string of a JSON answer."""
+    if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
+        return value
+    value = redact(value)
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() or c in "\n\t" else (repr(c)[1:-1] if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in value)
+
+
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                          undefined=jinja2.StrictUndefined)
+                          undefined=jinja2.StrictUndefined, finalize=shown_text)
 _ENV.filters["num"] = lambda v: "-" if v is None else number(v) if isinstance(v, (int, float)) else str(v)
 
 
 def _json_safe(value: Any) -> Any:
-    """NaN and infinities as null: JSON has neither."""
+    """NaN and infinities as null: JSON has neither. Strings (keys too) as pages show them (`shown_text`): the pages
+    build their tables from these answers."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return shown_text(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {shown_text(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
@@ -300,7 +318,26 @@ async def _error(request: Request, exc: HTTPException) -> Response:
     return _page("error.html.j2", status=exc.status_code, status_code=exc.status_code, message=exc.detail)
 
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]", "testserver")
+def served_hosts(host: str) -> tuple[str, ...]:
+    """The Host header names that reach a server bound to `host`, and only those (the Host allow-list): a page
+    elsewhere whose domain is rebound to this address (DNS rebinding) is answered 400. Bound to every address
+    (0.0.0.0, ::): any name the machine is reached by."""
+    import ipaddress
+
+    if host in ("0.0.0.0", "::"):
+        return ("*",)
+    if host == "localhost":
+        return ("localhost", "127.0.0.1", "::1", "[::1]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return (host,)
+    if address.version == 6:
+        return (host, f"[{host}]", *(("localhost",) if address.is_loopback else ()))
+    return (host, *(("localhost",) if address.is_loopback else ()))
+
+
+LOOPBACK_NAMES = served_hosts("127.0.0.1")  # the default bind: tests give TestClient base_url="http://127.0.0.1"
 
 
 def create_app(registry_url: str | None = None, allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK_NAMES

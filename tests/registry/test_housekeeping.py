@@ -212,6 +212,8 @@ def test_gc_is_a_dry_run_until_apply_and_keeps_the_latest(data, capsys, tmp_path
     old = tmp_path / "older" / "checkpoint.pt"
     old.parent.mkdir()
     old.write_bytes(b"\0" * 4096)
+    (old.parent / "llama.py").write_text("# generated\n")  # an earlier run directory of the run: its module too
+    reg.add_artifact(ids["llama0"], "model", str(old.parent / "llama.py"))
     stray = d / "checkpoint-copy.pt"  # not recorded: never touched
     stray.write_bytes(b"x")
     reg.add_artifact(ids["llama0"], "checkpoint", str(old))  # recorded last: the latest

@@ -23,6 +23,7 @@ from archspec.ui.app import create_app  # noqa: E402
 
 from .helpers import make_info, make_spec, populate, record_run  # noqa: E402
 
+SERVED = "http://127.0.0.1"  # the default bind's own name: the Host allow-list answers nothing else (not testserver)
 SCRIPT = "<script>alert('pwned')</script>"
 IMG = '"><img src=x onerror=alert(1)>'
 
@@ -33,7 +34,7 @@ def fixture(registry):
     hostile = make_info(make_spec("hostile"), seed=3, sweep=SCRIPT, tags={"note": IMG, "who": SCRIPT})
     ids["hostile"] = record_run(registry, hostile, {"val_loss": [(0, 5.0), (10, 4.0)], SCRIPT: [(0, 1.0)]},
                                 status="FAILED", summary={"val_loss": 4.0})
-    return registry, ids, TestClient(create_app(registry.url))
+    return registry, ids, TestClient(create_app(registry.url), base_url=SERVED)
 
 
 def _pages(ids) -> list[str]:
@@ -127,7 +128,7 @@ def test_no_page_loads_anything_from_another_origin(fixture):
 def test_nothing_writes_to_the_registry(registry, tmp_path):
     ids = populate(registry)
     before = _rows(registry)
-    client = TestClient(create_app(registry.url))
+    client = TestClient(create_app(registry.url), base_url=SERVED)
     for path in _pages(ids) + ["/api/runs", f"/api/runs/{ids['llama0']}", "/api/sweeps/s1",
                                f"/api/runs/{ids['llama0']}/metrics/val_loss"]:
         client.get(path)
@@ -144,7 +145,7 @@ def _rows(registry) -> dict:
 
 def test_an_empty_or_missing_registry_is_read_not_created(tmp_path):
     url = f"sqlite:///{tmp_path}/none.db"
-    client = TestClient(create_app(url))
+    client = TestClient(create_app(url), base_url=SERVED)
     assert client.get("/").status_code == 200 and client.get("/api/runs").json()["runs"] == []
     assert client.get("/sweeps").status_code == 200
     assert not (tmp_path / "none.db").exists()
@@ -232,7 +233,7 @@ def test_review_findings_stay_fixed(fixture):
     assert client.get('/sweeps/a"b').status_code == 404 and client.get('/api/sweeps/a"b\\c').status_code == 404
     assert client.get(f"/sweeps/{SCRIPT}").status_code == 200  # its own link works: the filter literal is quoted
     page = client.get(f"/runs/{ids['llama0']}").text
-    assert "curl -s http://testserver/runs/" in page and "&gt; llama.yaml &amp;&amp; archspec train llama.yaml" in page
+    assert "curl -s http://127.0.0.1/runs/" in page and "&gt; llama.yaml &amp;&amp; archspec train llama.yaml" in page
     assert client.get("/api/runs", headers={"Host": "evil.example:1"}).status_code == 400
     assert client.get("/compare", params={"ids": ",".join([ids["llama0"]] * 9)}).status_code == 400
 
@@ -252,3 +253,39 @@ def test_the_run_page_shows_the_note_and_the_display_name_escaped(fixture):
     page = client.get(f"/runs/{ids['llama0']}").text
     assert "lr too high" in page and SCRIPT not in page and "llama-first" in page and "spec name" in page
     assert client.get(f"/runs/{ids['llama0']}/spec.yaml").text.startswith("name: llama\n")  # the spec's own name
+
+
+# ── issue 42: the Host allow-list is exactly the hosts served; control and bidi characters shown, not obeyed ────────
+
+BIDI = "safe\u202etxt.exe\u2066x\u2069\x1b[2J\x07\u200bend"
+
+
+def test_the_host_allow_list_is_exactly_the_hosts_served(registry):
+    from archspec.ui.app import served_hosts
+
+    app = create_app(registry.url)  # bound to 127.0.0.1 (the default)
+    for host, code in (("127.0.0.1", 200), ("localhost", 200), ("testserver", 400), ("[::1]", 400),
+                       ("evil.example", 400), ("127.0.0.1.nip.io", 400)):
+        assert TestClient(app, base_url=f"http://{host}").get("/api/runs").status_code == code, host
+    assert served_hosts("::1") == ("::1", "[::1]", "localhost")
+    assert served_hosts("10.1.2.3") == ("10.1.2.3",) and served_hosts("0.0.0.0") == ("*",)
+    remote = create_app(registry.url, served_hosts("10.1.2.3"))
+    assert TestClient(remote, base_url="http://10.1.2.3").get("/api/runs").status_code == 200
+    assert TestClient(remote, base_url="http://localhost").get("/api/runs").status_code == 400  # not served there
+
+
+def test_control_and_bidi_characters_of_registry_text_are_shown_escaped_in_html_and_json(registry):
+    ids = populate(registry)
+    info = make_info(make_spec("bidi"), seed=4, sweep="s" + BIDI, tags={"note": BIDI})
+    run = record_run(registry, info, {"val_loss": [(0, 5.0)]}, status="FINISHED", summary={"val_loss": 5.0})
+    client = TestClient(create_app(registry.url), base_url=SERVED)
+    bodies = [client.get(p).text for p in ("/", f"/runs/{run}", "/sweeps", f"/api/runs/{run}",
+                                           f"/compare?ids={run},{ids['llama0']}")]
+    bodies.append(client.get("/", params={"columns": "tags.note"}).text)
+    bodies.append(client.get("/api/runs", params={"columns": "tags.note"}).text)
+    for body in bodies:
+        for c in ("\u202e", "\u2066", "\u2069", "\x1b", "\x07", "\u200b"):
+            assert c not in body
+    page = client.get(f"/runs/{run}").text
+    assert "safe\\u202etxt.exe" in page and "\\x1b[2J" in page
+    assert client.get(f"/api/runs/{run}").json()["tags"]["note"].startswith("safe\\u202etxt.exe\\u2066x")

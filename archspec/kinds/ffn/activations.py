@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from archspec.errors import printable
+
 
 @dataclass(frozen=True)
 class Activation:
@@ -22,13 +24,16 @@ class Activation:
 
 
 # gelu_tanh: GELU with the tanh approximation (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`). gelu_new is the tanh
-# approximation written out; it agrees with F.gelu(approximate="tanh") to float rounding. HF names not here
-# (gelu_fast, quick_gelu, relu2, ...) are refused.
+# approximation written out; it agrees with F.gelu(approximate="tanh") to float rounding, as do gelu_python_tanh,
+# gelu_accurate (the same formula) and gelu_fast (its constant sqrt(2/pi) written to 10 digits); gelu_python is the
+# exact erf form. These are every ACT2FN name whose function equals one of ours (transformers.activations.ACT2CLS);
+# HF names not here (quick_gelu, gelu_10, relu2, ...) compute something else and are refused. A model type whose
+# config rewrites a name (Gemma's `gelu` is read as gelu_pytorch_tanh) says so in its HFType's `rewrite`.
 ACTIVATIONS: tuple[Activation, ...] = (
     Activation("relu", "F.relu({})", "ReGLU", "ReLU", ("relu",), keeps_output=True),
-    Activation("gelu", "F.gelu({})", "GEGLU", "GELU", ("gelu",)),
+    Activation("gelu", "F.gelu({})", "GEGLU", "GELU", ("gelu", "gelu_python")),
     Activation("gelu_tanh", "F.gelu({}, approximate=\"tanh\")", "GEGLU (tanh GELU)", "GELU (tanh)",
-               ("gelu_pytorch_tanh", "gelu_new")),
+               ("gelu_pytorch_tanh", "gelu_new", "gelu_python_tanh", "gelu_accurate", "gelu_fast")),
     Activation("silu", "F.silu({})", "SwiGLU", "SiLU", ("silu", "swish")),
     Activation("sigmoid", "torch.sigmoid({})", "GLU", None, ("sigmoid",), keeps_output=True),
 )
@@ -60,5 +65,5 @@ def from_hf(cfg, allowed: tuple[str, ...]) -> str:
     ours = FROM_HF.get(name)
     if ours not in allowed:
         known = ", ".join(k for k, v in FROM_HF.items() if v in allowed)
-        raise cfg.refuse("activation", f"{name!r} has no archspec equivalent here (mapped: {known})")
+        raise cfg.refuse("activation", f"{printable(repr(name), 60)} has no archspec equivalent here (mapped: {known})")
     return ours

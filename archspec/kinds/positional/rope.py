@@ -299,7 +299,9 @@ class RopePositional(PositionalKind):
                     raise cfg.refuse(at, f"expected a number, got {printable(repr(value), 60)}")
         theta = params.pop("rope_theta", None)
         if theta is None:
-            theta = cfg.data.get("rope_theta", cfg.hf.defaults.get("rope_theta", 10000.0))
+            theta = cfg.data.get("rope_theta")
+        if theta is None:  # absent or null: the type's default, as transformers takes it
+            theta = cfg.hf.defaults.get("rope_theta", 10000.0)
         partial = params.pop("partial_rotary_factor", cfg.data.get("partial_rotary_factor"))
         if partial is None:  # GLM's config assumes 0.5 when the key is absent
             partial = cfg.hf.defaults.get("partial_rotary_factor", 1.0)
