@@ -407,7 +407,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                  "it (model.embedding_scale)")] if m.embedding_scale == "sqrt_d_model" else []),
         *([Const("LOGIT_SOFTCAP", lit_float(m.logit_softcap), "logits = cap · tanh(logits / cap), within (-cap, cap) "
                  "(Gemma 2)")] if m.logit_softcap is not None else []),
-        Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
+        Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches" if attentions
+              else "on embeddings and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
         *_parametrization_constants(m),
     ]
@@ -548,7 +549,7 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
             "mixer_args": position_args if type(b.token_mixer).takes_positions else "",
             "cache_class": b.token_mixer.cache_class,
             "placement": b.block.norm_placement, "parallel": b.block.parallel, "shared_norm": b.block.shared_norm,
-            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.input_norms, *b.block.output_norms)),
+            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.norms_of(attr)[0], *b.block.norms_of(attr)[1])),
             "layers": [],
         })
         block["layers"] += layers

@@ -421,9 +421,11 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
     for i, block in enumerate(m.blocks()):
         ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."
         # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
-        norms = [(name, "attn_norm" if name == "norm" else name, block.norm)
-                 for name in (*block.block.input_norms, *block.block.output_norms)]
         attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
+        # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
+        inputs, outputs = block.block.norms_of(attr)
+        norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
+                  else name, block.norm) for name in (*inputs, *outputs)]
         for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), ("ffn", "ffn", block.ffn)):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
     if m.final_norm:

@@ -1,0 +1,259 @@
+"""The token mixer is the unit (issue 43): attention kinds and the short causal convolution (LFM2's gated short conv)
+are mixer kinds that answer the same contract (params, FLOPs, decoding-state bytes, saved bytes); a layer chooses
+its mixer as it chooses any part; a conv layer holds no positions, no pattern, no `attn`.
+
+Every figure the accounting gives for a mixer is checked against the generated module (numel, the cache's nbytes,
+FlopCounterMode); cached decoding against the full forward; hashes of spellings against each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from archspec.accounting import account, kv_cache_bytes
+from archspec.cli import main
+from archspec.codegen import generate
+from archspec.kinds import MixerKind, families
+from archspec.memory import block_saved_per_token
+from archspec.spec import SpecError, load_spec_dict, model_hash, model_json
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = {"vocab_size": 61, "context_length": 24, "d_model": 32, "n_layers": 4}
+CONV = {"kind": "short_conv", "L_cache": 3}
+CONV_ONLY = {**BASE, "mixer": CONV}
+HYBRID = {**BASE, "attention": {"n_heads": 4, "n_kv_heads": 2},
+          "layers": {"conv": {"select": [0, 1, 3], "mixer": CONV}}}
+HYBRID_TWO_CONVS = {**BASE, "attention": {"n_heads": 4, "n_kv_heads": 2},
+                    "layers": {"conv": {"select": [0, 1], "mixer": CONV},
+                               "wide": {"select": [3], "mixer": {"kind": "short_conv", "L_cache": 5}}}}
+CASES = {"conv-only": CONV_ONLY, "hybrid": HYBRID, "hybrid-two-convs": HYBRID_TWO_CONVS}
+
+
+def _spec(model: dict, name: str = "mix"):
+    return load_spec_dict({"name": name, "model": model})
+
+
+def _model(model: dict, seed: int = 0):
+    spec = _spec(model)
+    torch.manual_seed(seed)
+    return spec, generate(spec, write=False).Model().eval()
+
+
+# ── the contract ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_every_mixer_kind_answers_the_contract_and_a_kind_missing_a_member_cannot_exist():
+    kinds = [cls for name in ("attention", "mixer") for cls in families()[name].members.values()]
+    assert {"gqa", "mla", "short_conv"} <= {cls.model_fields["kind"].default for cls in kinds}
+    assert all(issubclass(cls, MixerKind) and not cls.__abstractmethods__ for cls in kinds)
+
+    class Half(MixerKind):  # declares some of the contract only
+        def mixer_params(self, m):
+            return 0
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_params_and_state_bytes_equal_the_generated_module(case):
+    spec, model = _model(CASES[case])
+    acc = account(spec)
+    named = dict(model.named_parameters())
+    assert acc.total == sum(p.numel() for p in model.parameters())
+    assert acc.by_component["conv"] == sum(p.numel() for n, p in named.items() if ".conv." in n)
+    assert acc.by_component["attention"] == sum(p.numel() for n, p in named.items() if ".attn." in n)
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for T in (1, 7, spec.model.context_length):
+            cache = model.new_cache(2, T, dtype=dtype)
+            assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, T, name, 2)
+    # a conv layer's state does not grow with the context; an attention layer's does
+    conv_layers = [b for b in spec.model.blocks() if b.token_mixer is not b.attention]
+    assert all(b.token_mixer.state_bytes_per_token(spec.model, 2) == 0 for b in conv_layers)
+    assert acc.kv_cache_bytes_per_token == sum(b.attention.kv_cache_elements_per_token() * 2
+                                               for b in spec.model.blocks() if b.token_mixer is b.attention)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_flops_match_flop_counter(case):
+    spec, model = _model(CASES[case])
+    T = spec.model.context_length
+    counter = FlopCounterMode(display=False)
+    idx = torch.randint(0, spec.model.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), counter:
+        model(idx)
+    expected = account(spec, full_attention=True).flops_forward * T
+    assert abs(counter.get_total_flops() - expected) <= 0.01 * expected
+    assert account(spec).flops_by_component["conv"] > 0
+
+
+def test_memory_plan_reads_the_mixer_through_the_contract():
+    spec = _spec(HYBRID)
+    m = spec.model
+    for b in m.blocks():
+        other = b.token_mixer.saved_bytes(m, 24, 4, "cpu")
+        whole = block_saved_per_token(m, 24, "cpu", False, b)
+        assert whole - other == block_saved_per_token(m, 24, "cpu", False, b) - b.token_mixer.saved_bytes(m, 24, 4, "cpu")
+    conv, att = (next(b for b in m.blocks() if (b.token_mixer is b.attention) is want) for want in (False, True))
+    assert conv.token_mixer.saved_bytes(m, 24, 4, "cpu") != att.token_mixer.saved_bytes(m, 24, 4, "cpu")
+    # the two blocks differ by exactly what their mixers say they keep
+    assert (block_saved_per_token(m, 24, "cpu", False, conv) - block_saved_per_token(m, 24, "cpu", False, att)
+            == conv.token_mixer.saved_bytes(m, 24, 4, "cpu") - att.token_mixer.saved_bytes(m, 24, 4, "cpu"))
+
+
+def test_dry_run_memory_plan_reaches_the_mixer_through_the_contract(tmp_path, capsys, monkeypatch):
+    """`train --dry-run`'s activations move by exactly what the conv mixer says it keeps, in every layer and token."""
+    from archspec.kinds.mixer import ShortConvSpec
+
+    spec = tmp_path / "c.yaml"
+    batch, seq = 2, 16
+    spec.write_text(json.dumps({"name": "c", "model": {**CONV_ONLY, "vocab_size": 300},
+                                "train": {"batch_size": batch, "seq_len": seq, "precision": "fp32"}}))
+
+    def saved() -> int:
+        assert main(["train", str(spec), "--dry-run", "--json", "--registry", f"sqlite:///{tmp_path}/r.db"]) == 0
+        return json.loads(capsys.readouterr().out)["activations (saved)"]
+
+    before = saved()
+    original = ShortConvSpec.saved_bytes
+    monkeypatch.setattr(ShortConvSpec, "saved_bytes", lambda self, *a: original(self, *a) + 1000)
+    assert saved() - before == 1000 * batch * seq * CONV_ONLY["n_layers"]
+
+
+# ── generation: the conv state ───────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_decoding_equals_the_full_forward(case):
+    spec, model = _model(CASES[case], seed=1)
+    idx = torch.randint(0, spec.model.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache(2, 24, dtype=torch.float32)
+        steps = [model(idx[:, :6], cache=cache), model(idx[:, 6:9], cache=cache)]  # a prefill, then a chunk
+        steps += [model(idx[:, t : t + 1], cache=cache) for t in range(9, 20)]  # then one position at a time
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert all(c.length == 20 for c in cache)
+
+
+def test_the_conv_state_takes_back_rejected_positions():
+    spec, model = _model(CONV_ONLY, seed=3)
+    idx = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cache = model.new_cache(1, 24, dtype=torch.float32, rollback=3)
+        model(idx[:, :8], cache=cache)
+        model(idx[:, 8:11], cache=cache)  # three drafts
+        for c in cache:
+            c.truncate(9)  # one accepted
+        again = model(idx[:, 9:12], cache=cache)
+        full = model(idx)
+    torch.testing.assert_close(again, full[:, 9:12], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="take back"):
+        cache[0].truncate(2)
+
+
+def test_greedy_generation_of_a_hybrid_equals_argmax_of_full_forwards():
+    spec, model = _model(HYBRID, seed=5)
+    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(6))
+    out = model.generate(prompt, max_new_tokens=10, temperature=0)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(10):
+            seq = torch.cat([seq, model(seq)[:, -1:].argmax(-1)], dim=1)
+    assert out.tolist() == seq.tolist()
+
+
+# ── the generated file ───────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_conv_layer_is_never_called_attention_and_keys_keep_attn_for_attention():
+    spec = _spec(HYBRID_TWO_CONVS)
+    g = generate(spec, write=False)
+    src = g.source
+    assert "class ShortConv(nn.Module)" in src and src.count("class ShortConv(") == 1  # one class, two configurations
+    assert "class ShortConvBlock(" in src and "class AttentionBlock(" in src
+    block = src[src.index("class ShortConvBlock("):src.index("class AttentionBlock(")]
+    assert "attn" not in block and "conv_norm" in block  # its norms are named after its mixer too
+    assert "cos" not in block.split("def forward")[1].split("self.conv(")[1].split(")")[0]  # no positions reach it
+    keys = list(g.Model().state_dict())
+    assert "blocks.0.conv.in_proj.weight" in keys and "blocks.2.attn.qkv_proj.weight" in keys
+    assert not any(k.startswith("blocks.2.conv.") or k.startswith("blocks.0.attn.") for k in keys)
+    conv_only = generate(_spec(CONV_ONLY), write=False).source
+    assert "attn" not in conv_only and "Attention" not in conv_only and "KVCache" not in conv_only
+    assert "apply_rope" not in conv_only and "cos" not in conv_only  # no positions at all
+    assert "── short convolution" in conv_only
+
+
+# ── spelling and identity ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_spellings_of_one_model_hash_alike():
+    explicit_null = _spec({**HYBRID, "mixer": None})
+    assert model_hash(explicit_null) == model_hash(_spec(HYBRID))
+    as_range = _spec({**HYBRID, "layers": {"c": {"select": [0, 1, 3], "mixer": {"L_cache": 3}}}})  # default kind
+    assert model_hash(as_range) == model_hash(_spec(HYBRID))
+    # a conv-only model: no attention and no positions in its identity
+    canon = json.loads(model_json(_spec(CONV_ONLY)))
+    assert "attention" not in canon and canon["mixer"] == {"kind": "short_conv", "L_cache": 3, "bias": False}
+    # a canonical form reloads to itself
+    for case in CASES.values():
+        spec = _spec(case)
+        again = _spec(json.loads(model_json(spec)))
+        assert model_hash(again) == model_hash(spec)
+        assert [b.token_mixer.kind for b in again.model.blocks()] == [b.token_mixer.kind for b in spec.model.blocks()]
+
+
+def test_pure_attention_specs_keep_their_canonical_form():
+    """No mixer field, no `mixer_n` group: what every spec written before mixers were a unit hashes over."""
+    for path in sorted((ROOT / "specs").glob("*.yaml")):
+        from archspec.spec import load_spec
+
+        spec = load_spec(path)
+        if all(b.token_mixer is b.attention for b in spec.model.blocks()):
+            assert '"mixer"' not in model_json(spec), path.name
+
+
+@settings(max_examples=15, deadline=None)
+@given(layers=st.lists(st.booleans(), min_size=2, max_size=5).filter(lambda ls: any(ls) and not all(ls)),
+       L=st.integers(2, 6))
+def test_any_conv_attention_pattern_builds_counts_and_round_trips(layers, L):
+    model = {**BASE, "n_layers": len(layers), "attention": {"n_heads": 2},
+             "layers": {"c": {"select": [i for i, conv in enumerate(layers) if conv], "mixer": {**CONV, "L_cache": L}}}}
+    spec = _spec(model)
+    assert [b.token_mixer is not b.attention for b in spec.model.blocks()] == layers
+    assert model_hash(_spec(json.loads(model_json(spec)))) == model_hash(spec)
+    assert account(spec).total == sum(p.numel() for p in generate(spec, write=False).Model().parameters())
+
+
+# ── bad input: exit 2, one line naming the field ─────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("model,field", [
+    ({**BASE, "mixer": {**CONV, "positional": {"kind": "rope"}}}, "model.mixer.positional"),
+    ({**BASE, "mixer": {**CONV, "sparsity": {"kind": "dense"}}}, "model.mixer.sparsity"),
+    ({**BASE, "mixer": {**CONV, "L_cache": 1}}, "model.mixer.L_cache"),
+    ({**BASE, "mixer": {"kind": "mamba"}}, "model.mixer"),
+    ({**HYBRID, "layers": {"c": {"select": [0], "mixer": {"kind": "mamba"}}}}, "model.layers.c.mixer"),
+    ({**HYBRID, "layers": {"c": {"select": [0], "mixer": {**CONV, "L_cache": 0}}}}, "model.layers.c.mixer.L_cache"),
+    ({**CONV_ONLY, "attention": {"n_heads": 4}}, "model.attention"),
+    ({**HYBRID, "layers": {**HYBRID["layers"], "a": {"select": [1], "attention": {"n_kv_heads": 1}}}},
+     "model.layers.a.attention"),
+    ({**BASE, "attention": {"n_heads": 4}, "layers": {"c": {"select": {"start": 0}, "mixer": CONV}}},
+     "model.layers.c.mixer"),
+], ids=["positional-under-conv", "sparsity-under-conv", "L_cache-1", "unknown-kind", "unknown-kind-in-group",
+        "L_cache-0-in-group", "attention-beside-conv-only", "attention-on-conv-layers", "every-layer-by-group"])
+def test_bad_mixer_input_exits_2_naming_the_field(model, field, tmp_path, capsys):
+    with pytest.raises(SpecError) as err:
+        _spec(model)
+    assert any(line.startswith(field) for line in err.value.problems), err.value.problems
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps({"name": "bad", "model": model}))
+    assert main(["build", str(path), "--out", str(tmp_path), "--no-record"]) == 2
+    err_text = capsys.readouterr().err
+    assert field in err_text and "Traceback" not in err_text
