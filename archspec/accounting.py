@@ -18,7 +18,7 @@ over the model. Conventions (DESIGN.md):
   n_kv_heads · head_dim; multi-head latent attention: kv_lora_rank + qk_rope_head_dim) · bytes per element. Per sequence
   at context_length, each layer holds what its pattern needs (`cached_positions`: a window layer at most its window).
 - Token mixers other than attention (archspec.kinds.base.MixerKind) are counted through the same contract, under
-  their own columns (a short conv: "conv", params and FLOPs); their decoding state is fixed (a conv keeps
+  their own columns (`MixerKind.component`, params and FLOPs); a fixed decoding state (a short conv keeps
   L_cache - 1 positions), so it adds to the per-sequence bytes and nothing per token.
 - Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
   `by_block` gives each distinct block configuration with its layers.

@@ -461,7 +461,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "mixer_sections": [(_section(cls.section), _classes(cfgs)) for cls, cfgs in other_cfgs.items()],
         "attention_section": _section("attention"),
         # Model.new_cache reads each block's mixer by the one attribute its blocks share, or by their `mixer` property
-        "mixer_attr": "attn" if not others else "mixer",
+        "mixer_attr": family("attention").base.attribute if not others else "mixer",
         "ffns": _classes(ffn_cfgs),
         "model_methods": model_methods[0] if model_methods else "",
         "blocks": blocks,

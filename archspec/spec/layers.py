@@ -78,17 +78,18 @@ class BlockShape(Strict):
     @property
     def input_norms(self) -> tuple[str, ...]:
         """The block's norms in front of (pre, sandwich) or, post-norm, after the residual add of its sublayers, in a
-        block whose token mixer is attention (`attn`); `norms_of` names them for another mixer."""
-        return self.norms_of("attn")[0]
+        block whose token mixer is attention; `norms_of` names them for another mixer."""
+        return self.norms_of(family("attention").base.attribute)[0]
 
     @property
     def output_norms(self) -> tuple[str, ...]:
         """The norms on a sublayer's output before it joins the residual stream (sandwich, output)."""
-        return self.norms_of("attn")[1]
+        return self.norms_of(family("attention").base.attribute)[1]
 
     def norms_of(self, mixer: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(input norms, output norms) of a block whose token mixer is its attribute `mixer` (`attn`, `conv`): each
-        mixer's norms are named after it (`conv_norm`), so a conv layer holds nothing called attention."""
+        """(input norms, output norms) of a block whose token mixer is its attribute `mixer`
+        (archspec.kinds.base.MixerKind.attribute): each mixer's norms are named after it, so a layer whose mixer is not
+        attention holds nothing called attention."""
         inputs = () if self.norm_placement == "output" else (
             ("norm",) if self.parallel and self.shared_norm else (f"{mixer}_norm", "ffn_norm"))
         outputs = (f"{mixer}_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
