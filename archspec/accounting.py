@@ -72,8 +72,8 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
     """Parameters by component (summed over layers, each layer with its own components) and the active total."""
     d = m.d_model
     blocks = m.blocks()
-    # Each layer's token mixer under its own column (attention; conv; ...), "attention" always shown.
-    mixers: dict[str, int] = {"attention": 0}
+    # Each layer's token mixer under its own column (attention; conv; ...); "attention" shown unless no layer attends.
+    mixers: dict[str, int] = {"attention": 0} if any(b.token_mixer is b.attention for b in blocks) else {}
     for b in blocks:
         mixer = b.token_mixer
         mixers[type(mixer).component] = mixers.get(type(mixer).component, 0) + mixer.mixer_params(m)
@@ -88,7 +88,7 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         + m.norm.params(d) * (int(m.final_norm) + int(m.embedding_norm)),
         "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
     }
-    parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}
+    parts = {k: v for k, v in parts.items() if v or k in ("embedding", *mixers, "ffn", "norm")}
     active = sum(parts.values()) - sum(b.ffn.params(d) - b.ffn.active_params(d) for b in blocks)
     return parts, active
 
@@ -116,7 +116,9 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
         norms = block.block.n_norms * block.norm.params(d)
         out.append({
             "layers": layers,
-            "norm": block.norm.describe(m), type(a).component: a.summary(m), "ffn": block.ffn.describe(m),
+            # the mixer's words under its own column (attention, conv) and under "mixer", whatever its kind
+            "norm": block.norm.describe(m), type(a).component: a.summary(m), "mixer": a.summary(m),
+            "ffn": block.ffn.describe(m),
             "params": a.mixer_params(m) + block.ffn.params(d) + norms,
             "active": a.mixer_params(m) + block.ffn.active_params(d) + norms,
             "flops_forward": round(sum(a.mixer_flops(m, seq_len, full_attention).values()) + block.ffn.flops(d)),

@@ -68,7 +68,8 @@ def test_params_and_state_bytes_equal_the_generated_module(case):
     named = dict(model.named_parameters())
     assert acc.total == sum(p.numel() for p in model.parameters())
     assert acc.by_component["conv"] == sum(p.numel() for n, p in named.items() if ".conv." in n)
-    assert acc.by_component["attention"] == sum(p.numel() for n, p in named.items() if ".attn." in n)
+    assert acc.by_component.get("attention", 0) == sum(p.numel() for n, p in named.items() if ".attn." in n)
+    assert ("attention" in acc.by_component) == any(b.token_mixer is b.attention for b in spec.model.blocks())
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         for T in (1, 7, spec.model.context_length):
             cache = model.new_cache(2, T, dtype=dtype)
@@ -124,6 +125,21 @@ def test_dry_run_memory_plan_reaches_the_mixer_through_the_contract(tmp_path, ca
     original = ShortConvSpec.saved_bytes
     monkeypatch.setattr(ShortConvSpec, "saved_bytes", lambda self, *a: original(self, *a) + 1000)
     assert saved() - before == 1000 * batch * seq * CONV_ONLY["n_layers"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_build_reports_each_mixer_under_its_own_column(case, tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    model = {**CASES[case], "vocab_size": 320}  # the default recipe's byte tokenizer needs 257 ids
+    path.write_text(json.dumps({"name": "m", "model": model}))
+    assert main(["build", str(path), "--out", str(tmp_path), "--no-record"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "│ conv " in out and ("keys per" in out) == (case != "conv-only")
+    assert main(["build", str(path), "--out", str(tmp_path), "--no-record", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    acc = account(_spec(model))
+    assert data["params"]["by_component"]["conv"] == acc.by_component["conv"] > 0
+    assert data["kv_cache_bytes_per_token"] == acc.kv_cache_bytes_per_token
 
 
 # ── generation: the conv state ───────────────────────────────────────────────────────────────────────────────────
