@@ -185,6 +185,22 @@ def test_greedy_generation_of_a_hybrid_equals_argmax_of_full_forwards():
     assert out.tolist() == seq.tolist()
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_decoding_through_conv_states_is_the_target_greedy(k):
+    """A hybrid target with a conv-only draft: each round truncates both models' states to the tokens kept (a conv
+    state takes back rejected drafts), and the output is token for token the target's greedy output."""
+    from archspec.sample import SpeculativeStats, speculative_stream
+
+    # untied: tied random models both predict their input token back, and would agree on everything
+    _, target = _model({**HYBRID, "tie_embeddings": False}, seed=8)
+    _, draft = _model({**CONV_ONLY, "tie_embeddings": False}, seed=9)
+    prompt = torch.randint(0, 61, (1, 5), generator=torch.Generator().manual_seed(10))
+    stats = SpeculativeStats()
+    got = list(speculative_stream(target, draft, prompt, 14, k=k, stats=stats))
+    assert got == target.generate(prompt, max_new_tokens=14, temperature=0)[0, 5:].tolist()
+    assert stats.drafted > stats.accepted  # drafts were rejected, so states were taken back
+
+
 # ── the generated file ───────────────────────────────────────────────────────────────────────────────────────────
 
 
