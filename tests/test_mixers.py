@@ -142,6 +142,53 @@ def test_build_reports_each_mixer_under_its_own_column(case, tmp_path, capsys):
     assert data["kv_cache_bytes_per_token"] == acc.kv_cache_bytes_per_token
 
 
+_PLUGIN_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import token_shift_mixer  # registers the kind: nothing else is patched
+
+import torch
+from archspec.accounting import account, kv_cache_bytes
+from archspec.codegen import generate
+from archspec.spec import load_spec_dict, model_hash
+
+base = {"vocab_size": 53, "context_length": 12, "d_model": 16, "n_layers": 3, "attention": {"n_heads": 2}}
+plain = load_spec_dict({"name": "p", "model": base})
+assert plain.model.mixer is None                                    # null still means attention after the rebuild
+for model in ({**base, "layers": {"s": {"select": [1], "mixer": {"kind": "token_shift"}}}},
+              {k: v for k, v in base.items() if k != "attention"} | {"mixer": {"kind": "token_shift"}}):
+    spec = load_spec_dict({"name": "t", "model": model})
+    gen = generate(spec, out_dir=sys.argv[2])
+    net = gen.Model().eval()
+    acc = account(spec)
+    assert acc.total == sum(p.numel() for p in net.parameters())
+    assert acc.by_component["shift"] == sum(p.numel() for n, p in net.named_parameters() if ".shift." in n)
+    assert "class TokenShift(nn.Module)" in gen.source
+    idx = torch.randint(0, 53, (2, 12))
+    with torch.no_grad():
+        full = net(idx)
+        cache = net.new_cache(2, 12, dtype=torch.float32)
+        assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, 12, "fp32", 2)
+        steps = [net(idx[:, :5], cache=cache)] + [net(idx[:, t:t + 1], cache=cache) for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+print("OK")
+"""
+
+
+def test_a_mixer_kind_registered_from_outside_works_with_its_own_folder_only(tmp_path):
+    """A toy mixer (tests/kinds_toy/token_shift_mixer.py, its template beside it) registered late: the spec takes it in
+    model.mixer and in a layer group, codegen, accounting and decoding reach it through the contract alone."""
+    import shutil
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "plugin"
+    shutil.copytree(ROOT / "tests" / "kinds_toy", plugin)
+    out = subprocess.run([sys.executable, "-c", _PLUGIN_CHILD, str(plugin), str(tmp_path / "gen")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
 # ── generation: the conv state ───────────────────────────────────────────────────────────────────────────────────
 
 
