@@ -336,3 +336,10 @@ def test_bad_mixer_input_exits_2_naming_the_field(model, field, tmp_path, capsys
     assert main(["build", str(path), "--out", str(tmp_path), "--no-record"]) == 2
     err_text = capsys.readouterr().err
     assert field in err_text and "Traceback" not in err_text
+
+
+def test_registry_filters_know_the_canonical_mixer_groups():
+    from archspec.spec import is_known_key
+
+    assert is_known_key("model.mixer.L_cache") and is_known_key("model.layers.mixer_1.mixer.L_cache")
+    assert is_known_key("model.layers.mixer_2.select.start") and not is_known_key("model.layers.mixer_1.mixer.nope")
