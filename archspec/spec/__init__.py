@@ -397,7 +397,7 @@ def _partial_layer_groups(schema: dict[str, Any]) -> None:
                 return out
         return node
 
-    for c in ("norm", "attention", "ffn"):
+    for c in ("norm", "attention", "ffn", "mixer"):
         wide = model["properties"][c]
         node = {k: v for k, v in wide.items() if k not in ("default", "oneOf", "anyOf", "$ref", "discriminator")}
         node["anyOf"] = [partial({k: v for k, v in wide.items() if k in ("oneOf", "anyOf", "$ref")}), {"type": "null"}]
