@@ -343,3 +343,22 @@ def test_registry_filters_know_the_canonical_mixer_groups():
 
     assert is_known_key("model.mixer.L_cache") and is_known_key("model.layers.mixer_1.mixer.L_cache")
     assert is_known_key("model.layers.mixer_2.select.start") and not is_known_key("model.layers.mixer_1.mixer.nope")
+
+
+def test_tensor_parallelism_is_refused_for_a_mixer_without_a_plan_naming_its_group():
+    """The TP plan places each layer's mixer by its own attribute and plan: the conv has none, and says where."""
+    from archspec.spec.parallel_plan import model_plan
+
+    with pytest.raises(SpecError) as err:
+        _spec_with_train({**HYBRID, "vocab_size": 320}, {"parallel": {"kind": "fsdp", "tp": 2}})
+    assert any("model.layers.conv.mixer" in p and "short_conv" in p for p in err.value.problems), err.value.problems
+    spec = _spec(HYBRID)
+    where: dict[str, list] = {}
+    for p in model_plan(spec.model):
+        where.setdefault(p.module, []).append(p.unit)
+    assert [u.kind for u in where["blocks.0.conv"]] == ["short_conv"] and "blocks.0.attn" not in where
+    assert where["blocks.2.attn"][0] is spec.model.blocks()[2].attention and "blocks.0.conv_norm" in where
+
+
+def _spec_with_train(model: dict, train: dict):
+    return load_spec_dict({"name": "mix", "model": model, "train": train})

@@ -36,8 +36,8 @@ def embedding_plan(m: "ModelSpec") -> TPPlan:
 
 
 def model_plan(m: "ModelSpec") -> list[Placed]:
-    """Every unit's plan, placed: the embedding and head, the positions, then layer by layer its attention (with its
-    sparsity pattern), FFN, block wiring and norms, then the final norm."""
+    """Every unit's plan, placed: the embedding and head, the positions, then layer by layer its token mixer
+    (attention with its sparsity pattern, or another mixer kind), FFN, block wiring and norms, then the final norm."""
     from archspec.spec.layers import layer_indices
 
     groups = {name: set(layer_indices(g.select, m.n_layers, ())[0]) for name, g in sorted(m.layers.items())}
