@@ -325,8 +325,11 @@ def test_any_conv_attention_pattern_builds_counts_and_round_trips(layers, L):
      "model.layers.a.attention"),
     ({**BASE, "attention": {"n_heads": 4}, "layers": {"c": {"select": {"start": 0}, "mixer": CONV}}},
      "model.layers.c.mixer"),
+    ({**HYBRID, "layers": {**HYBRID["layers"], "nope": {"select": [2], "attention": {"positional": {"kind": "none"}}}}},
+     "model.layers.nope.attention.positional"),
 ], ids=["positional-under-conv", "sparsity-under-conv", "L_cache-1", "unknown-kind", "unknown-kind-in-group",
-        "L_cache-0-in-group", "attention-beside-conv-only", "attention-on-conv-layers", "every-layer-by-group"])
+        "L_cache-0-in-group", "attention-beside-conv-only", "attention-on-conv-layers", "every-layer-by-group",
+        "positions-off-in-every-attending-layer"])
 def test_bad_mixer_input_exits_2_naming_the_field(model, field, tmp_path, capsys):
     with pytest.raises(SpecError) as err:
         _spec(model)

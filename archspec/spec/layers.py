@@ -381,7 +381,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                 per_layer[c][i] = cache[ck]
     problems += _mixer_problems(m, selected, per_layer)
     wide_positional = unit_json(m.attention.positional)
-    if not problems and all(unit_json(a.positional) != wide_positional for a in per_layer["attention"]):
+    attending = [a for a, mixer in zip(per_layer["attention"], per_layer["mixer"]) if mixer is None]
+    if not problems and attending and all(unit_json(a.positional) != wide_positional for a in attending):
         name = next(n for n in sorted(m.layers) if "positional" in (m.layers[n].attention or {}))
         problems.append((("model", "layers", name, "attention", "positional"), "switches positions off in every "
                          "layer: write model.attention.positional instead", m.layers[name].attention["positional"]))
