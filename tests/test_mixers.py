@@ -277,6 +277,8 @@ def test_spellings_of_one_model_hash_alike():
     assert model_hash(explicit_null) == model_hash(_spec(HYBRID))
     as_range = _spec({**HYBRID, "layers": {"c": {"select": [0, 1, 3], "mixer": {"L_cache": 3}}}})  # default kind
     assert model_hash(as_range) == model_hash(_spec(HYBRID))
+    # a conv-only model: no attention, so no attention rule applies (8 default heads do not divide 36)
+    assert _spec({**CONV_ONLY, "d_model": 36}).model.d_model == 36
     # a conv-only model: no attention and no positions in its identity
     canon = json.loads(model_json(_spec(CONV_ONLY)))
     assert "attention" not in canon and canon["mixer"] == {"kind": "short_conv", "L_cache": 3, "bias": False}
@@ -365,3 +367,33 @@ def test_tensor_parallelism_is_refused_for_a_mixer_without_a_plan_naming_its_gro
 
 def _spec_with_train(model: dict, train: dict):
     return load_spec_dict({"name": "mix", "model": model, "train": train})
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_drawn_models_with_drawn_mixers_count_decode_and_round_trip(data):
+    """Any drawn model (norms, FFN kinds, block shapes, µP, caps, ...) with a drawn mixer pattern (the strategies read
+    the mixer family from the registry): exact params and state bytes, cached decoding equal to the full forward,
+    and a canonical form that reloads to the same hash."""
+    from archspec import testing as T
+
+    model = data.draw(T.model_dicts(max_layers=3, max_context=16, per_layer=False))
+    pattern = data.draw(T.mixer_patterns(model["n_layers"], model["d_model"], model["context_length"]))
+    if "mixer" in pattern:
+        model.pop("attention")  # no layer attends: the model has none
+    spec = _spec({**model, **pattern})
+    assert model_hash(_spec(json.loads(model_json(spec)))) == model_hash(spec)
+    torch.manual_seed(0)
+    net = generate(spec, write=False).Model().eval()
+    assert account(spec).total == sum(p.numel() for p in net.parameters())
+    if any(getattr(b.ffn, "capacity_factor", None) is not None for b in spec.model.blocks()):
+        return  # a capacity-limited MoE drops by how many tokens a call holds: decoding step by step drops fewer
+    T_ = min(spec.model.context_length, 9)
+    idx = torch.randint(0, spec.model.vocab_size, (1, T_), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = net(idx)
+        cache = net.new_cache(1, T_, dtype=torch.float32)
+        assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, T_, "fp32", 1)
+        steps = [net(idx[:, : T_ // 2], cache=cache)] if T_ > 1 else []
+        steps += [net(idx[:, t : t + 1], cache=cache) for t in range(T_ // 2 if T_ > 1 else 0, T_)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)

@@ -26,7 +26,8 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
         out.append((p_att, f"no layer mixes tokens by attention (model.mixer is {m.mixer.kind}), so nothing would "
                     "read it; leave model.attention out, or mix some layers by attention (model.mixer null and a "
                     "layer group's mixer for the others)", "..."))
-    out += att.problems(m, p_att)  # the attention kind's own rules (heads, widths)
+    if m.mixer is None:  # the attention kind's own rules (heads, widths), when some layer attends
+        out += att.problems(m, p_att)
     if not m.layer_problems():
         # A layer group's own components get the same rules as the model-wide ones, at the group's path.
         checked: set[int] = set()
