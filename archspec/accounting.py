@@ -17,6 +17,9 @@ over the model. Conventions (DESIGN.md):
 - KV cache bytes per token = Σ over layers of what the layer's attention kind caches per token (2 (K and V) ·
   n_kv_heads · head_dim; multi-head latent attention: kv_lora_rank + qk_rope_head_dim) · bytes per element. Per sequence
   at context_length, each layer holds what its pattern needs (`cached_positions`: a window layer at most its window).
+- Token mixers other than attention (archspec.kinds.base.MixerKind) are counted through the same contract, under
+  their own columns (`MixerKind.component`, params and FLOPs); a fixed decoding state (a short conv keeps
+  L_cache - 1 positions), so it adds to the per-sequence bytes and nothing per token.
 - Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
   `by_block` gives each distinct block configuration with its layers.
 """
@@ -69,10 +72,15 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
     """Parameters by component (summed over layers, each layer with its own components) and the active total."""
     d = m.d_model
     blocks = m.blocks()
+    # Each layer's token mixer under its own column (attention; conv; ...); "attention" shown unless no layer attends.
+    mixers: dict[str, int] = {"attention": 0} if any(b.token_mixer is b.attention for b in blocks) else {}
+    for b in blocks:
+        mixer = b.token_mixer
+        mixers[type(mixer).component] = mixers.get(type(mixer).component, 0) + mixer.mixer_params(m)
     parts = {
         "embedding": m.vocab_size * d,
         "position": m.attention.positional.params(m),
-        "attention": sum(b.attention.params(d) for b in blocks),
+        **mixers,
         "ffn": sum(b.ffn.params(d) for b in blocks),
         # each block's norms (two, pre- or post-norm; four, sandwich; one, a shared-norm parallel block), the final
         # norm and the embeddings' norm
@@ -80,17 +88,20 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         + m.norm.params(d) * (int(m.final_norm) + int(m.embedding_norm)),
         "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
     }
-    parts = {k: v for k, v in parts.items() if v or k in ("embedding", "attention", "ffn", "norm")}
+    parts = {k: v for k, v in parts.items() if v or k in ("embedding", *mixers, "ffn", "norm")}
     active = sum(parts.values()) - sum(b.ffn.params(d) - b.ffn.active_params(d) for b in blocks)
     return parts, active
 
 
 def flops_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> dict[str, int]:
     d, blocks = m.d_model, m.blocks()
+    mixers: dict[str, float] = {}  # by the columns each mixer names (attention: projections, scores·values)
+    for b in blocks:
+        for column, flops in b.token_mixer.mixer_flops(m, seq_len, full_attention).items():
+            mixers[column] = mixers.get(column, 0) + flops
     return {
-        "attention_proj": sum(b.attention.projection_flops(d) for b in blocks),
         # exact as a rational (each pattern's mean key count), rounded once at the end
-        "attention_scores": round(sum(b.attention.score_flops(seq_len, full_attention) for b in blocks)),
+        **{column: round(flops) for column, flops in mixers.items()},
         "ffn": sum(b.ffn.flops(d) for b in blocks),
         "lm_head": 2 * d * m.vocab_size,
     }
@@ -101,15 +112,18 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
     FLOPs per token at `seq_len`, KV-cache elements per token)."""
     d, out = m.d_model, []
     for block, layers in m.block_groups():
-        a = block.attention
+        a = block.token_mixer
+        norms = block.block.n_norms * block.norm.params(d)
         out.append({
             "layers": layers,
-            "norm": block.norm.describe(m), "attention": f"{a.heads_summary()}, "
-            + a.sparsity.describe(m), "ffn": block.ffn.describe(m),
-            "params": a.params(d) + block.ffn.params(d) + block.block.n_norms * block.norm.params(d),
-            "active": a.params(d) + block.ffn.active_params(d) + block.block.n_norms * block.norm.params(d),
-            "flops_forward": round(a.projection_flops(d) + a.score_flops(seq_len, full_attention) + block.ffn.flops(d)),
-            "kv_elements_per_token": a.kv_cache_elements_per_token(),
+            # the mixer's words under its own column (attention, conv) and under "mixer", whatever its kind
+            "norm": block.norm.describe(m), type(a).component: a.summary(m), "mixer": a.summary(m),
+            "ffn": block.ffn.describe(m),
+            "params": a.mixer_params(m) + block.ffn.params(d) + norms,
+            "active": a.mixer_params(m) + block.ffn.active_params(d) + norms,
+            "flops_forward": round(sum(a.mixer_flops(m, seq_len, full_attention).values()) + block.ffn.flops(d)),
+            # decoding state per token that grows with the context (a fixed conv state: 0), in elements
+            "kv_elements_per_token": a.state_bytes_per_token(m, 1),
         })
     return out
 
@@ -118,20 +132,22 @@ def attention_keys(m: ModelSpec, seq_len: int, full_attention: bool = False) -> 
     """Mean number of keys each query attends to (see the module docstring)."""
     if full_attention:
         return float(seq_len)
-    blocks = m.blocks()  # each layer's own pattern (per-layer variation), averaged over layers
-    return sum(float(b.attention.sparsity.keys(seq_len)) for b in blocks) / len(blocks)
+    # each attention layer's own pattern (per-layer variation), averaged over the layers that attend
+    keys = [float(b.attention.sparsity.keys(seq_len)) for b in m.blocks() if b.token_mixer is b.attention]
+    return sum(keys) / len(keys) if keys else 0.0
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, dtype: str = "bf16") -> int:
-    return sum(b.attention.kv_cache_elements_per_token() for b in m.blocks()) * BYTES_PER_ELEMENT[dtype]
+    """Bytes the decoding state grows by per position (KV caches; a fixed conv state adds none)."""
+    return sum(b.token_mixer.state_bytes_per_token(m, BYTES_PER_ELEMENT[dtype]) for b in m.blocks())
 
 
 def kv_cache_bytes(m: ModelSpec, seq_len: int, dtype: str = "bf16", batch_size: int = 1) -> int:
     """Bytes of the KV cache `batch_size` sequences of `seq_len` tokens need, each layer's cache as its attention
     pattern keeps it (dense: every position; a window: at most its window, a ring buffer). Equals the generated model's
     `sum(c.nbytes for c in model.new_cache(batch_size, seq_len))` at that dtype (tested)."""
-    per_sequence = sum(b.attention.kv_cache_elements_per_sequence(seq_len) for b in m.blocks())
-    return batch_size * per_sequence * BYTES_PER_ELEMENT[dtype]
+    per_sequence = sum(b.token_mixer.state_bytes_per_sequence(m, seq_len, BYTES_PER_ELEMENT[dtype]) for b in m.blocks())
+    return batch_size * per_sequence
 
 
 def kv_cache_bytes_per_sequence(m: ModelSpec, dtype: str = "bf16") -> int:

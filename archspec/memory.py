@@ -151,25 +151,9 @@ def _norm_saved(m: ModelSpec, stream: int, mm: int, b=None) -> int:
     return norm.saved_elements(m.d_model) * stream + m.d_model * mm
 
 
-def _attention_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
-    a = (b or m).attention
-    q, qkv = a.saved_widths()  # the output's width; what the projections leave alive (GQA: q, k, v of one matmul)
-    # A sparse pattern on CPU, and on any device with attention dropout (FlexAttention has none), takes the blockwise
-    # path, which says what it keeps: its own q, k, v and output (and dropout's keep-masks), no score tile.
-    # FlexAttention on CUDA keeps what SDPA keeps.
-    own = a.sparsity.blockwise_kept_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
-    if own is not None:
-        return own
-    manual = a.score_mod_kept_bytes(m, seq_len, mm) if hasattr(a, "score_mod_kept_bytes") else None
-    if manual is not None:  # capped or biased scores: materialised (archspec.runtime.scores), not SDPA
-        return manual
-    if m.dropout > 0 and device == "cpu":
-        # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and after
-        # dropout and the mask, and an output copy for the projection.
-        return (4 * q + 3 * a.n_heads * seq_len) * mm
-    # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and the
-    # fp32 log-sum-exp per head
-    return (qkv + m.attention.positional.saved_elements(m) + q) * mm + a.n_heads * 4  # positional: model-wide
+def _mixer_saved(m: ModelSpec, seq_len: int, mm: int, device: str, b=None) -> int:
+    """What the layer's token mixer keeps, as its unit says (archspec.kinds.base.MixerKind.saved_bytes)."""
+    return (b or m).token_mixer.saved_bytes(m, seq_len, mm, device)
 
 
 def _ffn_saved(m: ModelSpec, mm: int, b=None) -> int:
@@ -182,7 +166,7 @@ def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool, b
     stream, mm = 4, (2 if bf16 else 4)
     dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
     n_norms = (b or m).block.n_norms  # where the block's norms sit (model.block): two, one (shared) or four
-    return (n_norms * _norm_saved(m, stream, mm, b) + _attention_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
+    return (n_norms * _norm_saved(m, stream, mm, b) + _mixer_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
             + dropout_masks)
 
 
@@ -457,7 +441,7 @@ def _layer_parts(m: ModelSpec) -> list[tuple[int, int, int]]:
     for b in m.blocks():
         norms = b.block.n_norms * b.norm.params(d)
         routed = b.ffn.routed_params(d)
-        out.append((b.attention.params(d) + b.ffn.params(d) - routed, norms, routed))
+        out.append((b.token_mixer.mixer_params(m) + b.ffn.params(d) - routed, norms, routed))
     return out
 
 
@@ -632,7 +616,8 @@ def _outside_blocks(spec: Spec, acc: Accounting) -> int:
     """Parameters not in the blocks: embeddings, learned positions, final norm, untied head."""
     m = spec.model
     final = m.norm.params(m.d_model) if m.final_norm else 0
-    in_blocks = acc.by_component["attention"] + acc.by_component["ffn"] + acc.by_component["norm"] - final
+    mixers = sum(b.token_mixer.mixer_params(m) for b in m.blocks())  # attention, conv, ...: each layer's mixer
+    in_blocks = mixers + acc.by_component["ffn"] + acc.by_component["norm"] - final
     return acc.total - in_blocks
 
 

@@ -64,6 +64,25 @@ def test_no_model_kind_is_named_outside_its_unit(path):
     assert not hits, f"{path.name} names model kinds {hits}: that knowledge belongs in the kind's unit"
 
 
+_MIXER_ATTRIBUTES = {cls.attribute for name in ("attention", "mixer") for cls in families()[name].members.values()}
+
+
+@pytest.mark.parametrize("path", _OUTSIDE_UNITS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_mixer_or_its_attribute_is_named_outside_its_unit(path):
+    """Nothing outside archspec/kinds reaches for a token mixer's module by name (`block.attn`, `"conv"`) or names a
+    mixer kind (issue 43): a layer's mixer is `BlockSpec.token_mixer`, its module the block attribute the kind names
+    (`MixerKind.attribute`). archspec/hf speaks transformers' vocabulary, whose role table names HF's modules
+    (`"attn": "self_attn"`, LFM2's `conv`): it is left out."""
+    if path.relative_to(ROOT).parts[:2] == ("archspec", "hf"):
+        return
+    source = path.read_text(encoding="utf-8")
+    mixers = {k for name in ("attention", "mixer") for k in families()[name].members}
+    words = "|".join(sorted(_MIXER_ATTRIBUTES | mixers))
+    hits = [m.group(0) for m in re.finditer(rf"[\"']({words})[\"']|\bblocks?(\[\w+\])?\.({words})\b(?!_)", source)]
+    assert not hits, f"{path.name} names mixers or their modules {hits}: ask the layer's token_mixer"
+    assert {"attn", "conv"} <= _MIXER_ATTRIBUTES and "short_conv" in mixers  # the guard knows what it guards
+
+
 # ── one place per data kind (issue 24): corpora and tokenizers are units of archspec/data ────────────────────────
 
 _DATA_KINDS = {k for fam in data_families().values() for k in fam.members}

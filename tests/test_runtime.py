@@ -130,7 +130,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # a pipeline stage runs its part of the model through them)
                 "gpt1-like-tiny": 279, "gpt1-like": 279, "neox-like-tiny": 312, "neox-like": 312,
                 # gemma2-like: its first committed length plus one
-                "gemma2-like-tiny": 392, "gemma2-like": 403}
+                "gemma2-like-tiny": 392, "gemma2-like": 403,
+                # lfm2-like: its first committed length plus one (issue 43)
+                "lfm2-like-tiny": 380, "lfm2-like": 383}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -40,13 +40,15 @@ def build_json(spec, gen, acc: Accounting) -> dict:
 def accounting_table(spec, acc: Accounting) -> Table:
     flops = acc.flops_by_component
     flops_of = {
-        "attention": flops["attention_proj"],
+        "attention": flops.get("attention_proj", 0),
         "ffn": flops["ffn"],
         "lm_head": flops["lm_head"] if "lm_head" in acc.by_component else 0,
     }
-    rows = [(name, n, flops_of.get(name, 0)) for name, n in acc.by_component.items()]
-    rows.insert([r[0] for r in rows].index("attention") + 1,
-                (f"attention scores·values ({acc.attention_keys:,.1f} keys/query)", 0, flops["attention_scores"]))
+    # another token mixer's FLOPs are under its own column, named as its parameters are (a short conv: conv)
+    rows = [(name, n, flops_of.get(name, flops.get(name, 0))) for name, n in acc.by_component.items()]
+    if "attention_scores" in flops:
+        rows.insert([r[0] for r in rows].index("attention") + 1,
+                    (f"attention scores·values ({acc.attention_keys:,.1f} keys/query)", 0, flops["attention_scores"]))
     if "lm_head" not in acc.by_component:
         rows.append(("lm_head (tied to embedding)", 0, flops["lm_head"]))
 
@@ -60,9 +62,10 @@ def accounting_table(spec, acc: Accounting) -> Table:
     table.add_row("active", f"{acc.active:,}", f"{100 * acc.active / acc.total:.1f}%", "", "")
     table.add_row("non-embedding", f"{acc.total - acc.embedding:,}", f"{100 * (acc.total - acc.embedding) / acc.total:.1f}%", "", "")
     m = spec.model
+    keys = (f" ({m.attention.sparsity.describe(m)}: {acc.attention_keys:,.1f} keys per query on average, the exact sum "
+            "over positions)") if "attention_scores" in acc.flops_by_component else ""  # no layer attends: no keys
     table.caption = (
-        f"FLOPs per token at T={acc.seq_len} ({m.attention.sparsity.describe(m)}: {acc.attention_keys:,.1f} keys per "
-        f"query on average, the exact sum over positions): forward {human(acc.flops_forward)}, "
+        f"FLOPs per token at T={acc.seq_len}{keys}: forward {human(acc.flops_forward)}, "
         f"train {human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
         f"{kv_cache_bytes(m, m.context_length, 'bf16') / 2**20:.1f} MiB per sequence of {m.context_length}."
     )
@@ -75,12 +78,12 @@ def block_table(spec, acc: Accounting) -> Table | None:
     if len(acc.by_block) < 2:
         return None
     table = Table(title="per layer group (one block class each; figures per layer)", title_justify="left")
-    for col in ("block", "layers", "norm / attention / ffn", "params", "active", "fwd FLOPs/token", "KV elems/token"):
-        table.add_column(col, justify="right" if col not in ("block", "layers", "norm / attention / ffn") else "left")
+    for col in ("block", "layers", "norm / mixer / ffn", "params", "active", "fwd FLOPs/token", "KV elems/token"):
+        table.add_column(col, justify="right" if col not in ("block", "layers", "norm / mixer / ffn") else "left")
     for j, b in enumerate(acc.by_block):
         layers = b["layers"]
         shown = ", ".join(map(str, layers[:12])) + (", …" if len(layers) > 12 else "")
-        table.add_row(f"Block{j}", f"{shown} ({len(layers)})", f"{b['norm']} / {b['attention']} / {b['ffn']}",
+        table.add_row(f"Block{j}", f"{shown} ({len(layers)})", f"{b['norm']} / {b['mixer']} / {b['ffn']}",
                       f"{b['params']:,}", f"{b['active']:,}", human(b["flops_forward"]), f"{b['kv_elements_per_token']:,}")
     return table
 

@@ -196,6 +196,8 @@ def _configs(units: list[Any], labels: list[str], render_one, constants_of, base
     out the classes as described above. `refs[i]`: module-level objects the code names by a generic name, with the
     name and type they have for configuration i (an attention's sparsity pattern): like constants, an object that
     differs between configurations of one class becomes a constructor argument."""
+    if not units:  # no layer uses this family (a model without attention has no sparsity pattern)
+        return []
     parts = [render_one(u) for u in units]
     consts = [constants_of(u) for u in units]
     if len(units) == 1:
@@ -318,11 +320,15 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     positional = _unit_part(a.positional, m)
     norms = _distinct([m.norm] + [b.norm for b, _ in groups])  # the model-wide norm is also the final norm
     ffns = _distinct([b.ffn for b, _ in groups])
-    attentions = _distinct([b.attention for b, _ in groups])
+    # Each layer's token mixer: its attention, or another mixer kind (archspec.kinds.base.MixerKind).
+    attending = [(b, ls) for b, ls in groups if b.token_mixer is b.attention]
+    attentions = _distinct([b.attention for b, _ in attending])
     sparsities = _distinct([att.sparsity for att in attentions])
+    others = _distinct([b.token_mixer for b, _ in groups if b.token_mixer is not b.attention])
 
-    def layers_of(units: list[Any], component) -> list[list[int]]:
-        return [sorted(i for b, ls in groups if unit_json(component(b)) == unit_json(u) for i in ls) for u in units]
+    def layers_of(units: list[Any], component, among: list | None = None) -> list[list[int]]:
+        return [sorted(i for b, ls in (groups if among is None else among)
+                       if unit_json(component(b)) == unit_json(u) for i in ls) for u in units]
 
     def prefixes(units: list[Any]) -> list[str]:
         return [type(u).class_prefix() for u in units]
@@ -333,7 +339,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                          norm_layers, main=0)
     ffn_cfgs = _configs(ffns, prefixes(ffns), lambda u: _unit_part(u, m), lambda u: u.constants(m), "FeedForward",
                         layers_of(ffns, lambda b: b.ffn))
-    sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity)
+    sparsity_layers = layers_of(sparsities, lambda b: b.attention.sparsity, attending)
     sparsity_cfgs = _configs(sparsities, prefixes(sparsities), lambda u: _unit_part(u, m, dict(gqa=False)),
                              lambda u: u.constants(m), "", sparsity_layers)
 
@@ -368,8 +374,23 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     labels = [("" if own_positions(att) else type(att.positional).class_prefix()) + att.class_label()
               for att in attentions]
     attention_cfgs = _configs(attentions, labels, render_attention,
-                              lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention),
-                              [pattern_refs(att) for att in attentions])
+                              lambda att: att.constants(m), "Attention", layers_of(attentions, lambda b: b.attention,
+                                                                                   attending),
+                              [pattern_refs(att) for att in attentions]) if attentions else []
+    # Other mixers: one family of classes per kind (`ShortConv`), configurations of a kind as the other families'.
+    other_cfgs: dict[type, list[Config]] = {}
+    for cls in dict.fromkeys(type(u) for u in others):
+        units = [u for u in others if type(u) is cls]
+        other_cfgs[cls] = _configs(units, [u.class_label() for u in units], lambda u: _unit_part(u, m),
+                                   lambda u: u.constants(m), cls.base_class,
+                                   layers_of(units, lambda b: b.token_mixer,
+                                             [(b, ls) for b, ls in groups if b.token_mixer is not b.attention]))
+
+    def mixer_cfg(b: Any) -> Config:
+        if b.token_mixer is b.attention:
+            return attention_cfgs[attentions.index(b.attention)]
+        units = [u for u in others if type(u) is type(b.token_mixer)]
+        return other_cfgs[type(b.token_mixer)][units.index(b.token_mixer)]
 
     consts = [
         Const("VOCAB_SIZE", lit_int(m.vocab_size)),
@@ -377,6 +398,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         Const("D_MODEL", lit_int(m.d_model), "width of the residual stream"),
         Const("N_LAYERS", lit_int(m.n_layers)),
         *_merge_constants(attention_cfgs),
+        *(c for cfgs in other_cfgs.values() for c in _merge_constants(cfgs)),
         *_merge_constants(norm_cfgs),
         *a.positional.constants(m),
         *_merge_constants(sparsity_cfgs),
@@ -385,13 +407,14 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
                  "it (model.embedding_scale)")] if m.embedding_scale == "sqrt_d_model" else []),
         *([Const("LOGIT_SOFTCAP", lit_float(m.logit_softcap), "logits = cap · tanh(logits / cap), within (-cap, cap) "
                  "(Gemma 2)")] if m.logit_softcap is not None else []),
-        Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches"),
+        Const("DROPOUT", lit_float(m.dropout), "on embeddings, attention weights and residual branches" if attentions
+              else "on embeddings and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
         *_parametrization_constants(m),
     ]
 
-    blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], attention_cfgs[attentions.index(b.attention)],
-                                            ffn_cfgs[ffns.index(b.ffn)]) for b, _ in groups], m.n_layers)
+    blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b), ffn_cfgs[ffns.index(b.ffn)])
+                                           for b, _ in groups], m.n_layers, positional.hooks["block_args"])
     model_methods = list(dict.fromkeys(c.part.hooks.get("model_methods", "") for c in ffn_cfgs if
                                        c.part.hooks.get("model_methods")))
     if len(model_methods) > 1:
@@ -403,7 +426,12 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         tied += " sqrt(d_model)-scaled"
     if m.embedding_norm:
         tied += " normalised"
-    if len(groups) == 1:
+    if len(groups) == 1 and not attending:
+        b = groups[0][0]
+        layer_desc = f"{b.token_mixer.describe(m)}, {b.norm.describe(m)}, {b.ffn.describe(m)}, no positions"
+        if b.block != type(b.block)():
+            layer_desc += f", {b.block.describe()}"
+    elif len(groups) == 1:
         b = groups[0][0]  # every layer's components (a group may override the model-wide ones for all layers)
         ba = b.attention
         layer_desc = (f"{ba.doc_summary()}, {b.norm.describe(m)}, "
@@ -429,6 +457,11 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "norms": _classes(norm_cfgs),
         "sparsities": _classes(sparsity_cfgs),
         "attentions": _classes(attention_cfgs),
+        # the other mixers' sections: (title, classes), one per kind
+        "mixer_sections": [(_section(cls.section), _classes(cfgs)) for cls, cfgs in other_cfgs.items()],
+        "attention_section": _section("attention"),
+        # Model.new_cache reads each block's mixer by the one attribute its blocks share, or by their `mixer` property
+        "mixer_attr": family("attention").base.attribute if not others else "mixer",
         "ffns": _classes(ffn_cfgs),
         "model_methods": model_methods[0] if model_methods else "",
         "blocks": blocks,
@@ -463,28 +496,44 @@ def _parametrization_constants(m: Any) -> list[Const]:
     ]
 
 
-_PART_BASES = ("Norm", "Attention", "FeedForward")
+def _section(title: str) -> str:
+    """A section rule of the generated file: `# ── title ───…`, 110 characters wide."""
+    head = f"# ── {title} "
+    return head + "─" * (110 - len(head))
 
 
-def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int) -> tuple[list[dict], list]:
+def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int,
+            position_args: str) -> tuple[list[dict], list]:
     """The Block classes (one per distinct triple of part classes, named by the parts that differ: `MoEBlock`,
-    `WindowBlock`) and how each layer is built: [(constructor call, first layer, last layer)] in runs."""
+    `WindowBlock`, `ShortConvBlock`) and how each layer is built: [(constructor call, first layer, last layer)] in
+    runs."""
     shapes = [b.block for b, _ in groups]
+    mixers = [b.token_mixer for b, _ in groups]
     keys = [(*(c.cls for c in triple), unit_json(shape)) for triple, shape in zip(parts, shapes)]
     distinct = list(dict.fromkeys(keys))
     differing = [c for c in range(3) if len({k[c] for k in distinct}) > 1]
     # The block's shape names it too (`PostNormBlock`, `ParallelBlock`); the pre-norm sequential block is plain
     # `Block`, or `PreNormBlock` beside blocks of other shapes.
     shape_of = dict(zip(keys, shapes))
+    mixer_of = dict(zip(keys, mixers))
     mixed = len({k[3] for k in distinct}) > 1
-    names = {k: "".join(k[c].removesuffix(_PART_BASES[c]) for c in differing)
+    mixer_kinds = len({type(mx).base_class for mx in mixers}) > 1  # attention beside a conv: each named
+
+    def label(k: tuple, c: int) -> str:
+        if c == 1:
+            base = type(mixer_of[k]).base_class
+            return k[c].removesuffix(base) + (base if mixer_kinds else "")
+        return k[c].removesuffix(("Norm", "", "FeedForward")[c])
+
+    names = {k: "".join(label(k, c) for c in sorted(set(differing) | ({1} if mixer_kinds else set())))
              + (shape_of[k].label() or ("PreNorm" if mixed else "")) + "Block" for k in distinct}
     blocks, calls = {}, {}
     for (b, layers), triple, key in zip(groups, parts, keys):
         # The parts' constructor arguments become the block's; one that two parts share is told apart by its part.
         args: dict[str, tuple[str, str, str]] = {}  # block argument → (part, part's argument, constant)
         types: dict[str, str] = {}
-        for part, cfg in zip(("norm", "attn", "ffn"), triple):
+        attr = type(b.token_mixer).attribute  # the block's attribute holding its mixer (`attn`, `conv`)
+        for part, cfg in zip(("norm", attr, "ffn"), triple):
             for arg, const in cfg.args.items():
                 name = arg if all(arg not in c.args for c in triple if c is not cfg) else f"{part}_{arg}"
                 args[name] = (part, arg, const)
@@ -494,11 +543,13 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
             "signature": "".join(f", {n}: {types[n]}" for n in args),
             # inside the block, each part takes the block's own arguments
             **{key: cfg.call(*lead, values={arg: name for name, (p, arg, _) in args.items() if p == part})
-               for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("attention", "attn", triple[1], ()),
+               for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("mixer", attr, triple[1], ()),
                                             ("ffn", "ffn", triple[2], ()))},
-            "cache_class": b.attention.cache_class,
+            "attr": attr,
+            "mixer_args": position_args if type(b.token_mixer).takes_positions else "",
+            "cache_class": b.token_mixer.cache_class,
             "placement": b.block.norm_placement, "parallel": b.block.parallel, "shared_norm": b.block.shared_norm,
-            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.input_norms, *b.block.output_norms)),
+            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.norms_of(attr)[0], *b.block.norms_of(attr)[1])),
             "layers": [],
         })
         block["layers"] += layers

@@ -85,12 +85,18 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     units, groups = _model_wide_and_groups(per_layer)
     attention = _unit_class("attention", _attention_block(hf), cfg).from_hf(cfg)
     attention.update(positional=units["positional"], sparsity=units["sparsity"])
+    mixer, mixer_groups = _mixers_from_hf(cfg, n_layers)
     model = {
         "vocab_size": cfg.take("vocab_size", int), "context_length": cfg.take("context_length", int),
         "d_model": cfg.take("d_model", int), "n_layers": cfg.take("n_layers", int),
         "norm": units["norm"], "attention": attention, "ffn": units["ffn"],
         "tie_embeddings": cfg.take("tie", bool), "dropout": _dropout(cfg),
     }
+    if mixer is not None:  # no layer attends: the model has no attention
+        model["mixer"] = mixer
+        del model["attention"]
+        groups = {k: v for k, v in groups.items() if not k.startswith("attention")}
+    groups.update(mixer_groups)
     model.update(_model_options(cfg))
     if cfg.fact("embedding_norm"):  # BLOOM's word_embeddings_layernorm
         model["embedding_norm"] = True
@@ -109,6 +115,25 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
             f"{', ...' if len(unread) > 5 else ''}); a {hf.model_type} model with them may compute something else, "
             "so nothing was imported")
     return {"name": name, "model": model}
+
+
+def _mixers_from_hf(cfg: HFConfig, n_layers: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Each layer's token mixer, for a type whose layers may mix tokens by something other than attention (its
+    `pick["mixer"]`: one HF word per layer, the type's attention block or another mixer kind's `hf_block`): the
+    model-wide mixer when no layer attends, and the layer groups of the others."""
+    if "mixer" not in cfg.hf.pick:
+        return None, {}
+    words = cfg.hf.pick["mixer"](cfg)
+    attends = _attention_block(cfg.hf)
+    by_word = {w: _unit_class("mixer", w, cfg).from_hf(cfg) for w in dict.fromkeys(words) if w != attends}
+    if attends not in words:  # one word per mixer kind, and a type has one configuration of each: one mixer
+        if len(by_word) > 1:
+            raise cfg.refuse("layer_types", "several mixer kinds and no attention layer: not mapped yet")
+        return next(iter(by_word.values())), {}
+    groups: dict[str, Any] = {}
+    for n, (word, unit) in enumerate(by_word.items(), 1):
+        groups[f"mixer_{n}"] = {"select": [i for i, w in enumerate(words) if w == word], "mixer": unit}
+    return None, groups
 
 
 def _model_options(cfg: HFConfig) -> dict[str, Any]:
@@ -215,7 +240,7 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
     if m.parametrization != "standard":
         raise HFUnsupported(f"model.parametrization: {m.parametrization}: transformers' models have no output "
                             "multiplier or 1/head_dim attention scale (µP); train it standard to export")
-    for fam, path in _FAMILIES:
+    for fam, path in _families(m):
         for i, unit in enumerate(_layer_units(m, fam)):
             if unit.hf_block is None:
                 raise HFUnsupported(f"{_named(m, path, i, '.kind')}: {unit.kind!r} has no transformers "
@@ -233,6 +258,16 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             warnings.warn(note.message, stacklevel=2)
         return hf, config
     raise HFUnsupported("no transformers model type expresses this spec", reasons)
+
+
+def _attends(m: ModelSpec) -> bool:
+    """Whether some layer mixes tokens by attention (else the model has no attention, positions or pattern)."""
+    return any(b.token_mixer is b.attention for b in m.blocks())
+
+
+def _families(m: ModelSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The block families a model's config says: without attention, no positional encoding or pattern."""
+    return _FAMILIES if _attends(m) else tuple((f, p) for f, p in _FAMILIES if _COMPONENT[f] != "attention")
 
 
 def _attention_fields(attention: Any) -> dict[str, Any]:
@@ -297,12 +332,39 @@ def _attention_block(hf: HFType) -> str:
     return hf.blocks.get("attention", "attention")
 
 
+def _mixers_to_hf(m: ModelSpec, hf: HFType, out: dict[str, Any]) -> None:
+    """Each layer's token mixer into the config: a type with a per-layer mixer word (`place["mixer"]`) writes them;
+    any other type has attention in every layer, and refuses a layer that mixes tokens otherwise."""
+    blocks = m.blocks()
+    words = [_attention_block(hf) if b.token_mixer is b.attention else b.token_mixer.hf_block for b in blocks]
+    allowed = hf.blocks.get("mixer", (_attention_block(hf),))
+    for i, (b, word) in enumerate(zip(blocks, words)):
+        if word not in allowed:
+            raise HFUnsupported(f"{_named(m, ('model', 'mixer'), i, '.kind')}: {b.token_mixer.kind!r} is HF's "
+                                f"{word!r}; {hf.model_type} mixes tokens by {' or '.join(map(repr, allowed))}")
+    if "mixer" not in hf.place:
+        return
+    hf.place["mixer"](out, words)
+    written: dict[str, tuple[Any, int]] = {}
+    for i in _first_layers([b.token_mixer for b in blocks]):
+        if blocks[i].token_mixer is blocks[i].attention:
+            continue
+        config = _Recording(out)
+        blocks[i].token_mixer.to_hf(m, config, hf, _where(m, ("model", "mixer"), i))
+        for key, value in config.written.items():
+            if key in written and written[key][0] != value:
+                raise HFUnsupported(f"{_named(m, ('model', 'mixer'), i)}: needs {key} = {value!r}, but layer "
+                                    f"{written[key][1]} needs {written[key][0]!r}: {hf.model_type} has one {key}")
+            written.setdefault(key, (value, i))
+    out.update({key: value for key, (value, _) in written.items()})
+
+
 def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
     m = spec.model
     if m.attention.hf_block != _attention_block(hf):
         raise HFUnsupported(f"model.attention.kind: {m.attention.kind!r} is HF's {m.attention.hf_block!r}; "
                             f"{hf.model_type} has {_attention_block(hf)!r}")
-    for fam, path in _FAMILIES:
+    for fam, path in _families(m):
         units = _layer_units(m, fam)
         want = hf.blocks[fam] if isinstance(hf.blocks[fam], tuple) else (hf.blocks[fam],)
         for i, unit in enumerate(units):
@@ -328,7 +390,7 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
         out[key] = m.dropout
     if m.dropout and not hf.dropout_keys:
         raise HFUnsupported(f"model.dropout: {m.dropout}: {hf.model_type} has no dropout")
-    for fam, path in _FAMILIES:
+    for fam, path in _families(m):
         units = _layer_units(m, fam)
         if fam in hf.place:
             hf.place[fam](out, [u.hf_block for u in units])
@@ -345,7 +407,9 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                                         f"one {key} for every layer")
                 written.setdefault(key, (value, where))
         out.update({key: value for key, (value, _) in written.items()})
-    m.attention.to_hf(m, out, hf)
+    if _attends(m):
+        m.attention.to_hf(m, out, hf)
+    _mixers_to_hf(m, hf, out)
     _shape_to_hf(m, hf, out)
     if hf.rewrite is not None and hf.rewrite[1] is not None:
         hf.rewrite[1](m, out)
@@ -379,9 +443,12 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
     for i, block in enumerate(m.blocks()):
         ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."
         # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
-        norms = [(name, "attn_norm" if name == "norm" else name, block.norm)
-                 for name in (*block.block.input_norms, *block.block.output_norms)]
-        for our_name, role, unit in (*norms, ("attn", "attn", block.attention), ("ffn", "ffn", block.ffn)):
+        attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
+        # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
+        inputs, outputs = block.block.norms_of(attr)
+        norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
+                  else name, block.norm) for name in (*inputs, *outputs)]
+        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), ("ffn", "ffn", block.ffn)):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
     if m.final_norm:
         out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")

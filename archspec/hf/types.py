@@ -901,10 +901,78 @@ FALCON_NEW = HFType(  # the new decoder architecture's two norms: ln_attn before
 # A model type whose module names depend on its config: the callable (config dict) → the HFType that reads it.
 VARIANTS = {"falcon": lambda data: FALCON_NEW if _falcon_two_norms(data) else FALCON}
 
+# ── LFM2 (Liquid AI): gated short-conv layers and GQA layers with q/k norm, by `layer_types` ─────────────────────
+
+_LFM2_CONV = "conv"  # transformers' word for a short-conv layer in Lfm2Config.layer_types
+
+
+def _lfm2_mixers(cfg: HFConfig) -> list[str]:
+    """Each layer's token mixer, as transformers decides: `layer_types` ("conv" | "full_attention"), else
+    full_attn_idxs (the attention layers; absent: every layer attends). In HF's words: "attention" (the type's
+    attention block) or "conv" (its short conv)."""
+    n_layers = cfg.take("n_layers", int)
+    layer_types = cfg.take("layer_types", list, default=None)
+    idxs = cfg.take("full_attn_idxs", list, default=None)
+    if layer_types is None:
+        idxs = list(range(n_layers)) if idxs is None else idxs
+        layer_types = [FULL if i in idxs else _LFM2_CONV for i in range(n_layers)]
+    if len(layer_types) != n_layers:
+        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, _LFM2_CONV)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {_LFM2_CONV!r}")
+    return ["attention" if t == FULL else _LFM2_CONV for t in layer_types]
+
+
+_lfm2_mixers.fields = ("layer_types", "full_attn_idxs")
+
+
+def _place_lfm2_mixers(out: dict, words: list[str]) -> None:
+    out["layer_types"] = [FULL if w == "attention" else w for w in words]
+    out["full_attn_idxs"] = [i for i, w in enumerate(words) if w == "attention"]
+
+
+def _lfm2_read(cfg: HFConfig) -> None:
+    """Lfm2MLP's width: intermediate_size as written unless block_auto_adjust_ff_dim, when transformers takes 2/3 of
+    it, times block_ffn_dim_multiplier, rounded up to a multiple of block_multiple_of (read as the width it builds)."""
+    width = cfg.take("ffn_hidden", int)
+    if cfg.take("block_auto_adjust_ff_dim", bool):
+        width = int(2 * width / 3)
+        multiplier = cfg.take("block_ffn_dim_multiplier", (int, float), default=None)
+        if multiplier is not None:
+            multiple = cfg.take("block_multiple_of", int)
+            if multiple < 1:
+                raise cfg.refuse("block_multiple_of", f"{multiple}: must be at least 1")
+            width = multiple * ((int(multiplier * width) + multiple - 1) // multiple)
+    cfg.mark("block_ffn_dim_multiplier", "block_multiple_of")
+    cfg.data[cfg.key("ffn_hidden")] = width
+
+
+LFM2 = HFType(
+    model_type="lfm2", architecture="Lfm2ForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "mixer": ("attention", _LFM2_CONV)}, pick={"mixer": _lfm2_mixers},
+    place={"mixer": _place_lfm2_mixers},
+    keys={**{k: v for k, v in _LLAMA_KEYS.items() if k not in ("head_dim", "activation")}, "norm_eps": "norm_eps",
+          "conv_L_cache": "conv_L_cache", "conv_bias": "conv_bias"},
+    defaults={"vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128_000,
+              "norm_eps": 1e-5, "tie_word_embeddings": True, "rope_theta": 1000000.0, "conv_bias": False,
+              "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+              "block_auto_adjust_ff_dim": True, "activation": "silu"},  # Lfm2MLP: always SwiGLU (no key)
+    names={"base": "model", "embed": "embed_tokens", "layers": "layers", "attn": "self_attn", "conv": "conv",
+           "ffn": "feed_forward", "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "final_norm": "embedding_norm",
+           "o": "out_proj", "gate": "w1", "up": "w3", "down": "w2", "q_norm": "q_layernorm", "k_norm": "k_layernorm"},
+    facts={"qk_norm": True},
+    fixed={"block_auto_adjust_ff_dim": False},  # intermediate_size is then the width built
+    rewrite=(_lfm2_read, None),
+    check=(_common_checks,),
+)
+
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
-                                                              GEMMA2, BLOOM, MPT, FALCON)}
+                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -912,7 +980,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""Kinds: every norm, positional encoding, attention pattern and FFN is one self-contained unit.
+"""Kinds: every norm, positional encoding, attention pattern, token mixer and FFN is one self-contained unit.
 
 A unit is one pydantic class (its spec fields) that also carries everything else about the kind:
 
@@ -32,12 +32,12 @@ place, so every class and function that already imported `Spec` sees the new kin
 
 from __future__ import annotations
 
-from archspec.kinds.base import (AttentionKind, Const, FFNKind, Family, KindUnit, NormKind, PositionalKind, Problem, SparsityKind,
+from archspec.kinds.base import (AttentionKind, Const, FFNKind, Family, KindUnit, MixerKind, NormKind, PositionalKind, Problem, SparsityKind,
                                  Strict, family, families, kind_union, lit_bool, lit_float, lit_int, metric_kinds,
                                  register, registry_version)
 
 __all__ = [
-    "AttentionKind", "Const", "FFNKind", "Family", "KindUnit", "NormKind", "PositionalKind", "Problem", "SparsityKind", "family",
+    "AttentionKind", "Const", "FFNKind", "Family", "KindUnit", "MixerKind", "NormKind", "PositionalKind", "Problem", "SparsityKind", "family",
     "families", "Strict", "kind_union", "lit_bool", "lit_float", "lit_int", "metric_kinds", "register", "registry_version",
 ]
 
@@ -47,4 +47,5 @@ from archspec.kinds import norm as _norm  # noqa: E402,F401
 from archspec.kinds import positional as _positional  # noqa: E402,F401
 from archspec.kinds import sparsity as _sparsity  # noqa: E402,F401
 from archspec.kinds import attention as _attention  # noqa: E402,F401 (its kinds hold the positional and sparsity unions)
+from archspec.kinds import mixer as _mixer  # noqa: E402,F401
 from archspec.kinds.attention import Attention  # noqa: E402,F401 (the attention family's union)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Iterable, Literal, Union
@@ -505,7 +506,74 @@ class SparsityKind(KindUnit):
         return None
 
 
-class AttentionKind(KindUnit):
+class MixerKind(KindUnit):
+    """A token mixer: what moves information between positions in a layer (the channel mixer is the FFN family).
+    Attention kinds (gqa, mla) are mixer kinds that also hold a positional encoding and a sparsity pattern; a mixer
+    that is not attention (a short causal convolution) holds neither. A layer's mixer is its attention unless the
+    spec names another (`model.mixer`, or a layer group's `mixer`); `BlockSpec.token_mixer` is the one it uses.
+
+    Accounting, the memory plan, codegen and the HF mapping reach every mixer through the members below, declared
+    abstract: a mixer kind that leaves one out cannot be instantiated. The template defines the mixer's module with
+    `reset_parameters()`, `new_cache(batch_size, max_len, device, dtype, rollback)` (its decoding state, with
+    `length`, `truncate(length)` and `nbytes`) and `forward(x, [positions,] cache) -> (B, T, D_MODEL)`."""
+
+    family: ClassVar[str] = "mixer"
+    # The block's attribute holding this mixer's module: also its state_dict key (`blocks.0.attn.qkv_proj.weight`).
+    attribute: ClassVar[str] = "mixer"
+    # The accounting column its parameters are counted under (`params.by_component`).
+    component: ClassVar[str] = "mixer"
+    # Whether the block hands it the positional tables (attention: its positional unit reads them).
+    takes_positions: ClassVar[bool] = False
+    # What its module class is called in a generated file (`Attention`, `ShortConv`), and its section's title there.
+    base_class: ClassVar[str] = "Mixer"
+    section: ClassVar[str] = "token mixer"
+
+    @abstractmethod
+    def mixer_params(self, m: "ModelSpec") -> int:
+        """Parameters of one layer's mixer."""
+
+    @abstractmethod
+    def mixer_flops(self, m: "ModelSpec", seq_len: int, full_attention: bool = False) -> dict[str, float]:
+        """Forward matmul FLOPs of one layer's mixer for one token at sequence length `seq_len`, by accounting column
+        (attention: its projections and its score·value products; exact, possibly a rational)."""
+
+    @abstractmethod
+    def state_bytes_per_token(self, m: "ModelSpec", element_bytes: int) -> int:
+        """Bytes its decoding state grows by per generated position (a KV cache: K and V; a fixed state: 0)."""
+
+    @abstractmethod
+    def state_bytes_per_sequence(self, m: "ModelSpec", seq_len: int, element_bytes: int) -> int:
+        """Bytes of one sequence's decoding state after `seq_len` positions, as `new_cache` allocates it (tested
+        against the generated cache's `nbytes`): a KV cache grows with the context, a conv state does not."""
+
+    @abstractmethod
+    def saved_bytes(self, m: "ModelSpec", seq_len: int, mm: int, device: str) -> int:
+        """Bytes per token one layer's mixer keeps for backward (archspec.memory), `mm` the matmul element size."""
+
+    def sub_units(self) -> tuple["KindUnit", ...]:
+        """The kind units it holds (attention: its sparsity pattern), for codegen and the model's unit list."""
+        return ()
+
+    @property
+    def cache_class(self) -> str:
+        """What its module's `new_cache` returns (archspec.runtime): the annotation of `cache` in the block."""
+        return "object"
+
+    def max_lookback(self) -> int | None:
+        """When every position it reads lies within the last `max_lookback()` (its own included), that number; None
+        when it may read any earlier position (see SparsityKind.max_lookback)."""
+        return None
+
+    def summary(self, m: "ModelSpec") -> str:
+        """A few words for the accounting table's per-layer row."""
+        return self.describe(m)
+
+    def class_label(self) -> str:
+        """How a file names this configuration's class beside other mixers' (`WindowAttention`)."""
+        return ""
+
+
+class AttentionKind(MixerKind):
     """How a layer's queries read earlier positions: its projections, what its KV cache holds, and the two families
     it holds, `positional` and `sparsity`. The template defines `class Attention(nn.Module)` (`new_cache`,
     `reset_parameters`, `forward(x, <positional.block_params>, cache)`), filling in the families' hook macros.
@@ -535,6 +603,54 @@ class AttentionKind(KindUnit):
     def class_label(self) -> str:
         """How a file names this configuration's class when layers differ (`WindowAttention`)."""
         return type(self.sparsity).class_prefix()
+
+    # ── the mixer contract (MixerKind), from the attention kinds' own members ──
+    attribute: ClassVar[str] = "attn"
+    component: ClassVar[str] = "attention"
+    takes_positions: ClassVar[bool] = True
+    base_class: ClassVar[str] = "Attention"
+    section: ClassVar[str] = "attention"
+
+    def mixer_params(self, m: "ModelSpec") -> int:
+        return self.params(m.d_model)
+
+    def mixer_flops(self, m: "ModelSpec", seq_len: int, full_attention: bool = False) -> dict[str, float]:
+        return {"attention_proj": self.projection_flops(m.d_model),
+                "attention_scores": self.score_flops(seq_len, full_attention)}
+
+    def state_bytes_per_token(self, m: "ModelSpec", element_bytes: int) -> int:
+        return self.kv_cache_elements_per_token() * element_bytes
+
+    def state_bytes_per_sequence(self, m: "ModelSpec", seq_len: int, element_bytes: int) -> int:
+        return self.kv_cache_elements_per_sequence(seq_len) * element_bytes
+
+    def saved_bytes(self, m: "ModelSpec", seq_len: int, mm: int, device: str) -> int:
+        q, qkv = self.saved_widths()  # the output's width; what the projections leave alive (GQA: q, k, v of one matmul)
+        # A sparse pattern on CPU, and on any device with attention dropout (FlexAttention has none), takes the
+        # blockwise path, which says what it keeps: its own q, k, v and output (and dropout's keep-masks), no score
+        # tile. FlexAttention on CUDA keeps what SDPA keeps.
+        own = self.sparsity.blockwise_kept_bytes(m, mm) if device == "cpu" or m.dropout > 0 else None
+        if own is not None:
+            return own
+        manual = self.score_mod_kept_bytes(m, seq_len, mm) if hasattr(self, "score_mod_kept_bytes") else None
+        if manual is not None:  # capped or biased scores: materialised (archspec.runtime.scores), not SDPA
+            return manual
+        if m.dropout > 0 and device == "cpu":
+            # CPU SDPA with dropout takes the math path: scaled q, expanded k and v, the (T × T) weights before and
+            # after dropout and the mask, and an output copy for the projection.
+            return (4 * q + 3 * self.n_heads * seq_len) * mm
+        # positions' own tensors (RoPE's rotated q and k), the output (the o-projection's input is a view of it) and
+        # the fp32 log-sum-exp per head; positions are model-wide
+        return (qkv + m.attention.positional.saved_elements(m) + q) * mm + self.n_heads * 4
+
+    def sub_units(self) -> tuple[KindUnit, ...]:
+        return (self.sparsity,)
+
+    def max_lookback(self) -> int | None:
+        return self.sparsity.max_lookback()
+
+    def summary(self, m: "ModelSpec") -> str:
+        return f"{self.heads_summary()}, {self.sparsity.describe(m)}"
 
     # The width q·k sums over, and its constant's name in the file (MLA: the nope and rope parts together).
     score_width_name: ClassVar[str] = "HEAD_DIM"
@@ -614,9 +730,12 @@ class Registry:
         self.what, self.check = what, check
         self.families: dict[str, Family] = {f.name: f for f in families}
         self.rebuild: list[type[BaseModel]] = []  # models that hold the unions, in the order they must be rebuilt
+        self.optional: set[tuple[type[BaseModel], str]] = set()  # slots that may also hold None
 
     def register(self, cls):
-        fam = next((f for f in self.families.values() if issubclass(cls, f.base)), None)
+        # the most specific family whose base it extends (an attention kind is also a MixerKind)
+        fams = [f for f in self.families.values() if issubclass(cls, f.base)]
+        fam = next((f for f in fams if all(issubclass(f.base, g.base) for g in fams)), None)
         if fam is None:
             raise TypeError(f"{cls.__name__}: {self.what} must subclass one of "
                             f"{', '.join(f.base.__name__ for f in self.families.values())}")
@@ -633,9 +752,11 @@ class Registry:
             self._rebuild(fam)
         return cls
 
-    def bind(self, family_name: str, owner: type[BaseModel], field_name: str) -> None:
-        """Declare that `owner.field_name` holds `family_name`'s union."""
+    def bind(self, family_name: str, owner: type[BaseModel], field_name: str, optional: bool = False) -> None:
+        """Declare that `owner.field_name` holds `family_name`'s union (`optional`: or None)."""
         self.families[family_name].slots.append((owner, field_name))
+        if optional:
+            self.optional.add((owner, field_name))
 
     def rebuild_order(self, *models: type[BaseModel]) -> None:
         """The models to rebuild, innermost first, when a family gains a kind."""
@@ -644,7 +765,8 @@ class Registry:
     def _rebuild(self, fam: Family) -> None:
         union = fam.union()
         for owner, name in fam.slots:
-            owner.model_fields[name] = FieldInfo.from_annotated_attribute(union, owner.model_fields[name])
+            annotation = union | None if (owner, name) in self.optional else union
+            owner.model_fields[name] = FieldInfo.from_annotated_attribute(annotation, owner.model_fields[name])
         for model in self.rebuild:
             model.model_rebuild(force=True)
 
@@ -661,6 +783,9 @@ _KINDS = Registry("a kind", [
     Family("sparsity", SparsityKind, "dense", ("doc", "attend", "new_cache", "decode")),
     Family("attention", AttentionKind, "gqa"),
     Family("ffn", FFNKind, "glu", ("model_methods",)),
+    # Token mixers other than attention (attention kinds are mixers too, in their own family above, because they
+    # hold the positional and sparsity families); the default is only the one an omitted `kind` names.
+    Family("mixer", MixerKind, "short_conv"),
 ], check=_has_template)
 _FAMILIES = _KINDS.families
 
@@ -697,9 +822,10 @@ def metric_kinds(kinds: Iterable[type[KindUnit]] | None = None) -> list[type[Kin
     return list(out.values())
 
 
-def bind(family_name: str, owner: type[BaseModel], field_name: str) -> None:
-    """Declare that `owner.field_name` holds `family_name`'s union (called by archspec.spec.model)."""
-    _KINDS.bind(family_name, owner, field_name)
+def bind(family_name: str, owner: type[BaseModel], field_name: str, optional: bool = False) -> None:
+    """Declare that `owner.field_name` holds `family_name`'s union, or None when `optional` (called by
+    archspec.spec.model)."""
+    _KINDS.bind(family_name, owner, field_name, optional)
 
 
 def rebuild_order(*models: type[BaseModel]) -> None:

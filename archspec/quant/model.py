@@ -57,12 +57,13 @@ class QuantPlan:
 
 
 def _unit_weights(model: nn.Module, spec) -> tuple[list[str], dict[str, str]]:
-    """Each layer asks its units: attention and FFN name their quantized matrices (names inside their module)."""
+    """Each layer asks its units: its token mixer and FFN name their quantized matrices (names inside their
+    module)."""
     names: list[str] = []
     kept: dict[str, str] = {}
     blocks = spec.model.blocks()
     for i, (block, bspec) in enumerate(zip(model.blocks, blocks)):
-        for attr, unit in (("attn", bspec.attention), ("ffn", bspec.ffn)):
+        for attr, unit in ((type(bspec.token_mixer).attribute, bspec.token_mixer), ("ffn", bspec.ffn)):
             module = getattr(block, attr)
             chosen = unit.quantized_weights(module)
             names += [f"blocks.{i}.{attr}.{n}" for n in chosen]

@@ -9,6 +9,7 @@ copied out with it: the model file plus `archspec/__init__.py` and `archspec/run
 from __future__ import annotations
 
 from archspec.runtime.cache import KVCache, LatentCache, causal_mask
+from archspec.runtime.conv import ConvCache, causal_conv1d
 from archspec.runtime.decode import DECODE_MODES, DecodeStep
 from archspec.runtime.experts import ONE_PROCESS, ExpertParallel, MoEParallel, local_tensor
 from archspec.runtime.generation import next_token_probs, sample_next, stream
@@ -16,7 +17,7 @@ from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
 from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 
-__all__ = ["KVCache", "LatentCache", "causal_mask", "next_token_probs", "sample_next", "stream", "DecodeStep",
+__all__ = ["KVCache", "LatentCache", "causal_mask", "ConvCache", "causal_conv1d", "next_token_probs", "sample_next", "stream", "DecodeStep",
            "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
            "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
            "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor"]

@@ -150,7 +150,7 @@ def known_keys() -> frozenset[str]:
 def is_known_key(key: str) -> bool:
     """Whether `key` is a dotted key of a recorded (canonical) spec (see known_keys), including its layer groups:
     the registry records the canonical groups, named `<component>_<n>` (`model.layers.ffn_1.ffn.kind`,
-    `model.layers.attention_2.select`), not the names a spec file gave them."""
+    `model.layers.attention_2.select`, `model.layers.mixer_1.mixer.L_cache`), not the names a spec file gave them."""
     if key in known_keys():
         return True
     parts = key.split(".")
@@ -158,7 +158,7 @@ def is_known_key(key: str) -> bool:
         return False
     group, rest = parts[2], parts[3:]
     component, _, n = group.rpartition("_")
-    if component not in ("norm", "attention", "ffn") or not n.isdigit():
+    if component not in ("norm", "attention", "ffn", "mixer") or not n.isdigit():
         return False
     if rest[0] == "select":
         return len(rest) == 1 or (len(rest) == 2 and rest[1] in ("start", "stop", "step"))
@@ -433,7 +433,7 @@ def _partial_layer_groups(schema: dict[str, Any]) -> None:
                 return out
         return node
 
-    for c in ("norm", "attention", "ffn"):
+    for c in ("norm", "attention", "ffn", "mixer"):
         wide = model["properties"][c]
         node = {k: v for k, v in wide.items() if k not in ("default", "oneOf", "anyOf", "$ref", "discriminator")}
         node["anyOf"] = [partial({k: v for k, v in wide.items() if k in ("oneOf", "anyOf", "$ref")}), {"type": "null"}]

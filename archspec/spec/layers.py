@@ -41,7 +41,7 @@ from pydantic import BaseModel, Discriminator, Field, StrictInt, Tag, TypeAdapte
 from archspec.kinds import family, registry_version
 from archspec.kinds.base import Problem, Since, Strict, identity_dump
 
-COMPONENTS = ("norm", "attention", "ffn", "block")  # the block components a group may set
+COMPONENTS = ("norm", "attention", "ffn", "block", "mixer")  # the block components a group may set
 GROUP_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
 NormPlacement = Literal["pre", "post", "sandwich", "output"]
@@ -77,15 +77,23 @@ class BlockShape(Strict):
     # ── what the block holds ──
     @property
     def input_norms(self) -> tuple[str, ...]:
-        """The block's norms in front of (pre, sandwich) or, post-norm, after the residual add of its sublayers."""
-        if self.norm_placement == "output":
-            return ()
-        return ("norm",) if self.parallel and self.shared_norm else ("attn_norm", "ffn_norm")
+        """The block's norms in front of (pre, sandwich) or, post-norm, after the residual add of its sublayers, in a
+        block whose token mixer is attention; `norms_of` names them for another mixer."""
+        return self.norms_of(family("attention").base.attribute)[0]
 
     @property
     def output_norms(self) -> tuple[str, ...]:
         """The norms on a sublayer's output before it joins the residual stream (sandwich, output)."""
-        return ("attn_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
+        return self.norms_of(family("attention").base.attribute)[1]
+
+    def norms_of(self, mixer: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(input norms, output norms) of a block whose token mixer is its attribute `mixer`
+        (archspec.kinds.base.MixerKind.attribute): each mixer's norms are named after it, so a layer whose mixer is not
+        attention holds nothing called attention."""
+        inputs = () if self.norm_placement == "output" else (
+            ("norm",) if self.parallel and self.shared_norm else (f"{mixer}_norm", "ffn_norm"))
+        outputs = (f"{mixer}_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
+        return inputs, outputs
 
     def tensor_parallel(self, m: Any) -> "TPPlan":
         """Any wiring splits alike: attention and the FFN take this rank's sequence shard and hand one back, so the
@@ -144,6 +152,9 @@ class LayerGroup(Strict):
     ffn: dict[str, Any] | None = Field(None, description="fields merged onto model.ffn for these layers")
     block: Annotated[dict[str, Any] | None, Since("0.4")] = Field(
         None, description="fields merged onto model.block (norm placement, parallel) for these layers")
+    mixer: Annotated[dict[str, Any] | None, Since("0.5")] = Field(
+        None, description="these layers' token mixer when it is not attention ({kind: short_conv, ...}), merged onto "
+                          "model.mixer")
 
 
 @dataclass(frozen=True)
@@ -154,12 +165,20 @@ class BlockSpec:
     attention: Any  # the layer's attention kind (archspec.kinds.attention)
     ffn: Any
     block: Any = None  # the layer's BlockShape
+    mixer: Any = None  # the layer's token mixer when it is not attention (archspec.kinds.mixer); None: attention
+
+    @property
+    def token_mixer(self) -> Any:
+        """What mixes tokens in this layer (archspec.kinds.base.MixerKind): its mixer, else its attention."""
+        return self.attention if self.mixer is None else self.mixer
 
     def key(self) -> str:
         return json.dumps([unit_json(getattr(self, c)) for c in COMPONENTS], sort_keys=True)
 
 
-def unit_json(unit: BaseModel) -> str:
+def unit_json(unit: BaseModel | None) -> str:
+    if unit is None:
+        return "null"
     return json.dumps(unit.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
@@ -267,7 +286,7 @@ def _validate(component: str, data: dict) -> Any:
 
 def _error_path(component: str, loc: tuple) -> tuple:
     """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`): drop it."""
-    unions = ("norm", "ffn", "positional", "sparsity", "attention")
+    unions = ("norm", "ffn", "positional", "sparsity", "attention", "mixer")
     kinds = {k for fam in unions for k in family(fam).members}
     out, prev = [], component
     for part in loc:
@@ -303,8 +322,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
             problems.append((path + (c,), f"is empty: give {c} fields for the selected layers, or leave {c} out",
                              getattr(group, c)))
         if not empty and not any(getattr(group, c) for c in COMPONENTS):
-            problems.append((path, "sets nothing: give norm, attention, ffn or block fields for the selected "
-                             "layers", name))
+            problems.append((path, "sets nothing: give norm, attention, ffn, block or mixer fields for the "
+                             "selected layers", name))
 
     per_layer: dict[str, list[Any]] = {c: [base[c]] * m.n_layers for c in COMPONENTS}
     cache: dict[tuple[str, str], Any] = {}
@@ -312,6 +331,8 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
     reported: set = set()
     for c in COMPONENTS:
         base_user = written[c] if written is not None else user_dict(base[c])
+        if base_user is None:  # no model-wide mixer (attention mixes tokens): a group's mixer starts from its kind
+            base_user = {}
         for i in range(m.n_layers):
             setters = [n for n in sorted(m.layers) if i in selected[n] and getattr(m.layers[n], c)]
             if not setters:
@@ -358,8 +379,10 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                                          e.get("input")))
             if cache[ck] is not None:
                 per_layer[c][i] = cache[ck]
+    problems += _mixer_problems(m, selected, per_layer)
     wide_positional = unit_json(m.attention.positional)
-    if not problems and all(unit_json(a.positional) != wide_positional for a in per_layer["attention"]):
+    attending = [a for a, mixer in zip(per_layer["attention"], per_layer["mixer"]) if mixer is None]
+    if not problems and attending and all(unit_json(a.positional) != wide_positional for a in attending):
         name = next(n for n in sorted(m.layers) if "positional" in (m.layers[n].attention or {}))
         problems.append((("model", "layers", name, "attention", "positional"), "switches positions off in every "
                          "layer: write model.attention.positional instead", m.layers[name].attention["positional"]))
@@ -372,6 +395,25 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
         b = BlockSpec(**{c: per_layer[c][i] for c in COMPONENTS})
         blocks.append(distinct.setdefault(b.key(), b))
     return blocks, []
+
+
+def _mixer_problems(m: Any, selected: dict[str, list[int]], per_layer: dict[str, list[Any]]) -> list[Problem]:
+    """A layer whose token mixer is not attention has no attention to configure; and a model none of whose layers
+    mixes tokens by attention says so once, model-wide (`model.mixer`), so it has no positions to render."""
+    out: list[Problem] = []
+    mixed = {i for i, mixer in enumerate(per_layer["mixer"]) if mixer is not None}
+    for name in sorted(m.layers):
+        group = m.layers[name]
+        clash = sorted(set(selected[name]) & mixed)
+        if group.attention and clash:
+            kinds = sorted({per_layer["mixer"][i].kind for i in clash})
+            out.append((("model", "layers", name, "attention"), f"layers {clash} mix tokens by {', '.join(kinds)}, "
+                        "not attention: they have no attention to configure", group.attention))
+    if m.mixer is None and len(mixed) == m.n_layers:
+        name = next(n for n in sorted(m.layers) if m.layers[n].mixer)
+        out.append((("model", "layers", name, "mixer"), "gives every layer a mixer other than attention: write "
+                    "model.mixer instead (the model then has no attention and no positions)", m.layers[name].mixer))
+    return out
 
 
 def _layer_positional_problems(m: Any, path: tuple, value: Any) -> list[Problem]:
@@ -416,10 +458,18 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
     exactly its layers."""
     wide: dict[str, Any] = {}
     groups: dict[str, Any] = {}
+    attending = [b for b in blocks if b.mixer is None]  # the layers whose token mixer is their attention
     for c in COMPONENTS:
+        if c == "mixer":
+            _canonical_mixers(blocks, wide, groups)
+            continue
+        if c == "attention" and not attending:
+            continue  # no layer has attention: none of it is part of the model
         values = [getattr(b, c) for b in blocks]
         keys = [unit_json(v) for v in values]
-        counts = Counter(keys)
+        if c == "attention":  # only the layers that attend: another mixer's layer has no attention
+            keys = [k if b.mixer is None else None for k, b in zip(keys, blocks)]
+        counts = Counter(k for k in keys if k is not None)
         top = max(counts.values())
         if c == "attention":  # the model-wide attention has the model's positions (layers may switch them off)
             wide_positional = unit_json(m.attention.positional)
@@ -430,7 +480,7 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
         base_key = unit_json(m.norm) if c == "norm" else next(k for k in keys if counts[k] == top)
         # identity_dump: a field added later (Since) at its default leaves a layer group's hash as it was too
         wide[c] = identity_dump(m.norm if c == "norm" else values[keys.index(base_key)])
-        order = [k for k in dict.fromkeys(keys) if k != base_key]
+        order = [k for k in dict.fromkeys(keys) if k != base_key and k is not None]
         for n, k in enumerate(order, 1):
             unit = values[keys.index(k)]
             dump = _keep_overrides(unit.model_dump(mode="json"), identity_dump(unit), wide[c])
@@ -440,3 +490,16 @@ def canonical_layers(m: Any, blocks: list[BlockSpec]) -> tuple[dict[str, Any], d
     if not wide["block"]:  # the pre-norm sequential block (a Since field at its default): not written, as before
         del wide["block"]
     return wide, groups
+
+
+def _canonical_mixers(blocks: list[BlockSpec], wide: dict[str, Any], groups: dict[str, Any]) -> None:
+    """The token mixers in canonical form: when some layer attends, attention is model-wide (no `mixer`) and each
+    other mixer configuration is a group `mixer_<n>`; when none does, the commonest mixer is `model.mixer`."""
+    keys = [unit_json(b.mixer) for b in blocks]
+    counts = Counter(keys)
+    base_key = "null" if "null" in counts else next(k for k in keys if counts[k] == max(counts.values()))
+    if base_key != "null":
+        wide["mixer"] = identity_dump(blocks[keys.index(base_key)].mixer)
+    for n, k in enumerate((k for k in dict.fromkeys(keys) if k != base_key), 1):
+        groups[f"mixer_{n}"] = {"select": canonical_select([i for i, kk in enumerate(keys) if kk == k]),
+                                "mixer": identity_dump(blocks[keys.index(k)].mixer)}

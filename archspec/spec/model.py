@@ -28,6 +28,7 @@ SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 Norm = family("norm").union()
 Attention = family("attention").union()
 FFN = family("ffn").union()
+Mixer = family("mixer").union()
 
 
 def _default(name: str):
@@ -43,6 +44,11 @@ class ModelSpec(Strict):
     norm: Norm = Field(default_factory=_default("norm"))
     attention: Attention = Field(default_factory=_default("attention"))
     ffn: FFN = Field(default_factory=_default("ffn"))
+    # The token mixer of every layer when it is not attention (a short causal convolution): null, each layer's
+    # mixer is its attention (`model.attention`); a layer group's `mixer` switches its layers to another kind.
+    mixer: Annotated[Mixer | None, Since("0.5")] = Field(
+        None, description="every layer's token mixer when it is not attention (e.g. {kind: short_conv, L_cache: 3}); "
+                          "null: attention (model.attention)")
     tie_embeddings: bool = True
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
@@ -74,12 +80,21 @@ class ModelSpec(Strict):
 
     _blocks: list[BlockSpec] | None = PrivateAttr(None)
     _layer_problems: list = PrivateAttr(default_factory=list)
+    _unused_attention: bool = PrivateAttr(False)  # model.attention written, yet no layer mixes tokens by attention
 
     @model_validator(mode="after")
     def _fill_derived_defaults(self) -> "ModelSpec":
         # Defaults that depend on other fields are written into the spec, so that writing them explicitly gives the
         # same canonical JSON (and hash). Inconsistent values are left alone for archspec.spec.rules to report.
         self._old_spellings()
+        if self.mixer is not None:
+            # No layer mixes tokens by attention: the model has no attention, and so no positions (a layer's mixer
+            # sees its own; archspec.spec.rules refuses a written model.attention, which nothing would read).
+            self._unused_attention = "attention" in self.model_fields_set
+            positional = family("positional")
+            inert = next(cls for cls in positional.members.values() if cls.inert)
+            attention = family("attention")
+            object.__setattr__(self, "attention", attention.members[attention.default](positional=inert()))
         written = {c: user_dict(getattr(self, c)) for c in COMPONENTS} if self.layers else None
         self.attention.fill_defaults(self.d_model)
         for unit in (self.norm, self.attention.positional, self.attention.sparsity, self.ffn):
@@ -103,12 +118,18 @@ class ModelSpec(Strict):
     def _canonical(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
         data.pop("layers", None)
+        if data.get("mixer", 0) is None:  # attention mixes tokens: written as before mixers had their own field
+            data.pop("mixer")
+        elif "mixer" in data:  # no layer has attention: nothing of it is part of the model
+            data.pop("attention", None)
         if self.layers and not self._layer_problems:
             wide, groups = canonical_layers(self, self._blocks)
             data.update(wide)
             if "block" not in wide:  # every layer's block is the default one (canonical_layers leaves it out)
                 data.pop("block", None)
-            if groups:
+            if not any(b.token_mixer is b.attention for b in self._blocks):
+                data.pop("attention", None)  # every layer mixes tokens otherwise: no attention is part of the model
+            if groups and "attention" in data:
                 data["attention"]["positional"] = identity_dump(self.attention.positional)
                 data["layers"] = groups
         return data
@@ -133,17 +154,25 @@ class ModelSpec(Strict):
             out.setdefault(id(b), (b, []))[1].append(i)
         return list(out.values())
 
+    @property
+    def token_mixer(self) -> Any:
+        """The model-wide token mixer: `mixer` when set, else the attention (archspec.kinds.base.MixerKind)."""
+        return self.attention if self.mixer is None else self.mixer
+
     def units(self) -> list:
-        """Every distinct kind unit of the model: norms, the positional encoding, attention patterns, FFNs."""
+        """Every distinct kind unit of the model: norms, the positional encoding, token mixers other than attention
+        and the units mixers hold (attention patterns), FFNs."""
         seen: dict[int, Any] = {id(self.attention.positional): self.attention.positional}
         for b, _ in self.block_groups():
-            for unit in (b.norm, b.attention.sparsity, b.ffn):
+            mixer = b.token_mixer
+            for unit in (b.norm, *(() if mixer is b.attention else (mixer,)), *mixer.sub_units(), b.ffn):
                 seen.setdefault(id(unit), unit)
         return list(seen.values())
 
     def unit_paths(self) -> list[tuple[tuple[str, ...], object]]:
         return [(("model", "norm"), self.norm), (("model", "attention", "positional"), self.attention.positional),
-                (("model", "attention", "sparsity"), self.attention.sparsity), (("model", "ffn"), self.ffn)]
+                (("model", "attention", "sparsity"), self.attention.sparsity), (("model", "ffn"), self.ffn),
+                *([(("model", "mixer"), self.mixer)] if self.mixer is not None else [])]
 
     def layer_problems(self) -> list:
         return list(self._layer_problems)
@@ -171,6 +200,7 @@ class Spec(Strict):
 bind("norm", ModelSpec, "norm")
 bind("ffn", ModelSpec, "ffn")
 bind("attention", ModelSpec, "attention")
+bind("mixer", ModelSpec, "mixer", optional=True)
 rebuild_order(*family("attention").members.values(), ModelSpec, Spec)
 rebuild_data_order(DataSpec, TrainSpec, Spec)  # a data kind registered late (archspec.data)
 

@@ -36,8 +36,8 @@ def embedding_plan(m: "ModelSpec") -> TPPlan:
 
 
 def model_plan(m: "ModelSpec") -> list[Placed]:
-    """Every unit's plan, placed: the embedding and head, the positions, then layer by layer its attention (with its
-    sparsity pattern), FFN, block wiring and norms, then the final norm."""
+    """Every unit's plan, placed: the embedding and head, the positions, then layer by layer its token mixer
+    (attention with its sparsity pattern, or another mixer kind), FFN, block wiring and norms, then the final norm."""
     from archspec.spec.layers import layer_indices
 
     groups = {name: set(layer_indices(g.select, m.n_layers, ())[0]) for name, g in sorted(m.layers.items())}
@@ -56,15 +56,20 @@ def model_plan(m: "ModelSpec") -> list[Placed]:
     out.append(Placed("", ("model", "attention", "positional"), positional, positional.tensor_parallel(m)))
     for i, block in enumerate(m.blocks()):
         where = f"blocks.{i}"
-        att_path = path_of("attention", block.attention, m.attention, i)
-        out.append(Placed(f"{where}.attn", att_path, block.attention, block.attention.tensor_parallel(m)))
-        sparsity = block.attention.sparsity
-        out.append(Placed(f"{where}.attn", att_path + ("sparsity",), sparsity, sparsity.tensor_parallel(m)))
+        mixer = block.token_mixer  # its module is the block's attribute the kind names (attn, conv)
+        attr = type(mixer).attribute
+        if mixer is block.attention:
+            att_path = path_of("attention", block.attention, m.attention, i)
+            out.append(Placed(f"{where}.{attr}", att_path, block.attention, block.attention.tensor_parallel(m)))
+            sparsity = block.attention.sparsity
+            out.append(Placed(f"{where}.{attr}", att_path + ("sparsity",), sparsity, sparsity.tensor_parallel(m)))
+        else:
+            out.append(Placed(f"{where}.{attr}", path_of("mixer", mixer, m.mixer, i), mixer, mixer.tensor_parallel(m)))
         out.append(Placed(f"{where}.ffn", path_of("ffn", block.ffn, m.ffn, i), block.ffn, block.ffn.tensor_parallel(m)))
         shape = block.block
         out.append(Placed(where, path_of("block", shape, m.block, i), shape, shape.tensor_parallel(m)))
         norm_path = path_of("norm", block.norm, m.norm, i)
-        for name in (*shape.input_norms, *shape.output_norms):
+        for name in (*shape.norms_of(attr)[0], *shape.norms_of(attr)[1]):
             out.append(Placed(f"{where}.{name}", norm_path, block.norm, block.norm.tensor_parallel(m)))
     if m.final_norm:
         out.append(Placed("final_norm", ("model", "norm"), m.norm, m.norm.tensor_parallel(m)))

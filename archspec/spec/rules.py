@@ -22,15 +22,20 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     p_att = ("model", "attention")
 
     out += m.layer_problems()  # per-layer groups: selections, overlaps that disagree, merged fields
-    out += att.problems(m, p_att)  # the attention kind's own rules (heads, widths)
+    if m._unused_attention:  # a written attention that no layer would use (model.mixer is another kind)
+        out.append((p_att, f"no layer mixes tokens by attention (model.mixer is {m.mixer.kind}), so nothing would "
+                    "read it; leave model.attention out, or mix some layers by attention (model.mixer null and a "
+                    "layer group's mixer for the others)", "..."))
+    if m.mixer is None:  # the attention kind's own rules (heads, widths), when some layer attends
+        out += att.problems(m, p_att)
     if not m.layer_problems():
         # A layer group's own components get the same rules as the model-wide ones, at the group's path.
         checked: set[int] = set()
         for block, layers in m.block_groups():
             for c, unit, wide in (("attention", block.attention, att), ("norm", block.norm, m.norm),
                                   ("ffn", block.ffn, m.ffn), ("attention", block.attention.sparsity, att.sparsity),
-                                  ("block", block.block, m.block)):
-                if unit is wide or id(unit) in checked:
+                                  ("block", block.block, m.block), ("mixer", block.mixer, m.mixer)):
+                if unit is None or unit is wide or id(unit) in checked:
                     continue
                 checked.add(id(unit))
                 group = next((n for n in sorted(m.layers) if getattr(m.layers[n], c) and _selects(m, n, layers[0])),

@@ -28,7 +28,8 @@ from archspec.kinds.introspect import field_values, fields_of
 from archspec.testing.assertions import assert_causal, module_active_params
 from archspec.testing.introspect import field_at, leaves, union_members
 from archspec.testing.mutations import MUTATIONS, invalid_spec_cases, invalid_spec_dicts
-from archspec.testing.strategies import (ATTENTION_KINDS, CORPUS_KINDS, FFN_KINDS, NORM_KINDS, POSITIONAL_KINDS, SPARSITY_KINDS,
+from archspec.testing.strategies import (ATTENTION_KINDS, CORPUS_KINDS, FFN_KINDS, MIXER_KINDS, NORM_KINDS, POSITIONAL_KINDS,
+                                         SPARSITY_KINDS, mixer_patterns, mixers,
                                          TOKENIZER_KINDS, attentions, block_shapes, corpora, divisors, ffns, layer_groups,
                                          model_dicts, names, norms, positionals, selections, shuffled, sparsities,
                                          spec_dicts, tokenizers, train_dicts, valid_specs)
@@ -38,5 +39,5 @@ __all__ = [
     "block_shapes", "corpora", "tokenizers", "train_dicts", "spec_dicts", "valid_specs", "invalid_spec_cases", "invalid_spec_dicts",
     "MUTATIONS", "selections", "layer_groups", "NORM_KINDS", "POSITIONAL_KINDS", "SPARSITY_KINDS", "FFN_KINDS",
     "CORPUS_KINDS", "TOKENIZER_KINDS", "ATTENTION_KINDS", "union_members", "field_at", "leaves", "shuffled", "divisors",
-    "assert_causal", "module_active_params",
+    "assert_causal", "module_active_params", "MIXER_KINDS", "mixers", "mixer_patterns",
 ]

@@ -112,6 +112,7 @@ POSITIONAL_KINDS = _KindTable("positional")
 SPARSITY_KINDS = _KindTable("sparsity")
 FFN_KINDS = _KindTable("ffn")
 ATTENTION_KINDS = _KindTable("attention")
+MIXER_KINDS = _KindTable("mixer")  # token mixers other than attention (attention kinds are ATTENTION_KINDS)
 
 
 def _ctx(d_model: int = 64, context_length: int = 32, max_hidden: int = 128) -> dict[str, int]:
@@ -128,6 +129,31 @@ def positionals(d_model: int = 64, kinds=None) -> Strategy:
 
 def sparsities(context_length: int = 32, kinds=None) -> Strategy:
     return _family(AttentionSpec, "sparsity", SPARSITY_KINDS, kinds, _ctx(context_length=context_length))
+
+
+def mixers(d_model: int = 64, kinds=None, context_length: int = 32) -> Strategy:
+    """Token mixer dicts of the kinds that are not attention (`model.mixer`, a layer group's `mixer`), each kind's
+    fields from its own strategy; `kind` always written (a group's mixer merges onto the model-wide one)."""
+    return _family(ModelSpec, "mixer", MIXER_KINDS, kinds, _ctx(d_model, context_length)).map(
+        lambda d: {"kind": family("mixer").default, **d})
+
+
+def mixer_patterns(n_layers: int, d_model: int, context_length: int = 32, kinds=None) -> Strategy:
+    """`model` fields choosing each layer's token mixer: {} (attention everywhere), `mixer` (no layer attends: the
+    model has no attention), or a layer group giving some layers, never all, another mixer."""
+
+    @st.composite
+    def draw_pattern(draw):
+        mixer = draw(mixers(d_model, kinds, context_length))
+        choice = draw(st.sampled_from(["attention", "every", "some"] if n_layers > 1 else ["attention", "every"]))
+        if choice == "attention":
+            return {}
+        if choice == "every":
+            return {"mixer": mixer}
+        layers = draw(st.lists(st.integers(0, n_layers - 1), min_size=1, max_size=n_layers - 1, unique=True))
+        return {"layers": {"mix": {"select": sorted(layers), "mixer": mixer}}}
+
+    return draw_pattern()
 
 
 def ffns(d_model: int = 64, kinds=None, max_hidden: int = 128) -> Strategy:

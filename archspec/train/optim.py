@@ -107,14 +107,14 @@ def build_optimizer(model: nn.Module, recipe: TrainSpec, device: torch.device, m
 
 def muon_matrices(model: nn.Module, model_spec) -> list[str]:
     """The names (as in named_parameters) of the parameters Muon updates: in each block, the 2-D hidden matrices its
-    attention and FFN units name (`KindUnit.hidden_matrices`). Everything else is AdamW's. The one place the split is
+    token mixer and FFN units name (`KindUnit.hidden_matrices`). Everything else is AdamW's. The one place the split is
     made (docs/optimizers.md)."""
     layers = model_spec.blocks()
     if len(model.blocks) != len(layers):
         raise ValueError(f"the model has {len(model.blocks)} blocks and its spec {len(layers)}")
     chosen: set[int] = set()
     for block, layer in zip(model.blocks, layers):
-        for attr, unit in (("attn", layer.attention), ("ffn", layer.ffn)):
+        for attr, unit in ((type(layer.token_mixer).attribute, layer.token_mixer), ("ffn", layer.ffn)):
             module = getattr(block, attr, None)
             if module is not None:
                 chosen.update(id(module.get_parameter(n)) for n in unit.hidden_matrices(module))

@@ -24,6 +24,7 @@ def past_context_refusal(m: Any) -> str | None:
     if not type(positional).relative:
         return f"its positions are absolute ({positional.describe(m)})"
     for i, b in enumerate(m.blocks()):
-        if b.attention.sparsity.max_lookback() is None:
-            return f"layer {i} has {b.attention.sparsity.describe(m)}, not a window"
+        if b.token_mixer.max_lookback() is None:
+            what = b.attention.sparsity.describe(m) if b.token_mixer is b.attention else b.token_mixer.describe(m)
+            return f"layer {i} has {what}, not a window"
     return None

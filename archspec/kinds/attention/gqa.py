@@ -264,7 +264,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                 out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
         out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
         if self.qk_norm is not None:
-            out += [HFWeight("q_norm.weight", ("q_norm.weight",)), HFWeight("k_norm.weight", ("k_norm.weight",))]
+            out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",)) for p in "qk"]
         return out
 
 

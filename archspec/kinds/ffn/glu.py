@@ -9,7 +9,7 @@ from pydantic import Field
 from archspec.kinds.base import Const, Divides, FFNKind, Split, TPPlan, lit_bool, lit_int, register
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, KEEPS_OUTPUT, ActivationName, call
-from archspec.kinds.hf import HFWeight, linear, put_fact
+from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HIDDEN
 
 
@@ -66,7 +66,12 @@ class GLUSpec(FFNKind):
 
     def to_hf(self, m, out, hf, path):
         out[hf.keys["ffn_hidden"]] = self.hidden_dim
-        out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        if "activation" in hf.keys:
+            out[hf.keys["activation"]] = activations.TO_HF[self.activation]
+        elif activations.FROM_HF.get(hf.defaults.get("activation")) != self.activation:  # fixed by the type (LFM2)
+            raise HFUnsupported(f"{'.'.join((*path, 'activation'))}: {self.activation} cannot be expressed as "
+                                f"{hf.model_type} (its gated MLP's activation is always "
+                                f"{activations.FROM_HF.get(hf.defaults.get('activation'))})")
         put_fact(out, hf, "mlp_bias", self.bias, (*path, "bias"))
 
     def hf_weights(self, m, hf):
