@@ -216,15 +216,24 @@ def test_the_option_check_can_fail():
 
 
 REPO_TOP = ("archspec", "tests", "specs", "bench", "docs", "generated", "scripts", ".ci")
+# Paths the docs write inside the package without its name (`kinds/ffn/activations.py`): checked under archspec/.
+PACKAGE_DIRS = tuple(sorted(p.name for p in (ROOT / "archspec").iterdir() if (p / "__init__.py").exists()))
 
 
 def named_paths(text: str) -> set[str]:
-    """Repository paths a page names (in code spans, code blocks or links), without placeholders or globs."""
+    """Repository paths a page names (in code spans, code blocks or links), without placeholders or globs; a path
+    that starts at one of the package's folders is read as under archspec/."""
     found = set()
-    for match in re.finditer(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/])" % "|".join(re.escape(t) for t in REPO_TOP), text):
+    tops = "|".join(re.escape(t) for t in (*REPO_TOP, *PACKAGE_DIRS))
+    for match in re.finditer(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/])" % tops, text):
         path = match.group(1)
-        if not re.search(r"[<>*{}]", text[match.end():match.end() + 1] + path):
-            found.add(path)
+        if re.search(r"[<>*{}]", text[match.end():match.end() + 1] + path):
+            continue
+        if path.split("/", 1)[0] in PACKAGE_DIRS and path.split("/", 1)[0] not in REPO_TOP:
+            if not path.endswith((".py", ".j2")):  # `registry/archspec.db` is the state folder, `ui/runs.png` an image
+                continue
+            path = "archspec/" + path
+        found.add(path)
     return found
 
 
@@ -243,6 +252,7 @@ def test_every_repository_path_the_docs_name_exists(page):
 def test_the_path_check_can_fail():
     assert named_paths("see `archspec/kinds/nowhere.py` and archspec/kinds/<family>/<kind>.py") == {
         "archspec/kinds/nowhere.py"}
+    assert named_paths("only `kinds/attention.py` and `my_kinds/relu2.py`") == {"archspec/kinds/attention.py"}
 
 
 def test_architecture_names_every_package():
