@@ -351,3 +351,25 @@ def test_nothing_cites_a_file_outside_the_repository():
             continue
         hits += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if banned.search(line)]
     assert not hits, f"citations of files outside the repository: {hits}"
+
+
+def test_the_readme_links_resolve():
+    """MkDocs checks the site's links and anchors; the README lies outside the site, so its links are checked here:
+    every relative link names a file of the repository, and every anchor a heading of that file."""
+    slug = _hook()._slug
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) >= 20
+    problems = []
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        if not target.is_file():
+            problems.append(f"{link}: no such file")
+        elif anchor:
+            headings = re.findall(r"^#+\s+(.+?)\s*$", target.read_text(), re.M)
+            if anchor not in {slug(h) for h in headings}:
+                problems.append(f"{link}: no heading with that anchor")
+    assert not problems, problems
