@@ -92,10 +92,18 @@ EXAMPLE_PARAMS = [pytest.param(p, marks=[pytest.mark.slow] if trains(p) else [],
 def test_the_docs_mark_examples_runnable():
     """The tour and the guides' examples are marked: a page losing its marker would silently stop being tested."""
     names = {_rel(p) for p in PAGES_WITH_EXAMPLES}
-    for page in ["README.md", "docs/quickstart.md", "docs/guides/training.md", "docs/guides/fair-comparisons.md",
+    for page in ["README.md", "docs/guides/training.md", "docs/guides/fair-comparisons.md",
                  "docs/guides/ablations.md", "docs/guides/registry.md", "docs/guides/hf.md", "docs/guides/sampling.md",
                  "docs/guides/quantization.md", "docs/guides/specs.md", "docs/guides/parallel.md"]:
         assert page in names, f"{page} has no runnable example"
+
+
+def test_the_quickstart_tour_is_the_readmes():
+    """The quickstart repeats the README's tour word for word (the README's copy is the one run here)."""
+    readme = [code for language, code, _ in runnable_blocks((ROOT / "README.md").read_text()) if language == "bash"]
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    tour = re.search(r"<!-- the README's tour: run by tests/test_docs.py there -->\n```bash\n(.*?)\n```", quickstart, re.S)
+    assert tour and tour.group(1) == readme[0]
 
 
 def test_a_marker_without_a_block_is_refused():
@@ -279,7 +287,7 @@ def test_the_cli_reference_has_every_command_and_option():
     heading, and every option flag of every command is in the page as the build makes it."""
     hook = _hook()
     page = hook.on_page_markdown((ROOT / "docs/reference/cli.md").read_text(), None, None, None)
-    assert "<!-- archspec:" not in page
+    assert "<!-- archspec:" not in page and "Read as a plain file" not in page
     for path, command in COMMANDS.items():
         name = " ".join(("archspec", *path))
         assert re.search(rf"^#+ {re.escape(name)}$", page, re.M), f"no section for {name}"

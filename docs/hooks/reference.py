@@ -34,6 +34,8 @@ MARKERS = {
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' hook signature)
+    # A note for readers of the unbuilt file (on GitHub: "this page is generated") has no place in the site.
+    markdown = re.sub(r"<!-- unbuilt -->.*?<!-- /unbuilt -->\n?", "", markdown, flags=re.S)
     for marker, make in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
