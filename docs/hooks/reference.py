@@ -39,7 +39,19 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
     for marker, make in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
-    return markdown
+    return table_pipes(markdown)
+
+
+def table_pipes(markdown: str) -> str:
+    """A table cell's code span holding an escaped pipe (`a\\|b`, as GitHub wants it) becomes <code>a&#124;b</code>:
+    Python-Markdown's tables would keep the backslash inside the code."""
+    def code(match: re.Match) -> str:
+        text = match.group(1).replace("\\|", "|")
+        return "<code>" + text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace(
+            "|", "&#124;") + "</code>"
+
+    return "\n".join(re.sub(r"`([^`]*\\\|[^`]*)`", code, line) if line.startswith("|") else line
+                     for line in markdown.split("\n"))
 
 
 # ── The CLI ───────────────────────────────────────────────────────────────────────────────────────────────────────────
