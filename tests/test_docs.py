@@ -263,6 +263,23 @@ def test_the_path_check_can_fail():
     assert named_paths("only `kinds/attention.py` and `my_kinds/relu2.py`") == {"archspec/kinds/attention.py"}
 
 
+def test_extending_names_every_hook_of_the_kinds():
+    """Every method and property a kind family's base class offers (archspec/kinds/base.py) is named in
+    docs/EXTENDING.md, so a hook added to the contract cannot go undocumented."""
+    import inspect
+
+    import archspec.kinds.base as base
+
+    text = (ROOT / "docs" / "EXTENDING.md").read_text()
+    families = [c for c in vars(base).values()
+                if inspect.isclass(c) and c.__module__ == base.__name__ and issubclass(c, base.KindUnit)]
+    assert len(families) >= 6  # KindUnit and the five families
+    missing = [f"{c.__name__}.{name}" for c in families for name, value in vars(c).items()
+               if not name.startswith("_") and (callable(value) or isinstance(value, (property, classmethod)))
+               and not re.search(rf"\b{name}\b", text)]
+    assert not missing, f"docs/EXTENDING.md does not name: {missing}"
+
+
 def test_architecture_names_every_package():
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     packages = sorted(_rel(p.parent) + "/" for p in (ROOT / "archspec").rglob("__init__.py")
