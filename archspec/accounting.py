@@ -1,7 +1,7 @@
 """Exact, analytic accounting of a spec: parameters, FLOPs per token, KV-cache bytes. No instantiation.
 
 The figures come from the units (`archspec.kinds`): each kind says its parameters and FLOPs; this module sums them
-over the model. Conventions (DESIGN.md):
+over the model. Conventions (docs/guides/generated-model.md, "Accounting"):
 - Parameters are exact and equal the `numel()` sum of the generated module's parameters (tied weights once).
   `embedding` is the token table plus any position parameters; an untied LM head is counted as `lm_head`.
   `active` counts routed experts at top_k / n_experts of their total (dense models: active == total).

@@ -26,7 +26,8 @@ from archspec.spec.rules import trainability_problems
 
 
 def build_json(spec, gen, acc: Accounting) -> dict:
-    """The `build --json` object (DESIGN.md): integers throughout."""
+    """The `build --json` object (its keys are a contract: docs/guides/generated-model.md, tests/test_cli_build.py):
+    integers throughout."""
     return {
         "name": spec.name,
         "model_hash": model_hash(spec),

@@ -14,7 +14,7 @@
           select: [0]
           block: {norm_placement: post}           # the block's shape (BlockShape) is a component too
 
-Rules (docs in the README):
+Rules (docs/guides/per-layer.md):
 - A group's `norm`, `attention` or `ffn` is merged onto the model-wide component the way `--set` is: fields refine it;
   a different `kind` starts from that kind's defaults. Positional settings are model-wide (position tables and
   rotary angles are shared by every layer): a group may only switch positions off for its layers
