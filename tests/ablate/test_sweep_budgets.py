@@ -113,7 +113,7 @@ def test_ui_shows_one_budget_at_a_time(two_budgets):
     from archspec.ui.app import create_app
 
     path, url = two_budgets
-    client = TestClient(create_app(url))
+    client = TestClient(create_app(url), base_url="http://127.0.0.1")  # a host the app serves
     data = client.get("/api/sweeps/mini").json()
     assert len(data["budgets"]) == 3
     seen = set()

@@ -34,7 +34,7 @@ def client(tmp_path):
                                                                                "h", 0)})
                 ids[(variant, seed)] = record_run(reg, info, {"val_loss": points},
                                                   summary={"val_loss": points[-1][1], "tokens_per_s": 100.0})
-    return TestClient(create_app(url)), ids
+    return TestClient(create_app(url), base_url="http://127.0.0.1"), ids  # a host the app serves
 
 
 def test_sweep_curves_are_variant_means_with_the_reports_interval(client):
