@@ -220,7 +220,7 @@ def test_hostile_softcap_and_scale_exit_2_naming_the_field(field, value, capsys,
 
 
 def test_the_memory_plan_counts_the_materialised_scores_of_the_manual_path_only():
-    from archspec.memory import _attention_saved
+    from archspec.memory import _mixer_saved as _attention_saved  # the layer's token mixer: attention here
 
     plain = tiny_spec("m", attention={"n_heads": 4})
     capped = tiny_spec("m", attention={"n_heads": 4, "softcap": 5.0})

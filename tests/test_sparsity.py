@@ -414,7 +414,7 @@ def test_memory_plan_counts_what_the_blockwise_path_keeps_on_cpu():
     assert masks >= a.n_heads * 4  # at least a byte per query head × the window's keys
     assert block_saved_per_token(wide, 48, "cuda", True) == block_saved_per_token(dense, 48, "cuda", True)
     # with attention dropout CUDA takes the blockwise path too (FlexAttention has no dropout): its bytes, in bf16
-    from archspec.memory import _attention_saved
+    from archspec.memory import _mixer_saved as _attention_saved  # the layer's token mixer: attention here
 
     assert _attention_saved(dropout, 48, 2, "cuda") == dropout.attention.sparsity.blockwise_kept_bytes(dropout, 2)
     assert _attention_saved(narrow, 48, 2, "cuda") != narrow.attention.sparsity.blockwise_kept_bytes(narrow, 2)  # SDPA's
