@@ -308,7 +308,7 @@ class PackedRequest:
         free = cuda_free_bytes() if device_type == "cuda" and self.requested == "auto" else []
         self.per_device, why = jobs_per_device(self.requested, device_type, plans, free)
         self.devices = devices_for(device, device_type)
-        on_event(f"{why}; {len(self.devices)} device(s): up to {self.per_device * len(self.devices)} jobs at once")
+        on_event(f"{why}; {len(self.devices)} device(s): up to {self.per_device * len(self.devices)} job(s) at once")
         return self if self.per_device * len(self.devices) > 1 else None
 
     def run(self, sweep, launched, builds, registry, *, device: str, compile: bool | None, cache,

@@ -204,7 +204,7 @@ def test_a_packed_sweep_records_the_losses_of_the_runs_trained_alone(workdir, ba
     assert main([*args, "--registry", alone]) == 0
     assert main([*args, "--registry", packed, "--jobs-per-device", "2"]) == 0
     err = capsys.readouterr().err
-    assert "--jobs-per-device 2; 1 device(s): up to 2 jobs at once" in err and "cpu slot 1" in err
+    assert "--jobs-per-device 2; 1 device(s): up to 2 job(s) at once" in err and "cpu slot 1" in err
 
     def curves(url):
         reg = Registry(url)
