@@ -213,7 +213,8 @@ class ProcessChild:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "archspec.launch.packed", str(self.payload_path), str(self.result_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)  # a terminal's Ctrl-C reaches the parent alone: it sends each child one SIGTERM
         self.pid = self.process.pid
         self._outcome: WorkerResult | Died | None = None
 

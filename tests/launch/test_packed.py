@@ -217,3 +217,52 @@ def test_a_packed_sweep_records_the_losses_of_the_runs_trained_alone(workdir, ba
     assert {c[2] for c in there.values()} == {0, 1}  # its own seed each
     for run_id, curve in here.items():
         assert there[run_id] == curve and len(curve[0]) == 4 and curve[3] == "FINISHED"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_packed_child_and_their_runs_end_killed(workdir, base_spec):
+    """SIGINT to `archspec ablate --jobs-per-device 2` while both runs train: the command ends, each child was told to
+    stop and recorded its run KILLED, and no child is left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from archspec.registry import Registry
+
+    path = workdir / "long.yaml"
+    path.write_text(yaml.safe_dump({"name": "long", "base": base_spec, "seeds": [0, 1], "budget": {"steps": 100_000},
+                                    "grid": {"model.norm.kind": ["rmsnorm"]}}))
+    url = f"sqlite:///{workdir / 'r.db'}"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "archspec", "ablate", str(path), "--registry", url, "--device",
+                             "cpu", "--no-compile", "--jobs-per-device", "2"], cwd=workdir, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240  # a hang guard, not a timing assertion
+        rows = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            rows = Registry(url).runs(where="sweep = 'long'") if (workdir / "r.db").exists() else []
+            if len(rows) == 2 and all(r.status == "RUNNING" and r.summary is not None for r in rows) and all(
+                    (workdir / "runs").rglob("*.log")):
+                if all(Registry(url).metric_history(r.id, "train_loss") for r in rows):  # both are stepping
+                    break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    rows = Registry(url).runs(where="sweep = 'long'")
+    assert sorted(r.status for r in rows) == ["KILLED", "KILLED"], err[-3000:]
+    for r in rows:  # "pid N on cpu slot K": the child is gone
+        pid = int(r.scheduler_job.split()[1])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
