@@ -197,19 +197,29 @@ def payload_from_json(text: str) -> Payload:
     return Payload(**data)
 
 
+def child_env(base: dict[str, str], slot: Slot, slots: int, cpus: int | None) -> dict[str, str]:
+    """A job's environment: pinned to its slot's CUDA device, and on a GPU with its share of the host's cores for its
+    CPU threads (OMP_NUM_THREADS, unless set), so that N processes do not each start a thread per core. On CPU the
+    threads are left as a run alone has them: a CPU run's numbers could depend on them."""
+    env = dict(base)
+    if slot.device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = slot.device
+        if "OMP_NUM_THREADS" not in env and cpus:
+            env["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, slots)))
+    return env
+
+
 class ProcessChild:
     """One job in a subprocess of this machine, pinned to its slot's device; its output in `log`."""
 
-    def __init__(self, payload: Payload, slot: Slot, folder: Path):
+    def __init__(self, payload: Payload, slot: Slot, folder: Path, slots: int = 1):
         folder.mkdir(parents=True, exist_ok=True)
         stem = f"{payload.run_id}-{payload.attempt}"
         self.payload_path, self.result_path = folder / f"{stem}.payload.json", folder / f"{stem}.result.json"
         self.log = folder / f"{stem}.log"
         self.payload_path.write_text(payload_json(payload), encoding="utf-8")
         self.result_path.unlink(missing_ok=True)
-        env = dict(os.environ)
-        if slot.device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = slot.device
+        env = child_env(dict(os.environ), slot, slots, os.cpu_count())
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "archspec.launch.packed", str(self.payload_path), str(self.result_path)],
@@ -277,7 +287,7 @@ class PackedLauncher(Launcher):
 
     def wait(self, handles: Sequence[Handle]) -> list[WorkerResult | Died]:
         def start(h: Handle, slot: Slot) -> ProcessChild:
-            return ProcessChild(h.payload, slot, self.folder)
+            return ProcessChild(h.payload, slot, self.folder, len(self.slots))
 
         def started(h: Handle, slot: Slot, child: ProcessChild) -> None:
             where = f"cuda:{slot.device}" if slot.device is not None else "cpu"

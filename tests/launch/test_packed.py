@@ -13,6 +13,8 @@ from archspec.launch.base import Died, Payload, Resources, WorkerResult
 from archspec.launch.packed import (
     CONTEXT_BYTES,
     MAX_JOBS_PER_DEVICE,
+    Slot,
+    child_env,
     jobs_per_device,
     parse_jobs_per_device,
     payload_from_json,
@@ -121,6 +123,15 @@ def test_an_interruption_stops_every_running_child_and_starts_no_more(obeys):
     assert len(clock.children) == 3  # the queued three never started
     assert all(c.terminated for c in clock.children)  # each was asked to stop (SIGTERM: its run ends KILLED)
     assert all(c.killed != obeys for c in clock.children)  # killed only when it did not stop in time
+
+
+def test_a_child_is_pinned_to_its_gpu_with_its_share_of_the_cores():
+    env = child_env({"PATH": "/bin"}, Slot("3", 1), slots=4, cpus=16)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["OMP_NUM_THREADS"] == "4" and env["PATH"] == "/bin"
+    assert child_env({"OMP_NUM_THREADS": "2"}, Slot("0", 0), slots=4, cpus=16)["OMP_NUM_THREADS"] == "2"  # as set
+    assert child_env({}, Slot("0", 0), slots=32, cpus=16)["OMP_NUM_THREADS"] == "1"
+    cpu = child_env({"PATH": "/bin"}, Slot(None, 0), slots=2, cpus=2)  # CPU: as a run alone has it
+    assert cpu == {"PATH": "/bin"}
 
 
 def test_no_slots_is_an_error():
