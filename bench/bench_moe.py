@@ -10,7 +10,7 @@ Shapes (issue 13, `--size cpu`): d_model 256, 2 layers, 4 heads of 64 (2 K/V hea
 head, vocab 320, batch 8 × 256 tokens. MoE: 8 SwiGLU experts of hidden 512, top-2, renormalised, dropless, α = 0.02
 (the auxiliary loss is part of the step on both sides). Dense-active: SwiGLU hidden 1024 (= 2 experts' hidden), all
 else equal. `--size gpu`: d_model 1024, 8 layers, 16 heads of 64 (4 K/V heads), vocab 32768, experts of hidden
-1024 (dense-active 2048), batch 8 × 1024. One step = forward, backward, AdamW step, zero_grad; fp32 on CPU, bf16
+1024 (dense-active 2048), batch 8 × 1024 (`--size smoke`: tiny dims, that the script runs). One step = forward, backward, AdamW step, zero_grad; fp32 on CPU, bf16
 autocast (fp32 weights) on CUDA.
 
 Variants of archspec's MoE dispatch (same module; routing, gates, scatter-back and losses shared): `generated`
@@ -49,7 +49,9 @@ from archspec.codegen import generate  # noqa: E402
 from archspec.spec import load_spec_dict  # noqa: E402
 
 SIZES = {"cpu": dict(D=256, LAYERS=2, HEADS=4, KV=2, VOCAB=320, E=8, K=2, H=512, BATCH=8, T=256),
-         "gpu": dict(D=1024, LAYERS=8, HEADS=16, KV=4, VOCAB=32768, E=8, K=2, H=1024, BATCH=8, T=1024)}
+         "gpu": dict(D=1024, LAYERS=8, HEADS=16, KV=4, VOCAB=32768, E=8, K=2, H=1024, BATCH=8, T=1024),
+         # bench/gpu_check.py --smoke: that the script runs, in seconds; its figures mean nothing
+         "smoke": dict(D=32, LAYERS=1, HEADS=2, KV=1, VOCAB=64, E=4, K=2, H=32, BATCH=2, T=16)}
 D, LAYERS, HEADS, KV, VOCAB, E, K, H, BATCH, T = SIZES["cpu"].values()
 DEVICE = "cpu"
 

@@ -94,7 +94,8 @@ def run_jobs(sweep: Sweep, jobs: list[Job], registry_url: str | None, *, device:
     """Train every job not already FINISHED in the registry, in order. A FAILED run does not stop the sweep
     (it is recorded and redone next time); Ctrl-C/SIGTERM ends the current run KILLED and stops the sweep.
     launcher: None (this process trains), or an `archspec.launch.sweeps.LaunchRequest`: the jobs to train are
-    submitted to it instead (recorded SCHEDULED), after the same checks and skips."""
+    submitted to it instead (recorded SCHEDULED), after the same checks and skips; or an
+    `archspec.launch.packed.PackedRequest` (--jobs-per-device): several at once, each in its own process."""
     with install_signal_handlers():  # one scope for the whole sweep: a SIGTERM while checking is not lost either
         registry = Registry(registry_url)
         cache_path = cache_dir(cache)
@@ -135,6 +136,8 @@ def _run_checked(sweep: Sweep, jobs: list[Job], registry: Registry, registry_url
     from archspec.train.progress import SweepPosition, clock
 
     outcome = SweepOutcome()
+    if launcher is not None:  # --jobs-per-device: N from the checked plans; None when one at a time (trained here)
+        launcher = launcher.prepare(builds, device, on_event)
     launched = []  # (job, run id, where): trained by the launcher, after the loop
     guesses = job_seconds(jobs, registry, device, cache) if progress and launcher is None else {}
     spent, guessed = 0.0, 0.0  # measured and estimated seconds of the runs trained so far: the estimates' scale

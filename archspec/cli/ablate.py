@@ -29,6 +29,17 @@ def _seeds(ctx, param, value: str | None) -> list[int] | None:
     return seeds
 
 
+def _jobs_per_device(ctx, param, value: str | None) -> int | str | None:
+    if value is None:
+        return None
+    from archspec.launch.packed import parse_jobs_per_device
+
+    try:
+        return parse_jobs_per_device(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def _out_option(f):
     return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                         help="Where the report's PNG and HTML go (default reports/<sweep>/).")(f)
@@ -174,12 +185,17 @@ def _report(console: Console, sweep_name: str, sweep: Sweep | None, registry_url
 @_out_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report rows as one JSON object on stdout.")
 @launcher_options
+@click.option("--jobs-per-device", "jobs_per_device", callback=_jobs_per_device, metavar="N|auto", default=None,
+              help="Train up to N runs at once on each device, each in its own process with its own registry row "
+                   "(auto: as many as the memory plan fits on the GPU, at most 8; 1 on CPU). Default: one at a time "
+                   "in this process.")
 @click.option("--status", "show_status", is_flag=True,
               help="Print where each variant stands (queued / running / finished / failed) from the registry; "
                    "train nothing.")
 def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str, ...], seeds: list[int] | None,
                steps: int | None, eval_tokens: int | None, add_seeds: int | None, dry_run: bool, device: str, no_compile: bool,
-               log_to: str | None, out_dir: Path | None, as_json: bool, show_status: bool = False, **launch):
+               log_to: str | None, out_dir: Path | None, as_json: bool, show_status: bool = False,
+               jobs_per_device: int | str | None = None, **launch):
     """Train every variant × seed of SWEEP (skipping finished runs), then report what mattered.
 
     --set applies to the sweep's base spec (a grid key still wins), so a changed sweep trains runs of its own."""
@@ -237,6 +253,13 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         from archspec.launch.sweeps import LaunchRequest
 
         request = LaunchRequest(settings, sinks, detach=launch.get("detach", False))
+    if jobs_per_device is not None:
+        if settings.kind != "local":
+            raise UserError(f"--jobs-per-device packs runs on this machine's devices; --launcher {settings.kind} "
+                            "schedules its jobs itself (give one of the two)")
+        from archspec.launch.packed import PackedRequest
+
+        request = PackedRequest(settings, jobs_per_device, sinks)
 
     def run(these):
         return run_jobs(sweep, these, registry_url, device=device, compile=False if no_compile else None,

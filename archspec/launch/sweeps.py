@@ -73,8 +73,10 @@ def scheduled_info(build, membership):
 
 def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any, str, str]], builds, registry, *,
                 device: str, compile: bool | None, cache: str | Path | None, log_to: Sequence[str] | None = None,
-                detach: bool = False, on_event: Callable[[str], None] = lambda line: None) -> list:
-    """Train `launched` ((job, run id, where) from the runner) through the launcher of `settings`; JobOutcomes."""
+                detach: bool = False, on_event: Callable[[str], None] = lambda line: None,
+                make: Callable[[LauncherSettings], Any] = make_launcher) -> list:
+    """Train `launched` ((job, run id, where) from the runner) through the launcher of `settings` (`make` builds it:
+    archspec.launch.packed passes its own); JobOutcomes."""
     from archspec.ablate.estimate import measured_runs
     from archspec.ablate.runner import JobOutcome, membership
     from archspec.launch.base import exported, worker_url
@@ -98,7 +100,7 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
             artifact_root=os.environ.get("ARCHSPEC_ARTIFACT_ROOT"), log_to=list(log_to) if log_to else None,
             resources=resources_for(build, settings, device, measured)))
     with exported(secret):
-        launcher = make_launcher(settings)
+        launcher = make(settings)
         launcher.env = secret
         try:
             if detach:
@@ -139,6 +141,10 @@ class LaunchRequest:
         """The device type the workers train on, which the runner plans memory for: a SLURM node's GPU though the
         login node has none (a plan for absent hardware checks nothing but what is known)."""
         return "cuda" if wants_gpu(self.settings, device) else "cpu"
+
+    def prepare(self, builds, device: str, on_event: Callable[[str], None]) -> "LaunchRequest":
+        """Called by the runner once every build is checked (archspec.launch.packed.PackedRequest decides then)."""
+        return self
 
     def run(self, sweep, launched, builds, registry, *, device: str, compile: bool | None, cache,
             on_event: Callable[[str], None]) -> list:
