@@ -137,6 +137,18 @@ class HFConfig:
                 raise self.refuse(role, f"expected {names}, got {printable(repr(value), SHOWN)}")
         return bounded(self, role, value)
 
+    def take_layers(self, role: str, n_layers: int, default: Any = _MISSING) -> list[int] | None:
+        """A list of layer indices (Qwen2-MoE's mlp_only_layers, LFM2's full_attn_idxs), type-checked: each an integer
+        in 0..n_layers - 1, else refused by its key (an index past the model, or `true` or `1.0` that Python's `in`
+        would read as layer 1, would silently change which layers are which)."""
+        value = self.take(role, list, default=default)
+        if value is None:
+            return None
+        bad = [i for i in value if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
+        if bad:
+            raise self.refuse(role, f"{printable(repr(bad), SHOWN)}: expected layer indices in 0..{n_layers - 1}")
+        return value
+
     def fact(self, name: str) -> bool:
         """A yes/no property (`HFType.facts`): the value this type always has, or read from its config key."""
         spelled = self.hf.facts.get(name, False)
