@@ -121,6 +121,10 @@ class HFConfig:
         key = self.key(role)
         self.taken.add(key)
         value = self.data.get(key)
+        if value is None and key in self.data and kind is bool and default is not _MISSING and default:
+            # transformers tests a switch by truth (`if config.multi_query:`), so a written null is false there, while
+            # the default is true: reading null as the default would build another model than transformers does
+            raise self.refuse(role, "null: transformers reads it as false, its default is true; write true or false")
         if value is None:
             if key not in self.data and key in self.hf.defaults:
                 value = self.hf.defaults[key]
