@@ -401,3 +401,18 @@ def test_the_readme_links_resolve():
             if anchor not in {slug(h) for h in headings}:
                 problems.append(f"{link}: no heading with that anchor")
     assert not problems, problems
+
+
+def test_the_tours_report_path_is_where_its_ablate_command_writes():
+    """The tour's `ablate ... --steps N` writes its report under a budget folder (archspec.ablate.budgets.report_dir);
+    the README and the quickstart named `reports/ffn/ffn.png`, the folder of the file's own budget."""
+    from archspec.ablate.budgets import report_dir
+
+    for page in ("README.md", "docs/quickstart.md"):
+        text = (ROOT / page).read_text()
+        command = re.search(r"archspec ablate specs/ablations/(\w+)\.yaml [^\n#]*--steps (\d+)", text)
+        assert command, page
+        name, steps = command.group(1), int(command.group(2))
+        want = (report_dir(name, steps) / f"{name}.png").as_posix()
+        named = set(re.findall(rf"`(reports/{name}/[^`]*\.png)`", text))
+        assert named == {want}, (page, named, want)

@@ -60,6 +60,49 @@ def test_every_spec_key_typo_gets_the_nearest_valid_key(section, data):
     assert f"did you mean {closest_key(typo, set(fields))}?" in line
 
 
+def _problem(spec: dict, path: str) -> str | None:
+    """The text of the problem loading `spec` reports at `path` (after the path), None when it loads."""
+    try:
+        load_spec_dict(spec)
+    except SpecError as e:
+        return next((p.removeprefix(f"{path}:").strip() for p in e.problems if p.startswith(f"{path}:")), "(elsewhere)")
+    return None
+
+
+@settings(max_examples=80, deadline=None)
+@given(component=st.sampled_from(["norm", "attention", "ffn", "mixer"]), data=st.data())
+def test_a_layer_group_problem_reads_as_the_model_wide_one(component, data):
+    """A field of a layer group's unit is validated against the same class as the model-wide field, so its problem
+    reads the same: a typo gets the nearest valid key, a bad value says what was given. (The groups' errors used to be
+    pydantic's bare text: `Extra inputs are not permitted`, no value.)"""
+    from archspec.kinds import family
+
+    members = family(component).members
+    kind = data.draw(st.sampled_from(sorted(members)), label="kind")
+    fields = sorted(f for f in members[kind].model_fields if f != "kind")
+    field = data.draw(st.sampled_from(fields), label="field")
+    if data.draw(st.booleans(), label="typo"):
+        cut = data.draw(st.integers(0, len(field) - 1))
+        key, value = field[:cut] + field[cut + 1:], 1
+        if not key or key in fields:
+            return
+    else:
+        key, value = field, data.draw(st.sampled_from([10**12, -7, "abc", True, 2.5, [1], {"x": 1}]), label="value")
+    unit = {"kind": kind, key: value}
+    base = {"name": "t", "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_layers": 2,
+                                   "attention": {"n_heads": 4}}}
+    wide = json.loads(json.dumps(base))
+    wide["model"][component] = unit
+    if component == "mixer":
+        del wide["model"]["attention"]
+    want = _problem(wide, f"model.{component}.{key}")
+    if want is None or want == "(elsewhere)":
+        return
+    group = json.loads(json.dumps(base))
+    group["model"]["layers"] = {"g": {"select": [0], component: unit}}
+    assert _problem(group, f"model.layers.g.{component}.{key}") == want
+
+
 def test_a_nested_typo_names_the_key_of_its_own_kind(capsys):
     assert main(["build", str(TINY), "--set", "model.ffn.hiden_dim=64", "--no-record"]) == 2
     err = capsys.readouterr().err
@@ -150,3 +193,31 @@ def test_closest_key_is_the_one_rule():
     assert closest_key("tok_s", {"tokens_per_s", "val_loss"}) == "tokens_per_s"
     with pytest.raises(UserError):
         raise UserError("x")
+
+
+@pytest.mark.parametrize("key, value, want", [
+    ("model.mixer", "short_conv", "model.mixer: expected a mapping, got 'short_conv'; write {kind: short_conv}"),
+    ("train.optimizer", "muon", "train.optimizer: expected a mapping, got 'muon'; write {kind: muon}"),
+    ("model.norm", 3, "model.norm: expected a mapping with a kind (kind must be one of 'layernorm', 'rmsnorm'), got 3"),
+    ("train.optimizer", {"kind": "sgd"}, "train.optimizer: kind must be one of 'adamw', 'muon', got 'sgd'"),
+])
+def test_a_kind_given_in_the_wrong_shape_is_named(key, value, want):
+    """`optimizer: muon` used to be answered `kind must be one of 'adamw', 'muon', got 'muon'`: the kind was right,
+    the shape (a mapping with a kind) was not; every kind union answers through the one formatter."""
+    spec = yaml.safe_load(TINY.read_text())
+    section, field = key.split(".")
+    spec[section][field] = value
+    with pytest.raises(SpecError) as e:
+        load_spec_dict(spec)
+    assert want in e.value.problems, e.value.problems
+
+
+@pytest.mark.parametrize("value", [7, "rope", [1], True])
+def test_a_layer_groups_positional_that_is_not_a_mapping_is_refused(value):
+    """A group's `attention.positional: 7` was dropped without a word (only its nested keys were read); it is refused
+    at its path, as the same value model-wide is."""
+    spec = {"name": "t", "model": {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_layers": 2,
+                                   "attention": {"n_heads": 4},
+                                   "layers": {"g": {"select": [0], "attention": {"positional": value}}}}}
+    problem = _problem(spec, "model.layers.g.attention.positional")
+    assert problem not in (None, "(elsewhere)") and repr(value) in problem

@@ -119,7 +119,11 @@ def test_the_fused_rows_are_grouped_per_kv_head_as_falcon_splits_them():
     ({"multi_query": False, "num_kv_heads": 2}, "num_kv_heads"),
     ({"new_decoder_architecture": True, "num_kv_heads": 4}, "num_kv_heads"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
-], ids=["alibi", "new-sequential", "two-norms-old", "mha-kv", "kv-divides", "derived-kv"])
+    # a written null: transformers' `if config.multi_query` reads it as false (every head its own K/V), archspec's
+    # default was true (one K/V head): the import built another model than transformers does
+    ({"multi_query": None}, "multi_query"),
+    ({"parallel_attn": None}, "parallel_attn"),
+], ids=["alibi", "new-sequential", "two-norms-old", "mha-kv", "kv-divides", "derived-kv", "null-mq", "null-parallel"])
 def test_what_falcon_archspec_cannot_run_is_refused_by_key(changes, key):
     data = {**transformers.FalconConfig(**BASE).to_dict(), **changes}
     data.pop("num_key_value_heads", None) if key != "num_key_value_heads" else None

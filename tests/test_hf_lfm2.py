@@ -114,3 +114,37 @@ def test_a_conv_model_cannot_be_written_as_an_attention_only_type(tmp_path, caps
         "layers": {"c": {"select": [1], "mixer": {"kind": "short_conv"}}}}})
     with pytest.raises(HFUnsupported, match=r"model\.layers\.c\.mixer\.kind .*llama"):
         _config_as(spec, TYPES["llama"])
+
+
+def test_an_lfm2_without_conv_layers_imports(tmp_path, capsys):
+    """transformers writes the conv's keys (conv_L_cache, conv_bias) into every Lfm2Config; when no layer is a conv no
+    layer reads them, so they are not 'fields archspec does not map' (that refusal used to stop every attention-only
+    LFM2). The import computes transformers' logits."""
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.Lfm2Config(vocab_size=V, max_position_embeddings=C, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, layer_types=[FULL, FULL], conv_L_cache=5,
+                                conv_bias=True, block_auto_adjust_ff_dim=False, intermediate_size=40, **_NO_IDS),
+        attn_implementation="eager")
+    _randomise(hf, seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    assert "conv_L_cache" in json.loads((tmp_path / "hf" / "config.json").read_text())
+    spec, _, ours, _ = _import(tmp_path, tmp_path / "hf", capsys=capsys)
+    assert all(b.token_mixer is b.attention for b in spec.model.blocks())
+    idx = torch.randint(0, V, (2, C), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours.eval()(idx), _hf_logits(hf, idx), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("idxs", [[9], [3], [1, 3], ["1"], [True], [1.0], [0.5], [None], [[1]]])
+def test_full_attn_idxs_are_layer_indices(idxs, tmp_path, capsys):
+    """full_attn_idxs names layers: an index past the model, or a value Python's `in` would read as a layer (`true`
+    and `1.0` as layer 1, `"1"` as none), is refused by its key in one line, before anything is written. Without the
+    check such a config imported silently with the wrong mixer in some layers."""
+    config = _config("attn_idxs").to_dict()  # three layers
+    config.pop("layer_types")
+    config["full_attn_idxs"] = idxs
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out.yaml"
+    assert main(["import-hf", str(tmp_path / "config.json"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "full_attn_idxs" in err[0] and "0..2" in err[0], err
+    assert not out.exists()

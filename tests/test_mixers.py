@@ -397,3 +397,27 @@ def test_drawn_models_with_drawn_mixers_count_decode_and_round_trip(data):
         steps = [net(idx[:, : T_ // 2], cache=cache)] if T_ > 1 else []
         steps += [net(idx[:, t : t + 1], cache=cache) for t in range(T_ // 2 if T_ > 1 else 0, T_)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_the_errors_docs_mixers_quotes_are_the_ones_given():
+    """docs/mixers.md quotes three refusals; each is what loading the spec says (it quoted pydantic's bare 'Extra inputs
+    are not permitted', which no path printed)."""
+    import re
+    from pathlib import Path
+
+    from archspec.spec import SpecError, load_spec_dict
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "mixers.md").read_text().split())
+    base = {"vocab_size": 64, "context_length": 16, "d_model": 32, "n_layers": 2}
+    cases = {
+        "model.mixer.positional": {**base, "mixer": {"kind": "short_conv", "positional": {"kind": "rope"}}},
+        "model.layers.g.mixer": {**base, "attention": {"n_heads": 4},
+                                 "layers": {"g": {"select": [0], "mixer": {"kind": "mamba"}}}},
+        "model.mixer": {**base, "mixer": "short_conv"},
+    }
+    for path, model in cases.items():
+        quoted = re.search(rf"`({re.escape(path)}: [^`]*)`", text)
+        assert quoted, path
+        with pytest.raises(SpecError) as e:
+            load_spec_dict({"name": "t", "model": model})
+        assert any(p.startswith(quoted.group(1)) for p in e.value.problems), (quoted.group(1), e.value.problems)

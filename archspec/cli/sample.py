@@ -60,7 +60,7 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     acceptance rate) goes to stderr. --set applies to a bare SPEC only; --registry is where RUN_ID is looked up."""
     import torch
 
-    from archspec.accounting import kv_cache_bytes
+    from archspec.accounting import kv_cache_bytes, kv_cache_bytes_per_token
     from archspec.kinds.attention import past_context_refusal
     from archspec.sample import (
         SpeculativeStats,
@@ -143,13 +143,17 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     seconds = time.perf_counter() - t0
     if quiet:
         return
+    m = loaded.spec.model
     positions = idx.size(1) + max_new_tokens  # what the cache was sized for
+    state = kv_cache_bytes(m, positions, dtype)
+    # A model none of whose layers keeps keys and values (every layer a fixed-size state) has no KV cache: its decoding state is the same size at any position.
+    cache = (f"KV cache {state:,} bytes ({positions} positions, {dtype})" if kv_cache_bytes_per_token(m, dtype)
+             else f"decoding state {state:,} bytes (fixed at any length, {dtype})")
     line = (f"{count} tokens in {seconds:.2f} s ({count / seconds:,.1f} tok/s) · first token after "
-            f"{1000 * (first or 0):.0f} ms · KV cache {kv_cache_bytes(loaded.spec.model, positions, dtype):,} bytes "
-            f"({positions} positions, {dtype}) · {printable(loaded.what)}")
-    if idx.size(1) + count > loaded.spec.model.context_length:
-        line += (f" · past context_length {loaded.spec.model.context_length}: every layer attends within a window, "
-                 "whose KV cache rolls")
+            f"{1000 * (first or 0):.0f} ms · {cache} · {printable(loaded.what)}")
+    if idx.size(1) + count > m.context_length:
+        line += (f" · past context_length {m.context_length}: every layer reads a bounded distance back "
+                 "(a window, or a fixed-size state), so its caches stay bounded")
     if decode is not None:
         line += f" · decoded through a compiled step ({decode_mode}; its first call {decode.compile_s:.1f} s)"
     if stopped:

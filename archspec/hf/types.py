@@ -150,10 +150,7 @@ def _qwen2_moe_ffn(cfg: HFConfig) -> list[str]:
     step = cfg.take("decoder_sparse_step", int)
     if step < 1:
         raise cfg.refuse("decoder_sparse_step", f"{step}: must be at least 1")
-    only = cfg.take("mlp_only_layers", list, default=[])
-    bad = [i for i in only if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
-    if bad:
-        raise cfg.refuse("mlp_only_layers", f"{bad!r}: expected layer indices in 0..{n_layers - 1}")
+    only = cfg.take_layers("mlp_only_layers", n_layers, default=[])
     words = ["sparse_moe" if i not in only and n_experts > 0 and (i + 1) % step == 0 else "gated_mlp"
              for i in range(n_layers)]
     if "gated_mlp" not in words:
@@ -912,7 +909,7 @@ def _lfm2_mixers(cfg: HFConfig) -> list[str]:
     attention block) or "conv" (its short conv)."""
     n_layers = cfg.take("n_layers", int)
     layer_types = cfg.take("layer_types", list, default=None)
-    idxs = cfg.take("full_attn_idxs", list, default=None)
+    idxs = cfg.take_layers("full_attn_idxs", n_layers, default=None)
     if layer_types is None:
         idxs = list(range(n_layers)) if idxs is None else idxs
         layer_types = [FULL if i in idxs else _LFM2_CONV for i in range(n_layers)]
@@ -921,6 +918,8 @@ def _lfm2_mixers(cfg: HFConfig) -> list[str]:
     odd = sorted({repr(t) for t in layer_types if t not in (FULL, _LFM2_CONV)})
     if odd:
         raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {_LFM2_CONV!r}")
+    if _LFM2_CONV not in layer_types:  # transformers writes the conv's keys into every config; no layer reads them
+        cfg.mark(cfg.key("conv_L_cache"), cfg.key("conv_bias"))
     return ["attention" if t == FULL else _LFM2_CONV for t in layer_types]
 
 

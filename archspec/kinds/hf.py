@@ -121,6 +121,10 @@ class HFConfig:
         key = self.key(role)
         self.taken.add(key)
         value = self.data.get(key)
+        if value is None and key in self.data and kind is bool and default is not _MISSING and default:
+            # transformers tests a switch by truth (`if config.multi_query:`), so a written null is false there, while
+            # the default is true: reading null as the default would build another model than transformers does
+            raise self.refuse(role, "null: transformers reads it as false, its default is true; write true or false")
         if value is None:
             if key not in self.data and key in self.hf.defaults:
                 value = self.hf.defaults[key]
@@ -136,6 +140,18 @@ class HFConfig:
                 names = " or ".join(k.__name__ for k in kinds)
                 raise self.refuse(role, f"expected {names}, got {printable(repr(value), SHOWN)}")
         return bounded(self, role, value)
+
+    def take_layers(self, role: str, n_layers: int, default: Any = _MISSING) -> list[int] | None:
+        """A list of layer indices (Qwen2-MoE's mlp_only_layers, LFM2's full_attn_idxs), type-checked: each an integer
+        in 0..n_layers - 1, else refused by its key (an index past the model, or `true` or `1.0` that Python's `in`
+        would read as layer 1, would silently change which layers are which)."""
+        value = self.take(role, list, default=default)
+        if value is None:
+            return None
+        bad = [i for i in value if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
+        if bad:
+            raise self.refuse(role, f"{printable(repr(bad), SHOWN)}: expected layer indices in 0..{n_layers - 1}")
+        return value
 
     def fact(self, name: str) -> bool:
         """A yes/no property (`HFType.facts`): the value this type always has, or read from its config key."""

@@ -202,21 +202,37 @@ def format_validation_error(err: ValidationError, prefix: str = "", data: Any = 
     lines = []
     for e in err.errors(include_url=False):
         path = _user_path(e["loc"], root)
-        msg = _printable(e["msg"], 300)
-        if e["type"] == "string_pattern_mismatch" and path.endswith("name"):
-            msg = ("must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), "
-                   f"got {_printable(_repr(e['input']))}")
-        elif e["type"] == "extra_forbidden":
-            msg = ("unknown field" + (_did_you_mean(e["loc"], root) or " (check the spelling)")
-                   + " (`archspec schema` lists the valid fields)")
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        elif e["type"] == "value_error":  # our own validators: the message already names what was given
-            msg = msg.removeprefix("Value error, ")
-        elif e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg}, got {_printable(_repr(e['input']))}"
+        msg = validation_message(e, tuple(e["loc"]), root)
         lines.append(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}")
     return lines
+
+
+def validation_message(e: Any, loc: tuple, root: type[BaseModel] = Spec) -> str:
+    """The message of one pydantic error `e` found at `loc` under `root` (the location as pydantic gives it, union
+    tags included): what was wrong, what was given, and for an unknown key the nearest valid one. The one wording for
+    every place a spec's values are validated (the spec itself, and the layer groups' merged units)."""
+    msg = _printable(e["msg"], 300)
+    given = _printable(_repr(e["input"])) if "input" in e else None
+    if e["type"] == "string_pattern_mismatch" and loc and loc[-1] == "name":
+        return ("must be a slug (lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 64), "
+                f"got {given}")
+    if e["type"] == "extra_forbidden":
+        return ("unknown field" + (_did_you_mean(loc, root) or " (check the spelling)")
+                + " (`archspec schema` lists the valid fields)")
+    if e["type"] == "missing":
+        return "required field is missing"
+    if e["type"] == "value_error":  # our own validators: the message already names what was given
+        return msg.removeprefix("Value error, ")
+    if e["type"] == "invalid_kind" and "input" in e:
+        value = e["input"]
+        if isinstance(value, dict):
+            return f"{msg}, got {_printable(_repr(value.get('kind')))}"
+        if isinstance(value, str) and repr(value) in msg:  # `mixer: short_conv`: the kind is right, the shape is not
+            return f"expected a mapping, got {given}; write {{kind: {_printable(value)}}}"
+        return f"expected a mapping with a kind ({msg}), got {given}"
+    if e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
+        return f"{msg}, got {given}"
+    return msg
 
 
 def set_dotted(data: dict, key: str, value: Any, origin: str) -> None:

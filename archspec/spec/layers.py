@@ -353,11 +353,13 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                         continue
                     flat[key] = (value, name)
             positional = {}
-            if c == "attention":  # a group's positional (positions off) replaces the model's for its layers only
+            # `positional: 7` (not a mapping) stays in the unit, so validation refuses it as model-wide (it was dropped)
+            odd_positional = c == "attention" and not isinstance(flat.get(("positional",), ({},))[0], dict)
+            if c == "attention" and not odd_positional:  # a group's positional replaces the model's for its layers
                 positional = {k[1:]: v for k, (v, _) in flat.items() if k[0] == "positional" and k[1:]}
                 flat = {k: v for k, v in flat.items() if k[0] != "positional"}
             merged = merge(base_user, _unflatten({k: v for k, (v, _) in flat.items()}))
-            if c == "attention" and ("positional" in base_user or positional):  # else: the default, as model-wide
+            if c == "attention" and not odd_positional and ("positional" in base_user or positional):
                 merged["positional"] = merge(base_user.get("positional", {}), _unflatten(positional))
             ck = (c, json.dumps(_str_keys(merged), sort_keys=True, default=repr))
             if ck not in cache:
@@ -371,12 +373,14 @@ def resolve(m: Any, written: dict[str, Any] | None = None) -> tuple[list[BlockSp
                         unit.fill_defaults(m)
                     cache[ck] = by_value.setdefault((c, unit_json(unit)), unit)
                 except ValidationError as err:
+                    from archspec.spec import validation_message  # the spec's own wording (a cycle at import time)
+
                     cache[ck] = None
                     for e in err.errors():
                         loc = _error_path(c, tuple(e["loc"]))
                         owner = next((n for n in setters if loc[:1] and loc[0] in getattr(m.layers[n], c)), setters[0])
-                        problems.append((("model", "layers", owner, c) + loc, e["msg"].removeprefix("Value error, "),
-                                         e.get("input")))
+                        problems.append((("model", "layers", owner, c) + loc,
+                                         validation_message(e, ("model", c) + tuple(e["loc"])), e.get("input")))
             if cache[ck] is not None:
                 per_layer[c][i] = cache[ck]
     problems += _mixer_problems(m, selected, per_layer)

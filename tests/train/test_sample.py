@@ -235,8 +235,22 @@ def test_a_windowed_spec_samples_past_its_context_and_a_dense_one_says_why_not(t
     open(windowed, "w", encoding="utf-8").write(text)
     rc, out, err = _sample(capsys, windowed, "--prompt", "a" * 30, "--max-new-tokens", "40", "--temperature", "0")
     assert rc == 0, err
-    assert "40 tokens in" in err and "past context_length 32: every layer attends within a window" in err
+    assert "40 tokens in" in err and "past context_length 32: every layer reads a bounded distance back" in err
+    assert "KV cache" in err
 
     dense = _spec_file(tmp_path, corpus_dir, tokenizer="{kind: byte}", name="dense")
     rc, _, err = _sample(capsys, dense, "--prompt", "a" * 30, "--max-new-tokens", "40")
     assert rc == 2 and "exceeds context_length 32" in err and "layer 0 has dense causal attention" in err
+
+
+def test_a_model_without_attention_reports_a_fixed_decoding_state_not_a_kv_cache(tmp_path, corpus_dir, capsys):
+    """A conv-only model samples past its context with a state of fixed size: the summary called it a 'KV cache' of
+    as many positions as were generated, and said every layer 'attends within a window'."""
+    spec = _spec_file(tmp_path, corpus_dir, tokenizer="{kind: byte}", name="conv")
+    text = open(spec, encoding="utf-8").read().replace("attention: {n_heads: 2, n_kv_heads: 1}",
+                                                       "mixer: {kind: short_conv}")
+    open(spec, "w", encoding="utf-8").write(text)
+    rc, _, err = _sample(capsys, spec, "--prompt", "a" * 30, "--max-new-tokens", "40", "--temperature", "0")
+    assert rc == 0, err
+    assert "KV cache" not in err and "attends" not in err
+    assert "decoding state 512 bytes (fixed at any length, fp32)" in err  # 2 layers · d 32 · (L_cache 3 - 1) · 4 B
