@@ -212,9 +212,12 @@ def test_a_real_browser_shows_runs_filters_them_draws_a_chart_and_compares(tmp_p
         assert f'data-run="{ids["gpt0"]}"' in narrowed and f'data-run="{ids["llama0"]}"' not in narrowed
         run = _dom(f"{base}/runs/{ids['llama0']}")
         chart = re.search(r'<div id="chart" class="chart"([^>]*)>', run).group(1)
-        assert 'data-points="2"' in chart and "<canvas" in run  # uPlot drew the two points on a canvas
+        # one panel per metric the run has (val_loss: 2 points, train_loss: 1), each drawn by uPlot on a canvas
+        assert 'data-series="2" data-points="3"' in chart, chart
+        assert run.count('class="panel"') == 2 and run.count("<canvas") >= 2
         compare = _dom(f"{base}/compare?ids={ids['llama0']},{ids['gpt0']}")
-        assert '<tr class="differs"><th>model.d_model</th>' in compare and 'data-series="2"' in compare
+        # the compare page's panels (val_loss, train_loss): llama0 has both, gpt0 val_loss only
+        assert '<tr class="differs"><th>model.d_model</th>' in compare and 'data-series="3" data-points="5"' in compare
     finally:
         server.terminate()
         server.wait(timeout=30)
