@@ -416,3 +416,30 @@ def test_the_tours_report_path_is_where_its_ablate_command_writes():
         want = (report_dir(name, steps) / f"{name}.png").as_posix()
         named = set(re.findall(rf"`(reports/{name}/[^`]*\.png)`", text))
         assert named == {want}, (page, named, want)
+
+
+def test_every_page_is_in_the_sites_nav():
+    """`mkdocs build --strict` aborts on a page under docs/ that the nav leaves out (CI builds the site after the
+    tests, so a page added without its nav line failed CI after a green suite): the nav and the pages agree here."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def targets(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, list):
+            for item in node:
+                yield from targets(item)
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from targets(value)
+
+    nav = set(targets(config["nav"]))
+    docs = ROOT / config["docs_dir"]
+    excluded = [line.strip() for line in config.get("exclude_docs", "").splitlines() if line.strip()]
+    pages = {p.relative_to(docs).as_posix() for p in docs.rglob("*.md")}
+    pages = {p for p in pages if not any(p.startswith(e) for e in excluded)}
+    pages |= {"reference/cli.md", "reference/spec.md"} & nav  # written by the build hook
+    assert pages - nav == set(), f"pages missing from mkdocs.yml's nav: {sorted(pages - nav)}"
+    assert nav - pages == set(), f"nav entries with no page: {sorted(nav - pages)}"
