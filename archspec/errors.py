@@ -59,10 +59,13 @@ class UserError(Exception):
         self.problems = list(problems or [])
 
     def render(self) -> str:
-        """The message and one line per problem; each part printable (a newline inside a path stays `\\n`) and cut to
-        MAX_MESSAGE characters, whatever input it echoes."""
+        """The message and one line per problem (a single problem joins the message's line, so that one mistake reads
+        as one line); each part printable (a newline inside a path stays `\\n`) and cut to MAX_MESSAGE characters,
+        whatever input it echoes."""
         if not self.problems:
             return printable(str(self), MAX_MESSAGE)
+        if len(self.problems) == 1:  # one problem, one line: `where: what is wrong: field: why`
+            return printable(f"{self}: {self.problems[0]}", MAX_MESSAGE)
         return "\n".join([printable(str(self), MAX_MESSAGE), *("  " + printable(p, MAX_MESSAGE) for p in self.problems)])
 
 

@@ -76,8 +76,7 @@ def test_console_script_exit_code_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "archspec", "build", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {bad}: invalid spec (1 problem)",
-        "  model.attention.n_kv_heads: must divide n_heads (8), got 3",
+        f"error: {bad}: invalid spec: model.attention.n_kv_heads: must divide n_heads (8), got 3",
     ]
 
 

@@ -275,7 +275,7 @@ def test_a_conv_layer_is_never_called_attention_and_keys_keep_attn_for_attention
 def test_spellings_of_one_model_hash_alike():
     explicit_null = _spec({**HYBRID, "mixer": None})
     assert model_hash(explicit_null) == model_hash(_spec(HYBRID))
-    as_range = _spec({**HYBRID, "layers": {"c": {"select": [0, 1, 3], "mixer": {"L_cache": 3}}}})  # default kind
+    as_range = _spec({**HYBRID, "layers": {"c": {"select": [0, 1, 3], "mixer": {"kind": "short_conv"}}}})  # default L
     assert model_hash(as_range) == model_hash(_spec(HYBRID))
     # a conv-only model: no attention, so no attention rule applies (8 default heads do not divide 36)
     assert _spec({**CONV_ONLY, "d_model": 36}).model.d_model == 36
@@ -421,3 +421,21 @@ def test_the_errors_docs_mixers_quotes_are_the_ones_given():
         with pytest.raises(SpecError) as e:
             load_spec_dict({"name": "t", "model": model})
         assert any(p.startswith(quoted.group(1)) for p in e.value.problems), (quoted.group(1), e.value.problems)
+
+
+@pytest.mark.parametrize("where", ["model.mixer", "a layer group's mixer", "--set model.mixer"])
+def test_a_mixer_must_name_its_kind(where):
+    """The token mixers have no default kind (a conv, a linear attention and a state-space layer are not spellings of
+    one thing): a mixer without `kind`, wherever it arrives, is refused naming the field and the kinds."""
+    if where == "model.mixer":
+        data, overrides, path = {**BASE, "mixer": {"L_cache": 3}}, (), "model.mixer"
+    elif where == "--set model.mixer":
+        data, overrides, path = dict(BASE), ("model.mixer={}",), "model.mixer"
+    else:
+        data = {**BASE, "attention": {"n_heads": 4}, "layers": {"c": {"select": [0], "mixer": {"L_cache": 3}}}}
+        overrides, path = (), "model.layers.c.mixer"
+    with pytest.raises(SpecError) as info:
+        load_spec_dict({"name": "t", "model": data}, overrides)
+    line = info.value.render()
+    assert len(line.splitlines()) == 1
+    assert f"{path}: kind is required: must be one of " in line and "'short_conv'" in line

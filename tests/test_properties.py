@@ -466,10 +466,13 @@ def test_invalid_dicts_become_spec_errors_one_line_per_problem(case):
     assert isinstance(err, UserError)
     n = len(err.problems)
     assert n >= 1
-    assert str(err) == f"specs/x.yaml: invalid spec ({n} problem{'s' if n > 1 else ''})"
+    assert str(err) == "specs/x.yaml: invalid spec" + (f" ({n} problems)" if n > 1 else "")
     for line in err.problems:
         assert len(line.splitlines()) == 1, repr(line)
         path, sep, message = line.partition(": ")
         assert sep and path and message, repr(line)
     assert _blamed(err.problems, blamed), (applied, blamed, err.problems)
-    assert err.render().splitlines()[1:] == ["  " + line for line in err.problems]
+    if n == 1:  # one mistake, one line
+        assert err.render() == f"{err}: {err.problems[0]}"
+    else:
+        assert err.render().splitlines()[1:] == ["  " + line for line in err.problems]

@@ -107,13 +107,14 @@ class Strict(BaseModel):
 _UNION_DEFAULTS: dict[type[BaseModel], bool] = {}
 
 
-def kind_union(*members: type[BaseModel], default: str) -> Any:
-    """A union discriminated on `kind`, where an omitted kind means `default` (`norm: {eps: 1e-6}` is an RMSNorm).
+def kind_union(*members: type[BaseModel], default: str | None) -> Any:
+    """A union discriminated on `kind`, where an omitted kind means `default` (`norm: {eps: 1e-6}` is an RMSNorm), or
+    is refused when `default` is None (a family with no natural default, such as the token mixers).
 
     Each member declares `kind: Literal[...]`; the tag is read from that literal, so there is one source of truth.
     """
     kinds = [m.model_fields["kind"].default for m in members]
-    assert default in kinds, (default, kinds)
+    assert default is None or default in kinds, (default, kinds)
     for m, k in zip(members, kinds):
         _UNION_DEFAULTS[m] = _UNION_DEFAULTS.get(m, False) or k == default
 
@@ -705,7 +706,7 @@ class FFNKind(KindUnit):
 class Family:
     name: str
     base: type[BaseModel]
-    default: str
+    default: str | None  # the kind an omitted `kind` means; None: `kind` must be given
     hooks: tuple[str, ...] = ()
     members: dict[str, type[Any]] = field(default_factory=dict)
     slots: list[tuple[type[BaseModel], str]] = field(default_factory=list)
@@ -784,8 +785,8 @@ _KINDS = Registry("a kind", [
     Family("attention", AttentionKind, "gqa"),
     Family("ffn", FFNKind, "glu", ("model_methods",)),
     # Token mixers other than attention (attention kinds are mixers too, in their own family above, because they
-    # hold the positional and sparsity families); the default is only the one an omitted `kind` names.
-    Family("mixer", MixerKind, "short_conv"),
+    # hold the positional and sparsity families). No default: a mixer says which it is (`mixer: {}` is refused).
+    Family("mixer", MixerKind, None),
 ], check=_has_template)
 _FAMILIES = _KINDS.families
 

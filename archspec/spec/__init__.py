@@ -226,6 +226,8 @@ def validation_message(e: Any, loc: tuple, root: type[BaseModel] = Spec) -> str:
     if e["type"] == "invalid_kind" and "input" in e:
         value = e["input"]
         if isinstance(value, dict):
+            if "kind" not in value:  # a family with no default kind (token mixers): the kind must be named
+                return f"kind is required: {msg.removeprefix('kind ')}"
             return f"{msg}, got {_printable(_repr(value.get('kind')))}"
         if isinstance(value, str) and repr(value) in msg:  # `mixer: short_conv`: the kind is right, the shape is not
             return f"expected a mapping, got {given}; write {{kind: {_printable(value)}}}"
@@ -333,7 +335,7 @@ def load_spec_dict(data: Any, overrides: Iterable[str] = (), origin: str = "spec
         return parse_spec(data)
     except ValidationError as e:
         lines = format_validation_error(e, data=data)
-        raise SpecError(f"{origin}: invalid spec ({len(lines)} problem{'s' if len(lines) > 1 else ''})", lines) from None
+        raise SpecError(f"{origin}: invalid spec" + (f" ({len(lines)} problems)" if len(lines) > 1 else ""), lines) from None
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> Spec:
