@@ -574,7 +574,7 @@ def _layer_list(layers: list[int]) -> str:
 
 _IMPORT_MARK = "# <archspec.runtime imports>"
 _KERNELS = {"sparse_attention": "sparse attention", "score_mod_attention": "attention with modified scores",
-            "grouped_mm": "the MoE grouped GEMM"}
+            "grouped_mm": "the MoE grouped GEMM", "ssd": "the Mamba-2 scan"}
 
 
 def _runtime_import(text: str) -> tuple[str, str]:
