@@ -445,10 +445,11 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
         # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
         attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
         # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
-        inputs, outputs = block.block.norms_of(attr)
+        inputs, outputs = block.block.norms_of(attr, type(block.ffn).sublayer)
         norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
                   else name, block.norm) for name in (*inputs, *outputs)]
-        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), ("ffn", "ffn", block.ffn)):
+        ffn = (("ffn", "ffn", block.ffn),) if type(block.ffn).sublayer else ()  # a block may have no channel mixer
+        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), *ffn):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
     if m.final_norm:
         out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")
