@@ -257,23 +257,28 @@ class FeedForward(nn.Module):
 
 
 class Mamba2Block(nn.Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then x + ffn(norm(x)). Used by layers 0-2."""
+    """Pre-norm residual block: x + ssm(norm(x)), then x + ffn(norm(x)). Used by layers 0-2."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.mixer_norm = Norm(D_MODEL)
-        self.mixer = Mamba2()
+        self.ssm_norm = Norm(D_MODEL)
+        self.ssm = Mamba2()
         self.ffn_norm = Norm(D_MODEL)
         self.ffn = FeedForward()
         self.resid_drop = nn.Dropout(DROPOUT)
 
+    @property
+    def mixer(self) -> nn.Module:
+        """This block's token mixer (self.ssm), whose decoding state Model.new_cache asks for."""
+        return self.ssm
+
     def reset_parameters(self) -> None:
-        for module in (self.mixer_norm, self.mixer, self.ffn_norm, self.ffn):
+        for module in (self.ssm_norm, self.ssm, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: SSMCache | None = None
                 ) -> torch.Tensor:
-        x = x + self.resid_drop(self.mixer(self.mixer_norm(x), cache))  # (B, T, D_MODEL)
+        x = x + self.resid_drop(self.ssm(self.ssm_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
 

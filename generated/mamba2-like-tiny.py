@@ -135,21 +135,26 @@ class Mamba2(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block without a channel mixer: x + mixer(norm(x))."""
+    """Pre-norm residual block without a channel mixer: x + ssm(norm(x))."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.mixer_norm = Norm(D_MODEL)
-        self.mixer = Mamba2()
+        self.ssm_norm = Norm(D_MODEL)
+        self.ssm = Mamba2()
         self.resid_drop = nn.Dropout(DROPOUT)
 
+    @property
+    def mixer(self) -> nn.Module:
+        """This block's token mixer (self.ssm), whose decoding state Model.new_cache asks for."""
+        return self.ssm
+
     def reset_parameters(self) -> None:
-        for module in (self.mixer_norm, self.mixer):
+        for module in (self.ssm_norm, self.ssm):
             module.reset_parameters()
 
     def forward(self, x: torch.Tensor, cache: SSMCache | None = None
                 ) -> torch.Tensor:
-        return x + self.resid_drop(self.mixer(self.mixer_norm(x), cache))  # (B, T, D_MODEL)
+        return x + self.resid_drop(self.ssm(self.ssm_norm(x), cache))  # (B, T, D_MODEL)
 
 
 # ── model ───────────────────────────────────────────────────────────────────────────────────────────────────

@@ -132,7 +132,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # gemma2-like: its first committed length plus one
                 "gemma2-like-tiny": 392, "gemma2-like": 403,
                 # lfm2-like: its first committed length plus one (issue 43)
-                "lfm2-like-tiny": 380, "lfm2-like": 383}
+                "lfm2-like-tiny": 380, "lfm2-like": 383,
+                # Mamba-2 and its 3:1 hybrid: their first committed length plus one (issue 45)
+                "mamba2-like-tiny": 244, "mamba2-like": 244, "mamba2-hybrid-like-tiny": 402, "mamba2-hybrid-like": 404}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -40,7 +40,7 @@ class Mamba2Spec(MixerKind):
     bias: bool = Field(False, description="biases on in_proj and out_proj (Mamba-2: false)")
     norm_eps: float = Field(1e-5, gt=0, le=1.0, description="epsilon of the gated RMSNorm")
 
-    attribute: ClassVar[str] = "mixer"  # blocks.N.mixer.in_proj.weight, as transformers' Mamba2Block names it
+    attribute: ClassVar[str] = "ssm"  # blocks.N.ssm.in_proj.weight (transformers: layers.N.mixer, its role word)
     component: ClassVar[str] = "ssm"
     base_class: ClassVar[str] = "Mamba2"
     section: ClassVar[str] = "state-space mixer (Mamba-2)"
@@ -128,6 +128,26 @@ class Mamba2Spec(MixerKind):
                 Const("SSM_CONV_BIAS", lit_bool(self.conv_bias), "a bias on the conv"),
                 Const("SSM_BIAS", lit_bool(self.bias), "biases on in_proj and out_proj"),
                 Const("SSM_NORM_EPS", lit_float(self.norm_eps), "the gated RMSNorm's epsilon")]
+
+    # ── testing ──
+    @classmethod
+    def strategy(cls, ctx):
+        """Small valid shapes for d_model: head_dim a divisor of expand · d_model, n_groups a divisor of the heads,
+        chunks from 1 up, so that sequences both shorter and longer than a chunk, and not multiples of it, occur."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def build(draw):
+            expand = draw(st.integers(1, 2))
+            inner = expand * ctx["d_model"]
+            head_dim = draw(st.sampled_from([p for p in range(1, min(inner, 16) + 1) if inner % p == 0]))
+            heads = inner // head_dim
+            return {"expand": expand, "head_dim": head_dim, "d_state": draw(st.integers(1, 8)),
+                    "n_groups": draw(st.sampled_from([g for g in range(1, min(heads, 4) + 1) if heads % g == 0])),
+                    "conv_kernel": draw(st.integers(2, 4)), "chunk_size": draw(st.integers(1, 16)),
+                    "conv_bias": draw(st.booleans()), "bias": draw(st.booleans())}
+
+        return build()
 
     # ── HF transformers interop (Mamba2Mixer) ──
     hf_block = "mamba2"
