@@ -153,7 +153,7 @@ SSD_PATH: list[str] = []  # the path taken, once known: "mamba_ssm" or "torch"
 def _mamba_ssm_kernel():
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception:  # not installed, or built for another torch/CUDA
+    except ImportError:  # not installed (or built for another torch: its extension then fails to import)
         return None
     return mamba_chunk_scan_combined
 
