@@ -116,7 +116,9 @@ def test_names_read_as_a_persons():
             names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
                 [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
             for name in names:
-                assert re.fullmatch(r"_?[a-z][a-z0-9_]*|_?[A-Z][A-Z0-9_]*|[A-Z][a-zA-Z]*[0-9]*[a-zA-Z]*", name)  # Mamba2Block: a version digit, f"{path.name}: {name}"
+                # CamelCase may carry a version digit (Mamba2Block)
+                assert re.fullmatch(r"_?[a-z][a-z0-9_]*|_?[A-Z][A-Z0-9_]*|[A-Z][a-zA-Z]*[0-9]*[a-zA-Z]*", name), \
+                    f"{path.name}: {name}"
 
 
 # transformers 5.24's modeling files of the presets' families (lines): the generated file is no longer.
