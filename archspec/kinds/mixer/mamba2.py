@@ -160,9 +160,17 @@ class Mamba2Spec(MixerKind):
         if heads * head_dim != expand * hidden:
             raise cfg.refuse("num_heads", f"{heads} heads of {head_dim} differ from expand · hidden_size "
                              f"({expand * hidden}); transformers refuses it too")
-        limit = cfg.take("ssm_time_step_limit", (list, tuple), default=[0.0, float("inf")])
-        if list(limit) != [0.0, float("inf")]:
-            raise cfg.refuse("time_step_limit", f"{list(limit)}: archspec's scan does not clamp dt")
+        key = cfg.key("ssm_time_step_limit")  # (0, inf) by default: read as is (bounds would refuse the inf)
+        cfg.mark(key)
+        limit = cfg.data.get(key, [0.0, float("inf")])
+
+        def number(x):  # transformers writes inf as {"__float__": "Infinity"} in config.json
+            if isinstance(x, dict) and x == {"__float__": "Infinity"}:
+                return float("inf")
+            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+
+        if not isinstance(limit, (list, tuple)) or [number(x) for x in limit] != [0.0, float("inf")]:
+            raise cfg.refuse("ssm_time_step_limit", f"{limit!r}: archspec's scan does not clamp dt (only (0, inf))")
         act = cfg.take("ssm_act", str, default="silu")
         if act not in ("silu", "swish"):
             raise cfg.refuse("hidden_act", f"{act!r}: archspec's Mamba-2 conv is followed by silu")
