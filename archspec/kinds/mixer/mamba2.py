@@ -114,9 +114,6 @@ class Mamba2Spec(MixerKind):
                 f"{self.n_groups} group{'s' if self.n_groups > 1 else ''}, conv {self.conv_kernel}, "
                 f"chunk {self.chunk_size})")
 
-    def decode_compile_refusal(self, m: Any) -> str | None:
-        return None
-
     def constants(self, m: Any) -> list[Const]:
         return [Const("SSM_D_INNER", lit_int(self.d_inner(m)), f"the inner width: expand ({self.expand}) · D_MODEL"),
                 Const("SSM_HEADS", lit_int(self.n_heads(m)), "SSM_D_INNER / SSM_HEAD_DIM"),
