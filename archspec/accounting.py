@@ -84,7 +84,7 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         "ffn": sum(b.ffn.params(d) for b in blocks),
         # each block's norms (two, pre- or post-norm; four, sandwich; one, a shared-norm parallel block), the final
         # norm and the embeddings' norm
-        "norm": sum(b.block.n_norms * b.norm.params(d) for b in blocks)
+        "norm": sum(b.n_norms * b.norm.params(d) for b in blocks)
         + m.norm.params(d) * (int(m.final_norm) + int(m.embedding_norm)),
         "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
     }
@@ -113,7 +113,7 @@ def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
     d, out = m.d_model, []
     for block, layers in m.block_groups():
         a = block.token_mixer
-        norms = block.block.n_norms * block.norm.params(d)
+        norms = block.n_norms * block.norm.params(d)
         out.append({
             "layers": layers,
             # the mixer's words under its own column (attention, conv) and under "mixer", whatever its kind

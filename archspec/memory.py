@@ -164,8 +164,10 @@ def block_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool, b
     """Activations one block keeps for backward, per token; `b` is the layer's BlockSpec (per-layer variation),
     default the model-wide components."""
     stream, mm = 4, (2 if bf16 else 4)
-    dropout_masks = 2 * m.d_model * stream if m.dropout > 0 else 0  # the two residual dropouts
-    n_norms = (b or m).block.n_norms  # where the block's norms sit (model.block): two, one (shared) or four
+    ffn = type((b or m).ffn).sublayer  # a block may have no channel mixer (FFN kind none): one sublayer
+    dropout_masks = (2 if ffn else 1) * m.d_model * stream if m.dropout > 0 else 0  # the residual dropouts
+    # where the block's norms sit (model.block): two, one (shared, or no FFN) or four
+    n_norms = b.n_norms if b is not None else sum(map(len, m.block.norms_of("", ffn)))
     return (n_norms * _norm_saved(m, stream, mm, b) + _mixer_saved(m, seq_len, mm, device, b) + _ffn_saved(m, mm, b)
             + dropout_masks)
 
@@ -439,7 +441,7 @@ def _layer_parts(m: ModelSpec) -> list[tuple[int, int, int]]:
     """(dense, norm, routed-expert) parameters of each layer."""
     d, out = m.d_model, []
     for b in m.blocks():
-        norms = b.block.n_norms * b.norm.params(d)
+        norms = b.n_norms * b.norm.params(d)
         routed = b.ffn.routed_params(d)
         out.append((b.token_mixer.mixer_params(m) + b.ffn.params(d) - routed, norms, routed))
     return out

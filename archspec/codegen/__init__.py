@@ -319,7 +319,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
 
     positional = _unit_part(a.positional, m)
     norms = _distinct([m.norm] + [b.norm for b, _ in groups])  # the model-wide norm is also the final norm
-    ffns = _distinct([b.ffn for b, _ in groups])
+    ffns = _distinct([b.ffn for b, _ in groups if type(b.ffn).sublayer])  # a block may have no channel mixer
     # Each layer's token mixer: its attention, or another mixer kind (archspec.kinds.base.MixerKind).
     attending = [(b, ls) for b, ls in groups if b.token_mixer is b.attention]
     attentions = _distinct([b.attention for b, _ in attending])
@@ -413,7 +413,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         *_parametrization_constants(m),
     ]
 
-    blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b), ffn_cfgs[ffns.index(b.ffn)])
+    blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b),
+                                            ffn_cfgs[ffns.index(b.ffn)] if type(b.ffn).sublayer else _NO_FFN)
                                            for b, _ in groups], m.n_layers, positional.hooks["block_args"])
     model_methods = list(dict.fromkeys(c.part.hooks.get("model_methods", "") for c in ffn_cfgs if
                                        c.part.hooks.get("model_methods")))
@@ -502,6 +503,10 @@ def _section(title: str) -> str:
     return head + "─" * (110 - len(head))
 
 
+# A block without a channel mixer (FFNKind.sublayer false: Mamba-2's block is norm → mixer → residual): no class.
+_NO_FFN = Config(Part("", {}), [], "", {})
+
+
 def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int,
             position_args: str) -> tuple[list[dict], list]:
     """The Block classes (one per distinct triple of part classes, named by the parts that differ: `MoEBlock`,
@@ -509,7 +514,7 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
     runs."""
     shapes = [b.block for b, _ in groups]
     mixers = [b.token_mixer for b, _ in groups]
-    keys = [(*(c.cls for c in triple), unit_json(shape)) for triple, shape in zip(parts, shapes)]
+    keys = [(*(c.cls for c in triple), unit_json(shape)) for triple, shape in zip(parts, shapes)]  # no FFN: ""
     distinct = list(dict.fromkeys(keys))
     differing = [c for c in range(3) if len({k[c] for k in distinct}) > 1]
     # The block's shape names it too (`PostNormBlock`, `ParallelBlock`); the pre-norm sequential block is plain
@@ -543,13 +548,13 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
             "signature": "".join(f", {n}: {types[n]}" for n in args),
             # inside the block, each part takes the block's own arguments
             **{key: cfg.call(*lead, values={arg: name for name, (p, arg, _) in args.items() if p == part})
-               for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("mixer", attr, triple[1], ()),
+               if cfg.cls else "" for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("mixer", attr, triple[1], ()),
                                             ("ffn", "ffn", triple[2], ()))},
             "attr": attr,
             "mixer_args": position_args if type(b.token_mixer).takes_positions else "",
             "cache_class": b.token_mixer.cache_class,
             "placement": b.block.norm_placement, "parallel": b.block.parallel, "shared_norm": b.block.shared_norm,
-            "norm_modules": ", ".join(f"self.{n}" for n in (*b.block.norms_of(attr)[0], *b.block.norms_of(attr)[1])),
+            "norm_modules": ", ".join(f"self.{n}" for n in b.norms()),
             "layers": [],
         })
         block["layers"] += layers
@@ -574,7 +579,7 @@ def _layer_list(layers: list[int]) -> str:
 
 _IMPORT_MARK = "# <archspec.runtime imports>"
 _KERNELS = {"sparse_attention": "sparse attention", "score_mod_attention": "attention with modified scores",
-            "grouped_mm": "the MoE grouped GEMM"}
+            "grouped_mm": "the MoE grouped GEMM", "ssd": "the Mamba-2 scan"}
 
 
 def _runtime_import(text: str) -> tuple[str, str]:

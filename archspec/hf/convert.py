@@ -77,14 +77,18 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         check(cfg)
     per_layer: dict[str, list[dict[str, Any]]] = {}
     n_layers = cfg.take("n_layers", int)
-    for fam, _ in _FAMILIES:
+    # A type without attention (mamba2: no positional or pattern block) has no attention, positions or pattern to read
+    attends = all(f in hf.blocks for f, _ in _FAMILIES)
+    for fam, _ in _FAMILIES if attends else tuple((f, p) for f, p in _FAMILIES if _COMPONENT[f] != "attention"):
         words = hf.pick[fam](cfg) if fam in hf.pick else hf.blocks[fam]
         words = [words] * n_layers if isinstance(words, str) else list(words)
         by_word = {w: _unit_class(fam, w, cfg).from_hf(cfg) for w in dict.fromkeys(words)}
         per_layer[fam] = [by_word[w] for w in words]
     units, groups = _model_wide_and_groups(per_layer)
-    attention = _unit_class("attention", _attention_block(hf), cfg).from_hf(cfg)
-    attention.update(positional=units["positional"], sparsity=units["sparsity"])
+    attention = None
+    if attends:
+        attention = _unit_class("attention", _attention_block(hf), cfg).from_hf(cfg)
+        attention.update(positional=units["positional"], sparsity=units["sparsity"])
     mixer, mixer_groups = _mixers_from_hf(cfg, n_layers)
     model = {
         "vocab_size": cfg.take("vocab_size", int), "context_length": cfg.take("context_length", int),
@@ -366,6 +370,10 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                             f"{hf.model_type} has {_attention_block(hf)!r}")
     for fam, path in _families(m):
         units = _layer_units(m, fam)
+        if fam not in hf.blocks:  # a type without attention (mamba2) asked for a layer that attends
+            i = next(i for i, b in enumerate(m.blocks()) if b.token_mixer is b.attention)
+            raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: layer {i} attends; {hf.model_type} has no "
+                                f"attention (it mixes tokens by {' or '.join(map(repr, hf.blocks.get('mixer', ())))})")
         want = hf.blocks[fam] if isinstance(hf.blocks[fam], tuple) else (hf.blocks[fam],)
         for i, unit in enumerate(units):
             if unit.hf_block not in want:
@@ -445,10 +453,11 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
         # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
         attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
         # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
-        inputs, outputs = block.block.norms_of(attr)
+        inputs, outputs = block.block.norms_of(attr, type(block.ffn).sublayer)
         norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
                   else name, block.norm) for name in (*inputs, *outputs)]
-        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), ("ffn", "ffn", block.ffn)):
+        ffn = (("ffn", "ffn", block.ffn),) if type(block.ffn).sublayer else ()  # a block may have no channel mixer
+        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), *ffn):
             out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
     if m.final_norm:
         out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")

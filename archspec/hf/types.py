@@ -968,10 +968,46 @@ LFM2 = HFType(
 )
 
 
+# ── Mamba-2 (state-spaces): every layer a Mamba-2 mixer, no FFN (Mamba2Block: norm → mixer → residual) ────────────
+
+_MAMBA2_CONTEXT = 4096  # Mamba2Config has no context length (a recurrent model reads any): what an import takes
+
+
+def _mamba2_read(cfg: HFConfig) -> None:
+    """Mamba2Config has no context length: the one archspec exports (max_position_embeddings), else 4096, said."""
+    if cfg.key("context_length") not in cfg.data:
+        _caution(f"{cfg.source}: mamba2 configs have no context length (the model is recurrent): "
+                 f"model.context_length = {_MAMBA2_CONTEXT}; set it with --set model.context_length=N")
+
+
+MAMBA2 = HFType(
+    model_type="mamba2", architecture="Mamba2ForCausalLM",
+    blocks={"norm": "rms_norm", "ffn": "no_mlp", "mixer": ("mamba2",)},
+    pick={"mixer": lambda cfg: ["mamba2"] * cfg.take("n_layers", int)},
+    place={"mixer": lambda out, words: None},  # every layer is Mamba-2: nothing per layer to write
+    keys={"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
+          "n_layers": "num_hidden_layers", "tie": "tie_word_embeddings", "norm_eps": "layer_norm_epsilon",
+          "ssm_heads": "num_heads", "ssm_head_dim": "head_dim", "ssm_expand": "expand", "ssm_state": "state_size",
+          "ssm_groups": "n_groups", "ssm_conv": "conv_kernel", "ssm_chunk": "chunk_size",
+          "ssm_conv_bias": "use_conv_bias", "ssm_bias": "use_bias", "ssm_norm_eps": "layer_norm_epsilon",
+          "ssm_time_step_limit": "time_step_limit", "ssm_act": "hidden_act"},
+    defaults={"vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": False, "num_heads": 128, "head_dim": 64, "expand": 2, "state_size": 128,
+              "n_groups": 8, "conv_kernel": 4, "chunk_size": 256, "use_conv_bias": True, "use_bias": False,
+              "hidden_act": "silu", "max_position_embeddings": _MAMBA2_CONTEXT},
+    names={"base": "backbone", "embed": "embeddings", "layers": "layers", "ssm": "mixer", "attn_norm": "norm",
+           "final_norm": "norm_f"},
+    # init-only settings (weights are loaded, not drawn), and the residual's dtype (fp32 already in fp32 models)
+    inert=frozenset({"time_step_rank", "time_step_min", "time_step_max", "time_step_floor",
+                     "rescale_prenorm_residual", "residual_in_fp32"}),
+    rewrite=(_mamba2_read, None),
+    check=(_common_checks,),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
-                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2)}
+                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -979,10 +1015,17 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # glm (interleaved); deepseek_v3 (latent attention) after them).
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
+                MAMBA2)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {
     "cohere": "a multiplier on the logits (logit_scale) and a per-head LayerNorm q/k norm (use_qk_norm)",
     "gemma3": "per-layer rope bases (rope_local_base_freq)",
+    # Mamba-2 hybrids (issue 45)
+    "nemotron_h": "layers that are an MLP alone, with no token mixer (hybrid_override_pattern '-')",
+    "falcon_h1": "attention and Mamba-2 side by side in one layer (a parallel pair of token mixers) and its "
+                 "per-part multipliers (attention_in_multiplier, ssm_multipliers, ...)",
+    "bamba": "its table: Mamba-2 and attention layers each with a SwiGLU (the parts exist), with partial rotary "
+             "attention (attn_rotary_emb), not mapped yet",
 }

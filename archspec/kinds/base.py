@@ -667,6 +667,9 @@ class FFNKind(KindUnit):
     to Model, e.g. `auxiliary_losses` for a kind with auxiliary losses)."""
 
     family: ClassVar[str] = "ffn"
+    # Whether the block holds this channel mixer as a sublayer (with its own norm); false for a block that is its token
+    # mixer alone (kind `none`: Mamba-2's norm → mixer → residual).
+    sublayer: ClassVar[bool] = True
 
     def quantized_weights(self, module: "torch.nn.Module") -> list[str]:
         """Every matrix (≥ 2-D parameter) of the module: projections, stacked experts (see KindUnit)."""

@@ -86,13 +86,15 @@ class BlockShape(Strict):
         """The norms on a sublayer's output before it joins the residual stream (sandwich, output)."""
         return self.norms_of(family("attention").base.attribute)[1]
 
-    def norms_of(self, mixer: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def norms_of(self, mixer: str, ffn: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(input norms, output norms) of a block whose token mixer is its attribute `mixer`
         (archspec.kinds.base.MixerKind.attribute): each mixer's norms are named after it, so a layer whose mixer is not
-        attention holds nothing called attention."""
+        attention holds nothing called attention. `ffn` false: the block has no channel mixer, nor its norms."""
         inputs = () if self.norm_placement == "output" else (
             ("norm",) if self.parallel and self.shared_norm else (f"{mixer}_norm", "ffn_norm"))
         outputs = (f"{mixer}_post_norm", "ffn_post_norm") if self.norm_placement in ("sandwich", "output") else ()
+        if not ffn:
+            inputs, outputs = (tuple(n for n in names if not n.startswith("ffn_")) for names in (inputs, outputs))
         return inputs, outputs
 
     def tensor_parallel(self, m: Any) -> "TPPlan":
@@ -174,6 +176,16 @@ class BlockSpec:
 
     def key(self) -> str:
         return json.dumps([unit_json(getattr(self, c)) for c in COMPONENTS], sort_keys=True)
+
+    def norms(self) -> tuple[str, ...]:
+        """The block's norm modules by attribute name: its shape's, for its token mixer, without the FFN's when it has
+        no channel mixer (BlockShape.norms_of)."""
+        inputs, outputs = self.block.norms_of(type(self.token_mixer).attribute, type(self.ffn).sublayer)
+        return inputs + outputs
+
+    @property
+    def n_norms(self) -> int:
+        return len(self.norms())
 
 
 def unit_json(unit: BaseModel | None) -> str:

@@ -65,11 +65,13 @@ def model_plan(m: "ModelSpec") -> list[Placed]:
             out.append(Placed(f"{where}.{attr}", att_path + ("sparsity",), sparsity, sparsity.tensor_parallel(m)))
         else:
             out.append(Placed(f"{where}.{attr}", path_of("mixer", mixer, m.mixer, i), mixer, mixer.tensor_parallel(m)))
-        out.append(Placed(f"{where}.ffn", path_of("ffn", block.ffn, m.ffn, i), block.ffn, block.ffn.tensor_parallel(m)))
+        if type(block.ffn).sublayer:
+            out.append(Placed(f"{where}.ffn", path_of("ffn", block.ffn, m.ffn, i), block.ffn,
+                              block.ffn.tensor_parallel(m)))
         shape = block.block
         out.append(Placed(where, path_of("block", shape, m.block, i), shape, shape.tensor_parallel(m)))
         norm_path = path_of("norm", block.norm, m.norm, i)
-        for name in (*shape.norms_of(attr)[0], *shape.norms_of(attr)[1]):
+        for name in block.norms():
             out.append(Placed(f"{where}.{name}", norm_path, block.norm, block.norm.tensor_parallel(m)))
     if m.final_norm:
         out.append(Placed("final_norm", ("model", "norm"), m.norm, m.norm.tensor_parallel(m)))

@@ -7,3 +7,5 @@ from __future__ import annotations
 
 from archspec.kinds.mixer import short_conv as _short_conv  # noqa: F401 (registers the kind)
 from archspec.kinds.mixer.short_conv import ShortConvSpec  # noqa: F401
+from archspec.kinds.mixer import mamba2 as _mamba2  # noqa: F401 (registers the kind)
+from archspec.kinds.mixer.mamba2 import Mamba2Spec  # noqa: F401
