@@ -7,3 +7,5 @@ from __future__ import annotations
 
 from archspec.kinds.mixer import short_conv as _short_conv  # noqa: F401 (registers the kind)
 from archspec.kinds.mixer.short_conv import ShortConvSpec  # noqa: F401
+from archspec.kinds.mixer import gated_deltanet as _gated_deltanet  # noqa: F401,E402 (registers the kind)
+from archspec.kinds.mixer.gated_deltanet import GatedDeltaNetSpec  # noqa: F401,E402
