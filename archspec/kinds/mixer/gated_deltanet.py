@@ -97,7 +97,7 @@ class GatedDeltaNetSpec(MixerKind):
         d = m.d_model
         proj = 2 * (d * (2 * self.key_width + 2 * self.value_width) + d * 2 * self.n_heads
                     + self.conv_width * self.conv_kernel + self.value_width * d)
-        return {"linear_attention_proj": proj, "linear_attention_scan": self.scan_flops(seq_len)}
+        return {"linear_attention": proj + self.scan_flops(seq_len)}  # its projections and conv, and the chunked rule
 
     def state_bytes_per_token(self, m: Any, element_bytes: int) -> int:
         return 0  # a fixed state: it does not grow with the context
@@ -186,7 +186,8 @@ class GatedDeltaNetSpec(MixerKind):
 
     def hf_weights(self, m: Any, hf: Any) -> list[HFWeight]:
         # the module follows Qwen3NextGatedDeltaNet's layout (in_proj_qkvz's rows grouped per key head): one to one
-        return [*linear("in_proj_qkvz", "in_proj_qkvz", False, False), *linear("in_proj_ba", "in_proj_ba", False, False),
+        return [*linear("in_proj_qkvz", "in_proj_qkvz", False, False),
+                *linear("in_proj_ba", "in_proj_ba", False, False),
                 HFWeight("conv1d.weight", ("conv1d.weight",)), HFWeight("dt_bias", ("dt_bias",)),
                 HFWeight("A_log", ("A_log",)), HFWeight("norm.weight", ("norm.weight",)),
                 *linear("out_proj", "out_proj", False, False)]
