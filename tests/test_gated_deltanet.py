@@ -256,6 +256,22 @@ def test_bad_shapes_exit_2_naming_the_field(model, field, tmp_path, capsys):
     assert field in err_text and "Traceback" not in err_text
 
 
+def test_omitted_widths_are_filled_model_wide_and_in_a_group_and_hash_as_written():
+    from archspec.spec import model_hash
+
+    for where in ("model", "group"):
+        def spell(mixer):
+            if where == "model":
+                return _spec({**BASE, "mixer": mixer})
+            return _spec({**BASE, "attention": {"n_heads": 4}, "layers": {"g": {"select": [0, 1], "mixer": mixer}}})
+
+        short = spell({"kind": "gated_deltanet", "n_heads": 4, "n_k_heads": 2})
+        unit = short.model.blocks()[0].token_mixer
+        assert (unit.head_k_dim, unit.head_v_dim) == (16, 16)  # d_model 32 over 2 q/k heads; values as wide
+        written = spell({"kind": "gated_deltanet", "n_heads": 4, "n_k_heads": 2, "head_k_dim": 16, "head_v_dim": 16})
+        assert model_hash(short) == model_hash(written)
+
+
 def test_tensor_parallelism_is_refused_at_train_parallel_tp_naming_the_layer():
     with pytest.raises(SpecError) as err:
         load_spec_dict({"name": "g", "model": {**HYBRID, "vocab_size": 320},
