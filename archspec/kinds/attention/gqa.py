@@ -279,7 +279,9 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                 out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
         out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
         if self.qk_norm is not None:
-            out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",)) for p in "qk"]
+            offset = 1.0 if hf.facts.get("qk_norm_unit_offset") else 0.0  # Qwen3-Next stores w of (1 + w)
+            out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",), offset=offset)
+                    for p in "qk"]
         return out
 
 
