@@ -95,10 +95,12 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     last = gamma[..., -1].exp()[..., None, None]  # (B, H, N, 1, 1): S's decay across a whole chunk
     S = torch.zeros(B, H, DK, DV, dtype=work, device=q.device) if state is None else state.to(work)
     out = []
-    for n in range(N):  # the sequential scan over chunks
-        V_new = U[:, :, n] - W[:, :, n] @ S  # (B, H, C, DV): the corrections, given what S already holds
-        out.append(q_in[:, :, n] @ S + QK[:, :, n] @ V_new)
-        S = S * last[:, :, n] + k_out[:, :, n].transpose(-1, -2) @ V_new
+    # The sequential scan over chunks. Each tensor is unbound into its chunks once: indexing it inside the loop would
+    # make backward build a whole-sequence gradient per chunk (quadratic in T).
+    for u, w, qi, qk, ko, decay in zip(*(x.unbind(2) for x in (U, W, q_in, QK, k_out, last))):
+        V_new = u - w @ S  # (B, H, C, DV): the corrections, given what S already holds
+        out.append(qi @ S + qk @ V_new)
+        S = S * decay + ko.transpose(-1, -2) @ V_new
     o = torch.stack(out, dim=2).reshape(B, H, N * C, DV)[:, :, :T].transpose(1, 2)
     return o, S
 
