@@ -1001,6 +1001,63 @@ MAMBA2 = HFType(
     inert=frozenset({"time_step_rank", "time_step_min", "time_step_max", "time_step_floor",
                      "rescale_prenorm_residual", "residual_in_fp32"}),
     rewrite=(_mamba2_read, None),
+# ── Qwen3-Next: Gated DeltaNet and gated-attention layers by `layer_types`, a sparse MoE with a gated shared expert ──
+
+_LINEAR = "linear_attention"  # transformers' word for a Gated DeltaNet layer in Qwen3NextConfig.layer_types
+_GDN_KEYS = ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "linear_conv_kernel_dim")
+
+
+def _qwen3_next_mixers(cfg: HFConfig) -> list[str]:
+    """Each layer's token mixer, as transformers decides: `layer_types` ("linear_attention" | "full_attention"); a
+    file without it has every fourth layer attend (full_attention_interval, default 4). In HF's words: "attention"
+    (the type's attention block) or "linear_attention" (Gated DeltaNet)."""
+    n_layers = cfg.take("n_layers", int)
+    layer_types = cfg.take("layer_types", list, default=None)
+    if layer_types is None:
+        every = cfg.take("full_attention_interval", int, default=4)
+        if every < 1:
+            raise cfg.refuse("full_attention_interval", f"{every}: must be at least 1")
+        layer_types = [_LINEAR if (i + 1) % every else FULL for i in range(n_layers)]
+    cfg.mark("full_attention_interval")
+    if len(layer_types) != n_layers:
+        raise cfg.refuse("layer_types", f"{len(layer_types)} entries for {n_layers} layers")
+    odd = sorted({repr(t) for t in layer_types if t not in (FULL, _LINEAR)})
+    if odd:
+        raise cfg.refuse("layer_types", f"{', '.join(odd)}: archspec maps {FULL!r} and {_LINEAR!r}")
+    if _LINEAR not in layer_types:  # every config carries the linear layers' keys; no layer reads them
+        cfg.mark(*(cfg.key(k) for k in _GDN_KEYS))
+    return ["attention" if t == FULL else _LINEAR for t in layer_types]
+
+
+_qwen3_next_mixers.fields = ("layer_types", "full_attention_interval")
+
+
+def _place_qwen3_next_mixers(out: dict, words: list[str]) -> None:
+    out["layer_types"] = [FULL if w == "attention" else w for w in words]
+
+
+QWEN3_NEXT = HFType(
+    model_type="qwen3_next", architecture="Qwen3NextForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "ffn": ("sparse_moe", "gated_mlp"), "mixer": ("attention", _LINEAR)},
+    pick={"ffn": _qwen2_moe_ffn, "mixer": _qwen3_next_mixers},
+    place={"ffn": _place_qwen2_moe_ffn, "mixer": _place_qwen3_next_mixers},
+    keys={**_MOE_KEYS, "n_experts": "num_experts", "expert_hidden": "moe_intermediate_size",
+          "shared_hidden": "shared_expert_intermediate_size", **{k: k for k in _GDN_KEYS}},
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+              "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+              "max_position_embeddings": 32768, "attention_bias": False, "partial_rotary_factor": 0.25,
+              "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10,
+              "num_experts": 512, "norm_topk_prob": True, "router_aux_loss_coef": 0.001},
+    names={**_MOE_NAMES, "linear_attn": "linear_attn"},
+    # Qwen3's attention with each head's output gate in q_proj; every RMSNorm (1 + w) (the q/k norms stored as w);
+    # one shared expert, always on, gated by sigmoid(x · w), as Qwen2-MoE
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "qk_norm": True, "qk_norm_unit_offset": True,
+           "output_gate": True, "norm_unit_offset": True, "partial_rotary": True, "renormalize": "norm_topk_prob",
+           "shared_expert": True, "shared_gate": True},
+    dropout_keys=("attention_dropout",),
     check=(_common_checks,),
 )
 
@@ -1008,6 +1065,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
                                                               GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2)}
+                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2, QWEN3_NEXT)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -1017,6 +1075,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                 GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
                 MAMBA2)
+                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2, QWEN3_NEXT)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {

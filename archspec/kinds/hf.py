@@ -62,7 +62,8 @@ class HFType:
         "partial_rotary": the rotary embedding honours partial_rotary_factor, "rope_interleaved": it rotates (2i, 2i + 1)
         pairs, "default_rope_only": it has no frequency scaling archspec has; the model's: "parallel", "shared_norm",
         "lm_head_bias", "embedding_scale" (sqrt(d_model)), "norm_unit_offset" (Gemma's (1 + w)), "qk_norm_projection"
-        (OLMo 2), "qkv_per_head" (GPT-NeoX's fused q/k/v rows grouped by head)): a config key (str) that holds it, or the
+        (OLMo 2), "qk_norm_unit_offset" (Qwen3-Next's q/k norm gains stored as w for 1 + w), "output_gate" (Qwen3-Next's
+        gated attention), "qkv_per_head" (GPT-NeoX's fused q/k/v rows grouped by head)): a config key (str) that holds it, or the
         value this type always has (bool). Absent: always False.
     rewrite: (read, write): this type's own spelling of what the units read and write: `read(cfg)` turns the file's
         keys into the common ones before any unit reads (GPT-J's rotary_dim → partial_rotary_factor), `write(m, out)`
@@ -217,6 +218,8 @@ class HFWeight:
     # Falcon: each K/V group's query heads, then its k and v), ours by part (every head's q, then k, then v);
     # `per_head` is the number of query heads, the parts are `sizes` (q, k, v rows).
     per_head: int = 0
+    # HF stores it less this constant (Qwen3-Next's q/k RMSNorm gains, applied as 1 + w): ours = HF's + offset.
+    offset: float = 0.0
 
     @property
     def our_names(self) -> tuple[str, ...]:
@@ -233,6 +236,8 @@ class HFWeight:
             parts = whole.unbind(self.dim)
         else:
             parts = whole.split(list(self.sizes), dim=self.dim) if len(self.hf) > 1 else (whole,)
+        if self.offset:
+            parts = [p - self.offset for p in parts]
         return {name: (p.t() if self.transpose else p).contiguous() for name, p in zip(self.hf, parts)}
 
     def to_ours(self, tensors: list[Any]) -> dict[str, Any]:
@@ -240,6 +245,8 @@ class HFWeight:
         import torch
 
         parts = [t.t() if self.transpose else t for t in tensors]
+        if self.offset:
+            parts = [p + self.offset for p in parts]
         if self.stack:
             whole = torch.stack(parts, dim=self.dim)
         else:

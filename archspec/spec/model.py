@@ -99,6 +99,8 @@ class ModelSpec(Strict):
         self.attention.fill_defaults(self.d_model)
         for unit in (self.norm, self.attention.positional, self.attention.sparsity, self.ffn):
             unit.fill_defaults(self)
+        if self.mixer is not None:  # the model-wide mixer's own defaults (a group's are filled where it is resolved)
+            self.mixer.fill_defaults(self)
         self._blocks, self._layer_problems = resolve(self, written)
         return self
 

@@ -42,6 +42,9 @@ class AttentionSpec(ScoreOptions, AttentionKind):
     qkv_bias: bool | None = Field(None, description="bias on the q/k/v projections (default: bias)")
     out_bias: bool | None = Field(None, description="bias on the output projection (default: bias)")
     qk_norm: QKNorm | None = Field(None, description="RMSNorm over each head's q and k before the rotation (Qwen3)")
+    output_gate: Annotated[bool, Since("0.6")] = Field(
+        False, description="gated attention (Qwen3-Next): the query projection also gives each head a gate, and the "
+        "attention output is multiplied by sigmoid(gate) before the output projection")
     positional: Positional = Field(default_factory=lambda: family("positional").members["rope"]())
     sparsity: Sparsity = Field(default_factory=lambda: family("sparsity").members["dense"]())
 
@@ -87,7 +90,8 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             return TPPlan(refused=(("qk_norm", "scope"), "projection normalises q and k over all heads at once, and "
                                    "tensor parallelism puts the heads on different processes (no reduction is done); "
                                    "use scope: head, or tp 1"))
-        splits = {"": Split("gather"), "qkv_proj": Split("colwise", parts=(self.q_width, self.kv_width, self.kv_width)),
+        splits = {"": Split("gather"), "qkv_proj": Split("colwise", parts=(self.q_proj_width, self.kv_width,
+                                                                          self.kv_width)),
                   "o_proj": Split("rowwise")}
         if self.qk_norm is not None:  # on (B, heads, T, HEAD_DIM): each rank's heads, dim 1
             splits |= {"q_norm": Split("sequence", dim=1), "k_norm": Split("sequence", dim=1)}
@@ -107,7 +111,10 @@ class AttentionSpec(ScoreOptions, AttentionKind):
 
     def saved_widths(self) -> tuple[int, int]:
         """(attention output width, what the projections leave alive for backward) per token (archspec.memory):
-        one qkv projection, v a view of it, so the whole output stays alive."""
+        one qkv projection, v a view of it, so the whole output stays alive (with `output_gate`: the gate in it, and
+        the gated output, which the output projection keeps beside the attention output)."""
+        if self.output_gate:
+            return self.q_width, self.q_proj_width + 2 * self.kv_width + self.q_width
         return self.q_width, self.q_width + 2 * self.kv_width
 
     def attention_io_elements(self) -> int:
@@ -129,6 +136,11 @@ class AttentionSpec(ScoreOptions, AttentionKind):
     def kv_width(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def q_proj_width(self) -> int:
+        """Rows of the query part of qkv_proj: the queries, and with `output_gate` each head's gate beside its query."""
+        return 2 * self.q_width if self.output_gate else self.q_width
+
     # The width a positional kind rotates within (rope: the first int(partial · rotary_width) dimensions of each
     # head), and the constant the generated file calls it by. An attention kind with a separate rope part (MLA's
     # qk_rope_head_dim) gives that part's width and name instead.
@@ -139,13 +151,13 @@ class AttentionSpec(ScoreOptions, AttentionKind):
     rotary_width_name: ClassVar[str] = "HEAD_DIM"
 
     def params(self, d_model: int) -> int:
-        weights = d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model
-        biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
+        weights = d_model * self.q_proj_width + 2 * d_model * self.kv_width + self.q_width * d_model
+        biases = (self.q_proj_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
         return weights + biases + (self.qk_norm.params(self.q_width, self.kv_width, self.head_dim) if self.qk_norm
                                    else 0)
 
     def projection_flops(self, d_model: int) -> int:
-        return 2 * (d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model)
+        return 2 * (d_model * self.q_proj_width + 2 * d_model * self.kv_width + self.q_width * d_model)
 
     def score_flops(self, seq_len: int, full_attention: bool = False) -> float:
         """QKᵀ and AV per token: each 2 · head_dim · keys per query head (keys: the pattern's mean key count)."""
@@ -187,7 +199,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                 "first_head": type(self.positional).per_head,
                 "qkv_bias": bool(self.qkv_bias), "out_bias": bool(self.out_bias), "qk_norm": self.qk_norm is not None,
                 "qk_norm_projection": self.qk_norm is not None and self.qk_norm.scope == "projection",
-                **self.score_context(m)}
+                "output_gate": self.output_gate, **self.score_context(m)}
 
     # ── testing ──
     @classmethod
@@ -219,6 +231,8 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         head_dim = cfg.take("head_dim", int, default=d_model // n_heads) if "head_dim" in cfg.hf.keys else None
         out = {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim or d_model // n_heads,
                "qkv_bias": cfg.fact("qkv_bias"), "out_bias": cfg.fact("out_bias")}
+        if cfg.fact("output_gate"):  # Qwen3-Next: q_proj gives each head's query and its output gate
+            out["output_gate"] = True
         if cfg.fact("qk_norm"):
             out["qk_norm"] = {"eps": cfg.take("norm_eps", float)}  # Qwen3: the model's rms_norm_eps
             if cfg.fact("qk_norm_projection"):  # OLMo 2: over all heads' q and k at once
@@ -239,6 +253,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         put_fact(out, hf, "qkv_bias", self.qkv_bias, (*path, "qkv_bias"))
         put_fact(out, hf, "out_bias", self.out_bias, (*path, "out_bias"))
         put_fact(out, hf, "qk_norm", self.qk_norm is not None, (*path, "qk_norm"))
+        put_fact(out, hf, "output_gate", self.output_gate, (*path, "output_gate"))  # Qwen3-Next: always gated
         if self.qk_norm is not None:
             put_fact(out, hf, "qk_norm_projection", self.qk_norm.scope == "projection", (*path, "qk_norm", "scope"))
         if self.qk_norm is not None and self.qk_norm.eps != out.get(hf.keys["norm_eps"]):
@@ -257,14 +272,16 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         elif "qkv" in names:
             out = linear("qkv_proj", names["qkv"], self.qkv_bias, hf.conv1d)
         else:
-            sizes = (self.q_width, self.kv_width, self.kv_width)
+            sizes = (self.q_proj_width, self.kv_width, self.kv_width)  # a gate: q_proj's rows hold each head's too
             parts = tuple(names.get(p, f"{p}_proj") for p in "qkv")
             out = [HFWeight("qkv_proj.weight", tuple(f"{p}.weight" for p in parts), sizes, hf.conv1d)]
             if self.qkv_bias:
                 out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
         out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
         if self.qk_norm is not None:
-            out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",)) for p in "qk"]
+            offset = 1.0 if hf.facts.get("qk_norm_unit_offset") else 0.0  # Qwen3-Next stores w of (1 + w)
+            out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",), offset=offset)
+                    for p in "qk"]
         return out
 
 

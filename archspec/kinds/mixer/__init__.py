@@ -9,3 +9,5 @@ from archspec.kinds.mixer import short_conv as _short_conv  # noqa: F401 (regist
 from archspec.kinds.mixer.short_conv import ShortConvSpec  # noqa: F401
 from archspec.kinds.mixer import mamba2 as _mamba2  # noqa: F401 (registers the kind)
 from archspec.kinds.mixer.mamba2 import Mamba2Spec  # noqa: F401
+from archspec.kinds.mixer import gated_deltanet as _gated_deltanet  # noqa: F401,E402 (registers the kind)
+from archspec.kinds.mixer.gated_deltanet import GatedDeltaNetSpec  # noqa: F401,E402
