@@ -201,12 +201,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, n_kv_heads: int, ffn_hidden: int) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention(n_kv_heads=n_kv_heads)
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward(ffn_hidden=ffn_hidden)
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -230,10 +230,10 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            Block(n_kv_heads=N_KV_HEADS_LAYER_0, ffn_hidden=FFN_HIDDEN),  # layer 0
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN_LAYERS_1_3),  # layer 1
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN),  # layer 2
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN_LAYERS_1_3),  # layer 3
+            Block(Attention(n_kv_heads=N_KV_HEADS_LAYER_0), FeedForward(ffn_hidden=FFN_HIDDEN)),  # layer 0
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN_LAYERS_1_3)),  # layer 1
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN)),  # layer 2
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN_LAYERS_1_3)),  # layer 3
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)

@@ -358,40 +358,18 @@ class MoEFeedForward(nn.Module):
         return out.view(B, T, D_MODEL)
 
 
-# ── blocks ──────────────────────────────────────────────────────────────────────────────────────────────────
+# ── block ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class GLUBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layer 0."""
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = GLUFeedForward()
-        self.resid_drop = nn.Dropout(DROPOUT)
-
-    def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
-            module.reset_parameters()
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
-        x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
-        return x
-
-
-class MoEBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layer 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
-        self.ffn_norm = Norm(D_MODEL)
-        self.ffn = MoEFeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -415,8 +393,8 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            GLUBlock(),  # layer 0
-            MoEBlock(),  # layer 1
+            Block(Attention(), GLUFeedForward()),  # layer 0
+            Block(Attention(), MoEFeedForward()),  # layer 1
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)

@@ -243,20 +243,20 @@ class FeedForward(nn.Module):
         return self.down_proj(h)  # (B, T, D_MODEL)
 
 
-# ── blocks ──────────────────────────────────────────────────────────────────────────────────────────────────
+# ── block ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class WindowSandwichNormBlock(nn.Module):
+class SandwichNormBlock(nn.Module):
     """Sandwich-norm residual block (Gemma 2/3, GLM-4): x + norm(attn(norm(x))), then x + norm(ffn(norm(x))); each
-    sublayer's output is normed too before it joins the residual stream. Used by layer 0."""
+    sublayer's output is normed too before it joins the residual stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = WindowAttention()
+        self.attn = attn
         self.attn_post_norm = Norm(D_MODEL)
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.ffn_post_norm = Norm(D_MODEL)
         self.resid_drop = nn.Dropout(DROPOUT)
 
@@ -264,33 +264,7 @@ class WindowSandwichNormBlock(nn.Module):
         for module in (self.attn_norm, self.attn, self.attn_post_norm, self.ffn_norm, self.ffn, self.ffn_post_norm):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
-        attn = self.attn(self.attn_norm(x), cos, sin, cache)  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.attn_post_norm(attn))  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.ffn_post_norm(self.ffn(self.ffn_norm(x))))  # (B, T, D_MODEL)
-        return x
-
-
-class DenseSandwichNormBlock(nn.Module):
-    """Sandwich-norm residual block (Gemma 2/3, GLM-4): x + norm(attn(norm(x))), then x + norm(ffn(norm(x))); each
-    sublayer's output is normed too before it joins the residual stream. Used by layer 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn_norm = Norm(D_MODEL)
-        self.attn = DenseAttention()
-        self.attn_post_norm = Norm(D_MODEL)
-        self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
-        self.ffn_post_norm = Norm(D_MODEL)
-        self.resid_drop = nn.Dropout(DROPOUT)
-
-    def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.attn_post_norm, self.ffn_norm, self.ffn, self.ffn_post_norm):
-            module.reset_parameters()
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | KVCache | None = None
                 ) -> torch.Tensor:
         attn = self.attn(self.attn_norm(x), cos, sin, cache)  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.attn_post_norm(attn))  # (B, T, D_MODEL)
@@ -308,8 +282,8 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            WindowSandwichNormBlock(),  # layer 0
-            DenseSandwichNormBlock(),  # layer 1
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 0
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 1
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)

@@ -171,11 +171,11 @@ class PostNormBlock(nn.Module):
     """Post-norm residual block (GPT-1, the original Transformer): x = norm(x + attn(x)), then norm(x + ffn(x)); the
     norm sits on the residual stream itself, after each add."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
-        self.attn = Attention()
+        self.attn = attn
         self.attn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.ffn_norm = Norm(D_MODEL)
         self.resid_drop = nn.Dropout(DROPOUT)
 
@@ -199,7 +199,7 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.positions = Positions()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([PostNormBlock() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([PostNormBlock(Attention(), FeedForward()) for _ in range(N_LAYERS)])
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
         self.reset_parameters()

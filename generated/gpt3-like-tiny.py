@@ -215,47 +215,25 @@ class FeedForward(nn.Module):
         return self.down_proj(h)  # (B, T, D_MODEL)
 
 
-# ── blocks ──────────────────────────────────────────────────────────────────────────────────────────────────
+# ── block ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class DenseBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layers 0, 2."""
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = DenseAttention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
-        x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
-        return x
-
-
-class WindowBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layers 1, 3."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn_norm = Norm(D_MODEL)
-        self.attn = WindowAttention()
-        self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
-        self.resid_drop = nn.Dropout(DROPOUT)
-
-    def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
-            module.reset_parameters()
-
-    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None
+    def forward(self, x: torch.Tensor, cache: KVCache | RollingKVCache | None = None
                 ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
@@ -272,10 +250,10 @@ class Model(nn.Module):
         self.positions = Positions()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            DenseBlock(),  # layer 0
-            WindowBlock(),  # layer 1
-            DenseBlock(),  # layer 2
-            WindowBlock(),  # layer 3
+            Block(DenseAttention(), FeedForward()),  # layer 0
+            Block(WindowAttention(), FeedForward()),  # layer 1
+            Block(DenseAttention(), FeedForward()),  # layer 2
+            Block(WindowAttention(), FeedForward()),  # layer 3
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)

@@ -236,12 +236,12 @@ class FeedForward(nn.Module):
 class ShortConvBlock(nn.Module):
     """Pre-norm residual block: x + conv(norm(x)), then x + ffn(norm(x)). Used by layers 0, 1, 3."""
 
-    def __init__(self) -> None:
+    def __init__(self, conv: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.conv_norm = Norm(D_MODEL)
-        self.conv = ShortConv()
+        self.conv = conv
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     @property
@@ -263,12 +263,12 @@ class ShortConvBlock(nn.Module):
 class AttentionBlock(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layer 2."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     @property
@@ -297,9 +297,9 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            *(ShortConvBlock() for _ in range(2)),  # layers 0-1
-            AttentionBlock(),  # layer 2
-            ShortConvBlock(),  # layer 3
+            *(ShortConvBlock(ShortConv(), FeedForward()) for _ in range(2)),  # layers 0-1
+            AttentionBlock(Attention(), FeedForward()),  # layer 2
+            ShortConvBlock(ShortConv(), FeedForward()),  # layer 3
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)

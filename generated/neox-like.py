@@ -204,12 +204,12 @@ class ParallelBlock(nn.Module):
     """Parallel residual block (GPT-NeoX, PaLM), an input norm per sublayer, both reading the same x:
     x + attn(norm1(x)) + ffn(norm2(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -232,7 +232,7 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([ParallelBlock() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([ParallelBlock(Attention(), FeedForward()) for _ in range(N_LAYERS)])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.reset_parameters()
