@@ -80,15 +80,25 @@ def last_splits(ffn: nn.Module) -> tuple[list[int], list[int]] | None:
 
 
 class _ReadsLocalShards:
-    """Mixed into a generated module's class (as FSDP2 swaps in its own): reading a DTensor parameter gives this
-    process's shard as a plain tensor (differentiably), so the module's own forward runs on the experts (or the hidden
-    slices) this process holds. named_parameters(), state_dict() and optimizers still see the DTensors."""
+    """Mixed into a generated module's class (as FSDP2 swaps in its own): inside its forward, reading a DTensor
+    parameter gives this process's shard as a plain tensor (differentiably), so the module's own code runs on the
+    experts (or the hidden slices) this process holds. Outside it (named_parameters(), state_dict(), optimizers,
+    FSDP's own reads) the parameters are the DTensors."""
+
+    def forward(self, *args, **kwargs):
+        self.__dict__["_reads_local_shards"] = True
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self.__dict__["_reads_local_shards"] = False
 
     def __getattr__(self, name: str):
         from torch.distributed.tensor import DTensor
 
         value = super().__getattr__(name)
-        return value.to_local() if isinstance(value, DTensor) else value
+        if self.__dict__.get("_reads_local_shards") and isinstance(value, DTensor):
+            return value.to_local()
+        return value
 
 
 def _read_local_shards(module: nn.Module) -> None:
