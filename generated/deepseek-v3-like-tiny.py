@@ -206,7 +206,7 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
             dropout_p=DROPOUT if self.training else 0.0, is_causal=not start
-        )  # (B, N_HEADS, T, HEAD_DIM)
+        )  # (B, N_HEADS, T, V_HEAD_DIM)
         y = y.transpose(1, 2).reshape(B, T, N_HEADS * V_HEAD_DIM)  # (B, T, N_HEADS·V_HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
