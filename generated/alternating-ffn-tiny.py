@@ -133,7 +133,6 @@ class Attention(nn.Module):
     def __init__(self, n_kv_heads: int) -> None:
         super().__init__()
         self.n_kv_heads = n_kv_heads
-        self.n_heads, self.n_kv_heads = N_HEADS, self.n_kv_heads  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * self.n_kv_heads) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -151,11 +150,12 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·self.n_kv_heads)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·self.n_kv_heads)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // self.n_kv_heads + 2)  # k's width, and v's: self.n_kv_heads·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, self.n_kv_heads, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
@@ -167,7 +167,7 @@ class Attention(nn.Module):
             q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
             dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // self.n_kv_heads query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -201,12 +201,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, n_kv_heads: int, ffn_hidden: int) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention(n_kv_heads=n_kv_heads)
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward(ffn_hidden=ffn_hidden)
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -230,10 +230,10 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            Block(n_kv_heads=N_KV_HEADS_LAYER_0, ffn_hidden=FFN_HIDDEN),  # layer 0
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN_LAYERS_1_3),  # layer 1
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN),  # layer 2
-            Block(n_kv_heads=N_KV_HEADS, ffn_hidden=FFN_HIDDEN_LAYERS_1_3),  # layer 3
+            Block(Attention(n_kv_heads=N_KV_HEADS_LAYER_0), FeedForward(ffn_hidden=FFN_HIDDEN)),  # layer 0
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN_LAYERS_1_3)),  # layer 1
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN)),  # layer 2
+            Block(Attention(n_kv_heads=N_KV_HEADS), FeedForward(ffn_hidden=FFN_HIDDEN_LAYERS_1_3)),  # layer 3
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
@@ -268,8 +268,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, cos, sin, layer_cache)  # (B, T, D_MODEL)
@@ -281,7 +280,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 

@@ -99,8 +99,7 @@ class Attention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
-        self.first_head = 0  # index of this module's first query head (per-head slopes); a rank's own under tp
+        self.heads = slice(0, N_HEADS)  # the query heads it computes (each has its own slope)
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -114,18 +113,19 @@ class Attention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
-        return KVCache(batch_size, self.n_kv_heads, max_len, HEAD_DIM, device=device, dtype=dtype)
+        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        alibi = alibi_slopes(N_HEADS, q.device)[self.first_head : self.first_head + q.size(1)]  # this module's heads: + alibi[h]·(k - q pos)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        alibi = alibi_slopes(N_HEADS, q.device)[self.heads]  # (heads,): + alibi[h]·(k pos - q pos) on head h's scores
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
             start = cache.length
@@ -135,7 +135,7 @@ class Attention(nn.Module):
         y = score_mod_attention(
             q, k, v, dropout_p=DROPOUT if self.training else 0.0, alibi=alibi
         )  # (B, N_HEADS, T, HEAD_DIM)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -168,12 +168,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -196,7 +196,7 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.tok_norm = Norm(D_MODEL)  # on the token embeddings (BLOOM's word_embeddings_layernorm)
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([Block() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([Block(Attention(), FeedForward()) for _ in range(N_LAYERS)])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
@@ -232,8 +232,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, layer_cache)  # (B, T, D_MODEL)
         return x
@@ -244,7 +243,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 

@@ -145,7 +145,6 @@ class WindowAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -158,23 +157,24 @@ class WindowAttention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, self.n_kv_heads, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
             y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0, softcap=ATTN_SOFTCAP)  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v, softcap=ATTN_SOFTCAP)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -184,7 +184,6 @@ class DenseAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -196,17 +195,18 @@ class DenseAttention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
-        return KVCache(batch_size, self.n_kv_heads, max_len, HEAD_DIM, device=device, dtype=dtype)
+        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
@@ -217,7 +217,7 @@ class DenseAttention(nn.Module):
         y = score_mod_attention(
             q, k, v, dropout_p=DROPOUT if self.training else 0.0, softcap=ATTN_SOFTCAP
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -244,20 +244,20 @@ class FeedForward(nn.Module):
         return self.down_proj(h)  # (B, T, D_MODEL)
 
 
-# ── blocks ──────────────────────────────────────────────────────────────────────────────────────────────────
+# ── block ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class WindowSandwichNormBlock(nn.Module):
+class SandwichNormBlock(nn.Module):
     """Sandwich-norm residual block (Gemma 2/3, GLM-4): x + norm(attn(norm(x))), then x + norm(ffn(norm(x))); each
-    sublayer's output is normed too before it joins the residual stream. Used by layers 0, 2, 4, 6, 8, 10."""
+    sublayer's output is normed too before it joins the residual stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = WindowAttention()
+        self.attn = attn
         self.attn_post_norm = Norm(D_MODEL)
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.ffn_post_norm = Norm(D_MODEL)
         self.resid_drop = nn.Dropout(DROPOUT)
 
@@ -265,33 +265,7 @@ class WindowSandwichNormBlock(nn.Module):
         for module in (self.attn_norm, self.attn, self.attn_post_norm, self.ffn_norm, self.ffn, self.ffn_post_norm):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
-        attn = self.attn(self.attn_norm(x), cos, sin, cache)  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.attn_post_norm(attn))  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.ffn_post_norm(self.ffn(self.ffn_norm(x))))  # (B, T, D_MODEL)
-        return x
-
-
-class DenseSandwichNormBlock(nn.Module):
-    """Sandwich-norm residual block (Gemma 2/3, GLM-4): x + norm(attn(norm(x))), then x + norm(ffn(norm(x))); each
-    sublayer's output is normed too before it joins the residual stream. Used by layers 1, 3, 5, 7, 9, 11."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn_norm = Norm(D_MODEL)
-        self.attn = DenseAttention()
-        self.attn_post_norm = Norm(D_MODEL)
-        self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
-        self.ffn_post_norm = Norm(D_MODEL)
-        self.resid_drop = nn.Dropout(DROPOUT)
-
-    def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.attn_post_norm, self.ffn_norm, self.ffn, self.ffn_post_norm):
-            module.reset_parameters()
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | KVCache | None = None
                 ) -> torch.Tensor:
         attn = self.attn(self.attn_norm(x), cos, sin, cache)  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.attn_post_norm(attn))  # (B, T, D_MODEL)
@@ -309,18 +283,18 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            WindowSandwichNormBlock(),  # layer 0
-            DenseSandwichNormBlock(),  # layer 1
-            WindowSandwichNormBlock(),  # layer 2
-            DenseSandwichNormBlock(),  # layer 3
-            WindowSandwichNormBlock(),  # layer 4
-            DenseSandwichNormBlock(),  # layer 5
-            WindowSandwichNormBlock(),  # layer 6
-            DenseSandwichNormBlock(),  # layer 7
-            WindowSandwichNormBlock(),  # layer 8
-            DenseSandwichNormBlock(),  # layer 9
-            WindowSandwichNormBlock(),  # layer 10
-            DenseSandwichNormBlock(),  # layer 11
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 0
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 1
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 2
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 3
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 4
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 5
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 6
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 7
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 8
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 9
+            SandwichNormBlock(WindowAttention(), FeedForward()),  # layer 10
+            SandwichNormBlock(DenseAttention(), FeedForward()),  # layer 11
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
@@ -356,8 +330,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, cos, sin, layer_cache)  # (B, T, D_MODEL)
@@ -370,7 +343,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 

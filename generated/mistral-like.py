@@ -138,7 +138,6 @@ class Attention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -151,23 +150,24 @@ class Attention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, self.n_kv_heads, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
             y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -200,12 +200,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -228,7 +228,7 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([Block() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([Block(Attention(), FeedForward()) for _ in range(N_LAYERS)])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
@@ -262,8 +262,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, cos, sin, layer_cache)  # (B, T, D_MODEL)
@@ -275,7 +274,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 

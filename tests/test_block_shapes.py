@@ -114,7 +114,8 @@ def test_class_names_and_docstrings_say_the_shape():
     mixed = tiny_spec("mixed", n_layers=3, layers={"first": {"select": [0], "block": {"norm_placement": "post"}}})
     text = render(mixed)
     assert "class PostNormBlock(nn.Module):" in text and "class PreNormBlock(nn.Module):" in text
-    assert "PostNormBlock(),  # layer 0" in text and "*(PreNormBlock() for _ in range(2)),  # layers 1-2" in text
+    assert "PostNormBlock(Attention(), FeedForward()),  # layer 0" in text
+    assert "*(PreNormBlock(Attention(), FeedForward()) for _ in range(2)),  # layers 1-2" in text
 
 
 def test_defaults_keep_every_hash_and_written_defaults_hash_alike():

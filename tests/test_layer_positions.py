@@ -29,7 +29,7 @@ def test_smollm3_nope_every_fourth_layer(tmp_path):
     assert kinds == ["rope", "rope", "rope", "none"] * 2
     gen = generate(spec, out_dir=tmp_path)
     assert gen.source.count("class Rotary(") == 1  # one table, the model's
-    assert "class NoPEDenseAttention" in gen.source and "NoPEDenseBlock(),  # layer 3" in gen.source
+    assert "class NoPEDenseAttention" in gen.source and "Block(NoPEDenseAttention(), FeedForward()),  # layer 3" in gen.source
     torch.manual_seed(0)
     model = gen.Model().eval()
     x = torch.randn(1, 9, 32)

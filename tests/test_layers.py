@@ -94,9 +94,11 @@ def test_configurations_with_other_code_get_a_class_each_named_by_kind(tmp_path)
     spec = load_spec_dict(with_layers({"moe": {"select": {"start": 1}, "ffn": {
         "kind": "moe", "n_experts": 4, "top_k": 2, "expert": {"kind": "glu", "hidden_dim": 16}}}}, n_layers=4))
     gen = generate(spec, out_dir=tmp_path)
-    assert [type(b).__name__ for b in gen.Model().blocks] == ["GLUBlock", "MoEBlock", "MoEBlock", "MoEBlock"]
+    # one block class for the one block shape: it takes its parts as constructor arguments, so no class is copied
+    assert [type(b).__name__ for b in gen.Model().blocks] == ["Block"] * 4 and gen.source.count("Block(nn.Module)") == 1
+    assert [type(b.ffn).__name__ for b in gen.Model().blocks] == ["GLUFeedForward"] + ["MoEFeedForward"] * 3
     assert "class GLUFeedForward(" in gen.source and "class MoEFeedForward(" in gen.source
-    assert "*(MoEBlock() for _ in range(3)),  # layers 1-3" in gen.source
+    assert "*(Block(Attention(), MoEFeedForward()) for _ in range(3)),  # layers 1-3" in gen.source
 
 
 @settings(max_examples=12, deadline=None)

@@ -509,56 +509,55 @@ _NO_FFN = Config(Part("", {}), [], "", {})
 
 def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: int,
             position_args: str) -> tuple[list[dict], list]:
-    """The Block classes (one per distinct triple of part classes, named by the parts that differ: `MoEBlock`,
-    `WindowBlock`, `ShortConvBlock`) and how each layer is built: [(constructor call, first layer, last layer)] in
-    runs."""
+    """The Block classes, one per block shape (its norm placement and residual layout, its norm class, and the
+    attribute its token mixer is kept under: `attn`, `conv`), each taking its token mixer and its FFN as constructor
+    arguments, so that layers of one shape with other parts share the class (`Block(WindowAttention(), FeedForward())`
+    beside `Block(Attention(), MoEFeedForward())`); and how each layer is built: [(constructor call, first layer, last
+    layer)] in runs. Named by what tells the classes apart: the shape (`PostNormBlock`, `ParallelBlock`; the pre-norm
+    sequential block is plain `Block`, or `PreNormBlock` beside blocks of other shapes), the mixer kind
+    (`ShortConvBlock` beside `AttentionBlock`), the norm."""
     shapes = [b.block for b, _ in groups]
     mixers = [b.token_mixer for b, _ in groups]
-    keys = [(*(c.cls for c in triple), unit_json(shape)) for triple, shape in zip(parts, shapes)]  # no FFN: ""
+    keys = [(triple[0].cls, type(mx).attribute, bool(type(mx).takes_positions), unit_json(shape), bool(triple[2].cls))
+            for triple, shape, mx in zip(parts, shapes, mixers)]  # the last: whether the block has an FFN
     distinct = list(dict.fromkeys(keys))
-    differing = [c for c in range(3) if len({k[c] for k in distinct}) > 1]
-    # The block's shape names it too (`PostNormBlock`, `ParallelBlock`); the pre-norm sequential block is plain
-    # `Block`, or `PreNormBlock` beside blocks of other shapes.
     shape_of = dict(zip(keys, shapes))
     mixer_of = dict(zip(keys, mixers))
     mixed = len({k[3] for k in distinct}) > 1
-    mixer_kinds = len({type(mx).base_class for mx in mixers}) > 1  # attention beside a conv: each named
+    mixer_kinds = len({k[1:3] for k in distinct}) > 1  # attention beside a conv: each named
+    norm_kinds = len({k[0] for k in distinct}) > 1
 
-    def label(k: tuple, c: int) -> str:
-        if c == 1:
-            base = type(mixer_of[k]).base_class
-            return k[c].removesuffix(base) + (base if mixer_kinds else "")
-        return k[c].removesuffix(("Norm", "", "FeedForward")[c])
+    def label(k: tuple) -> str:
+        norm = k[0].removesuffix("Norm") if norm_kinds else ""
+        mixer = type(mixer_of[k]).base_class if mixer_kinds else ""
+        return norm + mixer + (shape_of[k].label() or ("PreNorm" if mixed else "")) + "Block"
 
-    names = {k: "".join(label(k, c) for c in sorted(set(differing) | ({1} if mixer_kinds else set())))
-             + (shape_of[k].label() or ("PreNorm" if mixed else "")) + "Block" for k in distinct}
+    plain = [label(k) for k in distinct]
+    names = {k: name + (str(plain[: i + 1].count(name)) if plain.count(name) > 1 else "")
+             for i, (k, name) in enumerate(zip(distinct, plain))}
     blocks, calls = {}, {}
-    for (b, layers), triple, key in zip(groups, parts, keys):
-        # The parts' constructor arguments become the block's; one that two parts share is told apart by its part.
-        args: dict[str, tuple[str, str, str]] = {}  # block argument → (part, part's argument, constant)
-        types: dict[str, str] = {}
+    for (b, layers), (norm, mixer, ffn), key in zip(groups, parts, keys):
         attr = type(b.token_mixer).attribute  # the block's attribute holding its mixer (`attn`, `conv`)
-        for part, cfg in zip(("norm", attr, "ffn"), triple):
-            for arg, const in cfg.args.items():
-                name = arg if all(arg not in c.args for c in triple if c is not cfg) else f"{part}_{arg}"
-                args[name] = (part, arg, const)
-                types[name] = cfg.arg_types[arg]
         block = blocks.setdefault(key, {
             "name": names[key],
-            "signature": "".join(f", {n}: {types[n]}" for n in args),
-            # inside the block, each part takes the block's own arguments
-            **{key: cfg.call(*lead, values={arg: name for name, (p, arg, _) in args.items() if p == part})
-               if cfg.cls else "" for key, part, cfg, lead in (("norm", "norm", triple[0], ("D_MODEL",)), ("mixer", attr, triple[1], ()),
-                                            ("ffn", "ffn", triple[2], ()))},
+            # the parts come built; a norm's own constructor arguments (a per-layer constant) are the block's
+            "signature": f", {attr}: nn.Module" + (", ffn: nn.Module" if ffn.cls else "")
+                         + "".join(f", {arg}: {norm.arg_types[arg]}" for arg in norm.args),
+            "norm": norm.call("D_MODEL", values={arg: arg for arg in norm.args}),
+            "mixer": attr,
+            "ffn": "ffn" if ffn.cls else "",  # "": a block without a channel mixer (ffn: {kind: none})
             "attr": attr,
             "mixer_args": position_args if type(b.token_mixer).takes_positions else "",
-            "cache_class": b.token_mixer.cache_class,
+            "cache_classes": [],
             "placement": b.block.norm_placement, "parallel": b.block.parallel, "shared_norm": b.block.shared_norm,
             "norm_modules": ", ".join(f"self.{n}" for n in b.norms()),
             "layers": [],
         })
         block["layers"] += layers
-        call = f"{names[key]}({', '.join(f'{n}={c}' for n, (_, _, c) in args.items())})"
+        if b.token_mixer.cache_class not in block["cache_classes"]:
+            block["cache_classes"].append(b.token_mixer.cache_class)
+        norm_args = "".join(f", {arg}={const}" for arg, const in norm.args.items())
+        call = f"{names[key]}({mixer.call()}{', ' + ffn.call() if ffn.cls else ''}{norm_args})"
         calls.update({i: call for i in layers})
     runs: list[list] = []
     for i in range(n_layers):
@@ -568,6 +567,7 @@ def _blocks(groups: list, parts: list[tuple[Config, Config, Config]], n_layers: 
             runs.append([calls[i], i, i])
     for block in blocks.values():
         block["layers"] = _comment_safe(_layer_list(sorted(block["layers"])))
+        block["cache_class"] = " | ".join(block.pop("cache_classes"))
     return list(blocks.values()), [tuple(r) for r in runs]
 
 

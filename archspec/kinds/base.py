@@ -219,14 +219,13 @@ class Divides:
 @dataclass(frozen=True)
 class TPPlan:
     """A unit's tensor-parallel plan: `splits` by submodule name inside the unit's module ("" the module itself);
-    `local`: attributes of the module holding per-rank counts, name → the global count (each rank holds count // tp:
-    the generated code reshapes by them); `offsets`: attributes holding where this rank's share starts, name → the
-    global count (rank r: r · count // tp); `divides`: the counts tp must divide; `refused`: (field path relative to
-    the unit, why) when this configuration of the kind cannot be split."""
+    `sliced`: attributes of the module holding a slice of its heads (ALiBi's slopes: which heads it computes), name →
+    the global count (rank r: its contiguous share, as it holds its heads' rows of the weights; every other per-head
+    count the generated code reads off the weights' shapes); `divides`: the counts tp must divide; `refused`: (field path relative to the unit,
+    why) when this configuration of the kind cannot be split."""
 
     splits: dict[str, Split] = field(default_factory=dict)
-    local: dict[str, int] = field(default_factory=dict)
-    offsets: dict[str, int] = field(default_factory=dict)
+    sliced: dict[str, int] = field(default_factory=dict)
     divides: tuple[Divides, ...] = ()
     refused: tuple[tuple[str, ...], str] | None = None
 
@@ -434,8 +433,8 @@ class PositionalKind(KindUnit):
     # model's kind acts inside each layer's attention (`in_attention`: rope, alibi), not on the embeddings.
     in_attention: ClassVar[bool] = False
     inert: ClassVar[bool] = False
-    # Whether its `attention_qk` hook reads per-head values (ALiBi's slopes) by `self.first_head`, the index of the
-    # Attention module's first query head: 0, or this rank's under tensor parallelism (set by the attention's plan).
+    # Whether its `attention_qk` hook reads per-head values (ALiBi's slopes) by the attention module's `heads`, the
+    # slice of the query heads it computes (all of them; under tensor parallelism the plan narrows it).
     per_head: ClassVar[bool] = False
 
     @classmethod

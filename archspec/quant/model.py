@@ -24,7 +24,7 @@ from archspec.quant.weights import (
     SCHEMES,
     Int4Linear,
     QuantizedEmbedding,
-    QuantizedParameters,
+    quantized_parameters,
     QWeight,
     int8_parts,
     quantize,
@@ -155,7 +155,7 @@ def apply_plan(model: nn.Module, plan: QuantPlan) -> dict[str, int]:
             _replace(model, path, QuantizedEmbedding(q))
         else:
             quantized = {n.rpartition(".")[2]: quantize(params[n], plan.scheme, plan.group_size) for n in names}
-            _replace(model, path, QuantizedParameters(owner, quantized))
+            _replace(model, path, quantized_parameters(owner, quantized))
             q = None
             after_q += sum(x.nbytes for x in quantized.values())
         if q is not None:

@@ -193,7 +193,7 @@ class QuantizedParameters(nn.Module):
     from the parts (buffers `<name>__<part>`) on each access; the others are the original parameters."""
 
     def __init__(self, original: nn.Module, quantized: dict[str, QWeight]):
-        super().__init__()
+        nn.Module.__init__(self)  # not the original class's __init__ (see `quantized_parameters`): nothing allocated
         for name, p in original.named_parameters(recurse=False):
             if name not in quantized:
                 self.register_parameter(name, p)
@@ -214,6 +214,16 @@ class QuantizedParameters(nn.Module):
         if name in self.__dict__.get("_quantized", ()):
             return self.qweight(name).dequantize()
         return super().__getattr__(name)
+
+
+def quantized_parameters(original: nn.Module, quantized: dict[str, QWeight]) -> QuantizedParameters:
+    """A QuantizedParameters standing in for `original`. When the original's class has code of its own (the generated
+    MoE's `Experts`: its forward reads its weights), the stand-in is of a subclass of both, so that code runs on the
+    weights read back."""
+    cls = type(original)
+    if cls is nn.Module:
+        return QuantizedParameters(original, quantized)
+    return type(f"Quantized{cls.__name__}", (QuantizedParameters, cls), {})(original, quantized)
 
 
 class QuantizedEmbedding(nn.Module):

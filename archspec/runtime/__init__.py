@@ -1,5 +1,5 @@
 """The machinery generated model files import: KV caches and the decode loop, sparse attention's kernels (the
-blockwise autograd Function, FlexAttention dispatch, their caches) and the MoE grouped GEMM and expert dispatch. A model file holds the
+blockwise autograd Function, FlexAttention dispatch, their caches) and the MoE grouped GEMM. A model file holds the
 architecture and calls these by name (`sparse_attention(q, k, v, WINDOW_PATTERN)`, `grouped_mm(x, w, offs)`).
 
 This package needs only torch and the standard library and imports nothing else of archspec, so a model can be
@@ -11,7 +11,6 @@ from __future__ import annotations
 from archspec.runtime.cache import KVCache, LatentCache, causal_mask
 from archspec.runtime.conv import ConvCache, causal_conv1d
 from archspec.runtime.decode import DECODE_MODES, DecodeStep
-from archspec.runtime.experts import ONE_PROCESS, ExpertParallel, MoEParallel, local_tensor
 from archspec.runtime.generation import next_token_probs, sample_next, stream
 from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
 from archspec.runtime.linear_attention import DeltaRuleCache, gated_delta_rule, l2_normalize
@@ -22,6 +21,5 @@ from archspec.runtime.ssd import GatedRMSNorm, SSMCache, ssd
 __all__ = ["KVCache", "LatentCache", "causal_mask", "ConvCache", "causal_conv1d", "next_token_probs", "sample_next", "stream", "DecodeStep",
            "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
            "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
-           "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor",
            "SSMCache", "GatedRMSNorm", "ssd",
            "DeltaRuleCache", "gated_delta_rule", "l2_normalize"]

@@ -154,7 +154,7 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: A
     rank = tp_mesh.get_local_rank()
     styles: dict[str, Any] = {}
     delegates: list[tuple[str, str]] = []
-    counts: list[tuple[nn.Module, str, int]] = []
+    sliced: list[tuple[nn.Module, str, int]] = []
     for placed in model_plan(spec.model):
         if not _present(model, placed.module):  # held by another pipeline stage (archspec.train.pipeline)
             continue
@@ -176,8 +176,7 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: A
                             p.copy_(p[order.to(p.device)])
                             state.permuted[_fqn(fqn, pname)] = order
         module = model.get_submodule(placed.module)
-        counts += [(module, attr, count // tp) for attr, count in placed.plan.local.items()]
-        counts += [(module, attr, rank * (count // tp)) for attr, count in placed.plan.offsets.items()]
+        sliced += [(module, name, count) for name, count in placed.plan.sliced.items()]
     for fqn, fn in delegates:
         where, _, name = fn.partition(":")
         try:
@@ -192,8 +191,8 @@ def apply_tensor_parallel(model: nn.Module, spec: Any, tp_mesh: Any, job_mesh: A
     parallelize_module(model, tp_mesh, styles)
     if tied:  # each style distributed its own copy; both are Shard(0) of the same (VOCAB_SIZE, D_MODEL) matrix
         model.lm_head.weight = model.tok_emb.weight
-    for module, attr, count in counts:
-        setattr(module, attr, count)
+    for module, name, count in sliced:  # which of the heads the module computes (ALiBi's slopes): this rank's
+        setattr(module, name, slice(rank * (count // tp), (rank + 1) * (count // tp)))
     from torch.distributed.tensor import DTensor
 
     handed = tuple(f"{fqn}." for fqn, _ in delegates)  # a delegate keeps what it keeps whole in step itself

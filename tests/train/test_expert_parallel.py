@@ -31,7 +31,7 @@ WORKER = textwrap.dedent("""
     from archspec.codegen import generate
     from archspec.spec import load_spec_dict
     from archspec.train.checkpoint import save_sharded
-    from archspec.train.expert_parallel import moe_layers, parallelize_moe, shard_experts
+    from archspec.train.expert_parallel import last_splits, moe_layers, parallelize_moe, shard_experts
     from archspec.train.mesh import JobMesh, Layout
     from archspec.train.optim import param_groups, separate_dtensors
     from archspec.train.parallel import clip_gradients as clip_grad_norm_
@@ -82,7 +82,7 @@ WORKER = textwrap.dedent("""
         row = {"loss": [mean.item() / world, ref_loss.item()],
                "aux": {k: [v.item(), ref_aux[k].item()] for k, v in aux.items()},
                "stats": {k: float((v - ref.router_stats()[k]).abs().max()) for k, v in model.router_stats().items()},
-               "splits": [ffn.parallel.last_splits for _, ffn in moe_layers(model)],
+               "splits": [last_splits(ffn) for _, ffn in moe_layers(model)],
                "grads": {n: float((full(p.grad) - ref_params[n].grad).abs().max() / ref_params[n].grad.abs().max())
                          for n, p in model.named_parameters()}}
         row["norm"] = [clip_grad_norm_(list(model.parameters()), 0.5).item(),
@@ -310,11 +310,15 @@ def test_the_rules_refuse_what_expert_or_tensor_parallelism_cannot_split():
     assert bias.startswith("model.layers.moe.ffn.expert.bias: tensor parallelism (train.parallel.tp 2) splits")
 
 
-def test_one_process_keeps_the_identity_hooks():
+def test_one_process_is_the_generated_code_alone():
+    """The generated MoE layer is single-device code: no parallel attribute or hook until apply_moe_parallel puts
+    them on from outside, and its text names no parallel machinery."""
     from archspec.codegen import generate
-    from archspec.runtime import ONE_PROCESS
 
-    model = generate(load_spec_dict(tiny_moe()), write=False).Model()
-    assert model.blocks[1].ffn.parallel is ONE_PROCESS
-    x = torch.randn(2, 8, 32)
-    assert ONE_PROCESS.gather(x) == (x, x) and ONE_PROCESS.scatter(x) is x and ONE_PROCESS.batch_sum(x) is x
+    gen = generate(load_spec_dict(tiny_moe(QWEN2)), write=False)
+    ffn = gen.Model().blocks[1].ffn
+    assert not hasattr(ffn, "parallel") and not hasattr(ffn, "_archspec_moe")
+    hooked = [name for name, m in ffn.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    assert hooked == []
+    for word in ("parallel", "local_tensor", "dispatch(", "batch_sum", "all_reduce", "process", " tp", "DTensor"):
+        assert word not in gen.source, word

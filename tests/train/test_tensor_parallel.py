@@ -129,9 +129,14 @@ WORKER = textwrap.dedent("""
         for n, p in single.state_dict().items():
             torch.testing.assert_close(weights[n], p, rtol=1e-4, atol=1e-4, msg=lambda m: f"{spec.name}: {n}: {m}")
         res["logits_placements"] = [str(p) for p in logits.placements]
-        res["local_heads"] = [model.blocks[0].attn.n_heads, model.blocks[0].attn.n_kv_heads]
+        # this rank's heads, as the generated attention reads them off its weights' shapes
+        attn = model.blocks[0].attn
+        q_rows = attn.o_proj.weight.to_local().shape[1]
+        kv_rows = (attn.qkv_proj.weight.to_local().shape[0] - q_rows) // 2
+        res["local_heads"] = [q_rows // spec.model.attention.head_dim, kv_rows // spec.model.attention.head_dim]
         heads = [None, None]
-        dist.all_gather_object(heads, getattr(model.blocks[0].attn, "first_head", None))
+        first = getattr(attn, "heads", None)  # the slice of heads whose ALiBi slopes it takes
+        dist.all_gather_object(heads, None if first is None else first.start)
         res["first_head"] = heads  # each rank's
         res["local_qkv_rows"] = model.blocks[0].attn.qkv_proj.weight.to_local().shape[0]
         if mode == "train" and i == 0:
@@ -285,12 +290,9 @@ def test_every_accepted_spec_has_a_plan_that_fits_its_module(raw, data):
             if split.style == "vocab" and isinstance(module, torch.nn.Embedding):
                 assert module.num_embeddings % tp == 0, fqn
         module = model.get_submodule(placed.module)
-        for attr, count in {**placed.plan.local, **placed.plan.offsets}.items():
+        for attr, count in placed.plan.sliced.items():
             assert count % tp == 0, (placed.path, attr)
-            if attr in placed.plan.local:
-                assert getattr(module, attr) == count, (placed.module, attr)  # the global count, until split
-            else:
-                assert hasattr(module, attr), (placed.module, attr)
+            assert getattr(module, attr) == slice(0, count), (placed.module, attr)  # every head, until split
     assert spec.train.seq_len % tp == 0
     names = {n for n, _ in model.named_parameters()}  # tied weights once, by their first name
     assert names <= covered | ({"lm_head.weight"} if spec.model.tie_embeddings else set()), names - covered

@@ -95,8 +95,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
                   "o_proj": Split("rowwise")}
         if self.qk_norm is not None:  # on (B, heads, T, HEAD_DIM): each rank's heads, dim 1
             splits |= {"q_norm": Split("sequence", dim=1), "k_norm": Split("sequence", dim=1)}
-        return TPPlan(splits, local={"n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads},
-                      offsets={"first_head": self.n_heads} if type(self.positional).per_head else {},
+        return TPPlan(splits, sliced={"heads": self.n_heads} if type(self.positional).per_head else {},
                       divides=(Divides(("n_heads",), self.n_heads, "n_heads"),
                                Divides(("n_kv_heads",), self.n_kv_heads, "n_kv_heads")))
 

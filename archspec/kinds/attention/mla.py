@@ -169,6 +169,7 @@ class MLASpec(ScoreOptions, AttentionKind):
     def template_context(self, m: Any) -> dict[str, Any]:
         return {"gqa": False, "q_lora": self.q_lora_rank is not None, "mscale": self.softmax_mscale != 1.0,
                 "rolling": self.sparsity.cache_class != "KVCache", "first_head": type(self.positional).per_head,
+                "v_head_dim": "V_HEAD_DIM",  # what attention returns per head (the sparsity patterns' shape comments)
                 **self.score_context(m)}
 
     # ── HF transformers interop (archspec.kinds.hf): transformers' deepseek_v3 ──

@@ -37,8 +37,8 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
   `shared_hidden_dim` (default n_shared_experts · expert.hidden_dim, DeepSeek-MoE); `shared_gate: true` scales its
   output by sigmoid(x · w) (Qwen2-MoE's `shared_expert_gate`).
 
-Past one process (archspec.train.expert_parallel; the hooks in archspec.runtime.experts, the identity on one
-process): the balancing loss, z-loss and load statistics are over the whole global batch (the router's sums all-reduced
+Past one process (archspec.train.expert_parallel, applied from outside the generated layer: hooks on its `experts`
+and `losses` submodules and at its boundary): the balancing loss, z-loss and load statistics are over the whole global batch (the router's sums all-reduced
 over the data-parallel processes, differentiably), so N processes give one process's losses. `train.parallel.ep`
 spreads the routed experts over processes (dropless grouped path only; ep divides n_experts); `train.parallel.tp`
 splits every expert's hidden units (and the shared experts'), the router computed whole on each tp process

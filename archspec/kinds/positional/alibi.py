@@ -23,10 +23,10 @@ class AlibiPositional(PositionalKind):
     relative = True  # the bias depends on the offset alone
     score_args = ", alibi=alibi"
     in_attention = True  # a layer group may switch it off (its layers then take no bias)
-    per_head = True  # the slopes of the module's own heads: self.first_head onwards
+    per_head = True  # the slopes of the module's own heads: its `heads` slice
 
     def tensor_parallel(self, m):
-        """Slopes are computed, not stored: each rank takes its own heads' (the attention kind sets first_head)."""
+        """Slopes are computed, not stored: each rank takes its own heads' (the attention kind's plan narrows `heads`)."""
         return TPPlan()
 
     def describe(self, m) -> str:
