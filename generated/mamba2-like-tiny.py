@@ -137,10 +137,10 @@ class Mamba2(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block without a channel mixer: x + ssm(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssm: nn.Module) -> None:
         super().__init__()
         self.ssm_norm = Norm(D_MODEL)
-        self.ssm = Mamba2()
+        self.ssm = ssm
         self.resid_drop = nn.Dropout(DROPOUT)
 
     @property
@@ -165,7 +165,7 @@ class Model(nn.Module):
         super().__init__()
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([Block() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([Block(Mamba2()) for _ in range(N_LAYERS)])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
@@ -199,8 +199,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, layer_cache)  # (B, T, D_MODEL)
         return x
@@ -211,7 +210,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
