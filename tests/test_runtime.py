@@ -57,8 +57,8 @@ def _optional_imports(tree: ast.AST) -> set[int]:
     form runs, so a copied-out model still needs nothing else)."""
     out: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError"
-                                             for h in node.handlers):
+        if isinstance(node, ast.Try) and any("ImportError" in {n.id for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+                                             for h in node.handlers if h.type is not None):
             out |= {id(n) for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
     return out
 

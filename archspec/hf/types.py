@@ -1064,8 +1064,8 @@ QWEN3_NEXT = HFType(
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
-                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2)}
-                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2, QWEN3_NEXT)}
+                                                              GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2,
+                                                              QWEN3_NEXT)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -1074,8 +1074,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                 GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
-                MAMBA2)
-                GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2, QWEN3_NEXT)
+                MAMBA2, QWEN3_NEXT)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {

@@ -109,7 +109,7 @@ def _fla():
     """flash-linear-attention's chunked kernel, or None when the package is not installed."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception:  # not installed, or installed without a working Triton
+    except (ImportError, RuntimeError):  # not installed, or installed without a working Triton
         return None
     return chunk_gated_delta_rule
 
