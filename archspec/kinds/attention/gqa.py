@@ -87,6 +87,9 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             return TPPlan(refused=(("qk_norm", "scope"), "projection normalises q and k over all heads at once, and "
                                    "tensor parallelism puts the heads on different processes (no reduction is done); "
                                    "use scope: head, or tp 1"))
+        if self.sinks:
+            return TPPlan(refused=(("sinks",), "the sink logits are per head and tensor parallelism does not split "
+                                   "them with the heads yet; use sinks: false, or tp 1"))
         splits = {"": Split("gather"), "qkv_proj": Split("colwise", parts=(self.q_width, self.kv_width, self.kv_width)),
                   "o_proj": Split("rowwise")}
         if self.qk_norm is not None:  # on (B, heads, T, HEAD_DIM): each rank's heads, dim 1
@@ -142,7 +145,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         weights = d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model
         biases = (self.q_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
         return weights + biases + (self.qk_norm.params(self.q_width, self.kv_width, self.head_dim) if self.qk_norm
-                                   else 0)
+                                   else 0) + self.sink_params()
 
     def projection_flops(self, d_model: int) -> int:
         return 2 * (d_model * self.q_width + 2 * d_model * self.kv_width + self.q_width * d_model)
@@ -263,6 +266,8 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             if self.qkv_bias:
                 out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
         out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
+        if self.sinks:  # gpt-oss: self_attn.sinks, one logit per query head
+            out.append(HFWeight("sinks", (names.get("sinks", "sinks"),)))
         if self.qk_norm is not None:
             out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",)) for p in "qk"]
         return out
