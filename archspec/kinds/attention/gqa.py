@@ -118,7 +118,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         return (2 * self.n_heads + 2 * self.n_kv_heads) * self.head_dim
 
     def heads_summary(self) -> str:
-        return f"{self.layout} {self.n_heads}/{self.n_kv_heads} heads"
+        return f"{self.layout} {self.n_heads}/{self.n_kv_heads} heads" + (" with sinks" if self.sinks else "")
 
     def doc_summary(self) -> str:
         return f"{self.n_heads} heads ({self.n_kv_heads} KV heads, {self.layout})"
