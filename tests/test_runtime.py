@@ -132,7 +132,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # gemma2-like: its first committed length plus one
                 "gemma2-like-tiny": 392, "gemma2-like": 403,
                 # lfm2-like: its first committed length plus one (issue 43)
-                "lfm2-like-tiny": 380, "lfm2-like": 383}
+                "lfm2-like-tiny": 380, "lfm2-like": 383,
+                # gpt-oss-like: its first committed length plus one (issue 47), within mixtral-like's bound
+                "gpt-oss-like-tiny": 561, "gpt-oss-like": 567}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
