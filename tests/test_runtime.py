@@ -152,7 +152,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # lfm2-like: its first committed length plus one (issue 43)
                 "lfm2-like-tiny": 380, "lfm2-like": 383,
                 # Mamba-2 and its 3:1 hybrid: their first committed length plus one (issue 45)
-                "mamba2-like-tiny": 244, "mamba2-like": 244, "mamba2-hybrid-like-tiny": 402, "mamba2-hybrid-like": 404}
+                "mamba2-like-tiny": 244, "mamba2-like": 244, "mamba2-hybrid-like-tiny": 402, "mamba2-hybrid-like": 404,
+                # gpt-oss-like: its first committed length plus one (issue 47), within mixtral-like's bound
+                "gpt-oss-like-tiny": 561, "gpt-oss-like": 567}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

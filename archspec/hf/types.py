@@ -10,6 +10,7 @@ Qwen2-MoE's dense layers), its `pick` reads the per-layer words (transformers' o
 
 from __future__ import annotations
 
+from archspec.errors import printable
 from archspec.kinds.hf import HFConfig, HFType, HFUnsupported
 
 # Keys of every transformers config that do not change the function the model computes: ids, labels, generation
@@ -898,6 +899,75 @@ FALCON_NEW = HFType(  # the new decoder architecture's two norms: ln_attn before
 # A model type whose module names depend on its config: the callable (config dict) → the HFType that reads it.
 VARIANTS = {"falcon": lambda data: FALCON_NEW if _falcon_two_norms(data) else FALCON}
 
+# ── gpt_oss (OpenAI gpt-oss): attention sinks, alternating window/full layers, biased experts with a clamped SwiGLU ──
+
+
+def _gpt_oss_pattern(cfg: HFConfig) -> list[str]:
+    """gpt-oss: `layer_types`, else (transformers' GptOssConfig) even-numbered layers slide, odd ones attend fully; a
+    window at least as long as the context hides no key (those layers are full attention, the same function)."""
+    n_layers = cfg.take("n_layers", int)
+    window = cfg.take("sliding_window", int, default=None)
+    layer_types = cfg.take("layer_types", list, default=None)
+    if layer_types is None:
+        layer_types = [SLIDING if (i + 1) % 2 else FULL for i in range(n_layers)]
+    _check_words(cfg, layer_types, n_layers)
+    if SLIDING in layer_types and not window:
+        raise cfg.refuse("sliding_window", f"{window!r}: transformers' gpt_oss needs a window for its "
+                         f"{SLIDING!r} layers")
+    if window is not None and window >= cfg.take("context_length", int):
+        return [FULL] * n_layers
+    return layer_types
+
+
+_gpt_oss_pattern.fields = ("layer_types", "sliding_window")
+
+# GptOssConfig's rope when a config gives none: yarn, 32× from 4096 positions, the ramp's ends not rounded
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
+def _gpt_oss_read(cfg: HFConfig) -> None:
+    """What transformers' GptOssConfig assumes or ignores: its yarn rope when the config names none; OpenAI's own
+    keys beside transformers' (experts_per_token, which must agree with num_experts_per_tok; initial_context_length,
+    which no module reads); quantization_config (the released files keep the experts in MXFP4): the architecture is
+    read, and a weights import of such files is refused by their integer tensors."""
+    if cfg.data.get("rope_parameters") is None and cfg.data.get("rope_scaling") is None:
+        cfg.data["rope_parameters"] = dict(GPT_OSS_ROPE)
+    experts = cfg.data.get("experts_per_token")
+    cfg.mark("experts_per_token", "initial_context_length")
+    if experts is not None and experts != cfg.take("top_k", int):
+        raise cfg.refuse("experts_per_token", f"{experts!r} contradicts num_experts_per_tok "
+                         f"({cfg.take('top_k', int)}), which transformers reads")
+    if cfg.data.get("quantization_config") is not None:
+        cfg.mark("quantization_config")
+        _caution(f"{cfg.source}: quantization_config: the files' weights are quantized "
+                 f"({printable(repr(cfg.data['quantization_config'].get('quant_method')) if isinstance(cfg.data['quantization_config'], dict) else '?', 40)}); "
+                 "the architecture is imported, the weights only from dequantized (bf16/fp32) files")
+
+
+GPT_OSS = HFType(
+    model_type="gpt_oss", architecture="GptOssForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "sparsity": _PATTERNS, "ffn": "sparse_moe"}, pick={"sparsity": _gpt_oss_pattern},
+    keys={**_MOE_KEYS, "n_experts": "num_local_experts", "expert_hidden": "intermediate_size",
+          "swiglu_limit": "swiglu_limit", "swiglu_alpha": "swiglu_alpha"},
+    # GptOssConfig's defaults (its rope: GPT_OSS_ROPE, by the rewrite)
+    defaults={**_LLAMA_DEFAULTS, "rope_theta": 150000.0, "rms_norm_eps": 1e-5, "vocab_size": 201088,
+              "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+              "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "sliding_window": 128,
+              "num_experts_per_tok": 4, "num_local_experts": 128, "router_aux_loss_coef": 0.001,
+              "swiglu_limit": 7.0, "swiglu_alpha": 1.702, "attention_bias": True},
+    names={**_MOE_NAMES, "router": "router", "sinks": "sinks"},
+    # q/k/v and o biases by one key; every attention layer has sinks; experts with biases, stored fused (gate and up
+    # interleaved in gate_up_proj, transposed); a router with a bias; top-k then softmax over the chosen (renormalised)
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "sinks": True, "expert_bias": True,
+           "router_bias": True, "renormalize": True, "fused_experts": True},
+    dropout_keys=("attention_dropout",),
+    place={"sparsity": _place_ministral_layer_types},
+    aliases={"num_experts": "num_local_experts"},
+    rewrite=(_gpt_oss_read, None),
+    check=(_common_checks,),
+)
+
 # ── LFM2 (Liquid AI): gated short-conv layers and GQA layers with q/k norm, by `layer_types` ─────────────────────
 
 _LFM2_CONV = "conv"  # transformers' word for a short-conv layer in Lfm2Config.layer_types
@@ -1065,7 +1135,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
                                                               GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2,
-                                                              QWEN3_NEXT)}
+                                                              QWEN3_NEXT, GPT_OSS)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -1074,7 +1144,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                 GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
-                MAMBA2, QWEN3_NEXT)
+                MAMBA2, QWEN3_NEXT, GPT_OSS)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {

@@ -206,7 +206,9 @@ class HFWeight:
     (`ours` a tuple), HF's their concatenation (our experts' gate_proj and up_proj → HF's fused gate_up_proj).
     `sizes`: each part's length along `dim`. `stack`: the HF tensors are ours' slices along a new dimension `dim`
     instead (one matrix per expert in HF's files, ours stacked (n_experts, out, in)). `transpose`: HF stores it
-    (in, out) (GPT-2's Conv1D)."""
+    (in, out) (GPT-2's Conv1D; of a stack of matrices, the last two dimensions: gpt-oss's experts). `interleave`:
+    ours' parts alternate element by element along `dim` in HF's tensor instead of following one another (gpt-oss's
+    gate_up_proj: gate unit i at 2i, up unit i at 2i + 1)."""
 
     ours: str | tuple[str, ...]
     hf: tuple[str, ...]
@@ -220,6 +222,7 @@ class HFWeight:
     per_head: int = 0
     # HF stores it less this constant (Qwen3-Next's q/k RMSNorm gains, applied as 1 + w): ours = HF's + offset.
     offset: float = 0.0
+    interleave: bool = False
 
     @property
     def our_names(self) -> tuple[str, ...]:
@@ -229,7 +232,10 @@ class HFWeight:
         """Ours (in `our_names` order) → {HF name: tensor}."""
         import torch
 
-        whole = torch.cat(list(tensors), dim=self.dim) if len(tensors) > 1 else tensors[0]
+        if self.interleave:  # (.., n, ..) parts → (.., n·parts, ..): part p's element i at i·parts + p
+            whole = torch.stack(list(tensors), dim=self.dim + 1).flatten(self.dim, self.dim + 1)
+        else:
+            whole = torch.cat(list(tensors), dim=self.dim) if len(tensors) > 1 else tensors[0]
         if self.per_head:
             whole = self._regroup(whole, by_head=True)
         if self.stack:
@@ -238,13 +244,13 @@ class HFWeight:
             parts = whole.split(list(self.sizes), dim=self.dim) if len(self.hf) > 1 else (whole,)
         if self.offset:
             parts = [p - self.offset for p in parts]
-        return {name: (p.t() if self.transpose else p).contiguous() for name, p in zip(self.hf, parts)}
+        return {name: (_swap_last(p) if self.transpose else p).contiguous() for name, p in zip(self.hf, parts)}
 
     def to_ours(self, tensors: list[Any]) -> dict[str, Any]:
         """HF's (in `hf` order) → {our name: tensor}."""
         import torch
 
-        parts = [t.t() if self.transpose else t for t in tensors]
+        parts = [_swap_last(t) if self.transpose else t for t in tensors]
         if self.offset:
             parts = [p + self.offset for p in parts]
         if self.stack:
@@ -256,6 +262,12 @@ class HFWeight:
                 raise RuntimeError(f"expected {sum(self.sizes)} rows of q, k and v, got shape {tuple(whole.shape)}")
             whole = self._regroup(whole, by_head=False)
         names = self.our_names
+        if self.interleave:
+            if whole.ndim <= self.dim or whole.shape[self.dim] % len(names):
+                raise RuntimeError(f"expected a multiple of {len(names)} along dim {self.dim} to de-interleave into "
+                                   f"{', '.join(names)}, got shape {tuple(whole.shape)}")
+            parts = whole.unflatten(self.dim, (-1, len(names))).unbind(self.dim + 1)
+            return {n: p.contiguous() for n, p in zip(names, parts)}
         if len(names) > 1:
             if whole.ndim <= self.dim or whole.shape[self.dim] != sum(self.sizes):
                 raise RuntimeError(f"expected {sum(self.sizes)} along dim {self.dim} to split into {', '.join(names)},"
@@ -279,6 +291,11 @@ class HFWeight:
         per_group = [size // groups for size in self.sizes]
         grouped = whole.reshape(groups, sum(per_group), *rest)
         return torch.cat([p.reshape(-1, *rest) for p in grouped.split(per_group, dim=1)], dim=0).contiguous()
+
+
+def _swap_last(t: Any) -> Any:
+    """A matrix transposed; a stack of matrices (n, a, b) → (n, b, a); a vector as it is."""
+    return t if t.ndim < 2 else t.transpose(-2, -1)
 
 
 def linear(ours: str, hf: str, bias: bool, conv1d: bool) -> list[HFWeight]:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 # logit_observers: the one list of attention-logit observers, shared with score_mod_attention (archspec.runtime.scores)
-from archspec.runtime.scores import alibi_bias, capped, logit_observers, score_mod_attention  # noqa: F401
+from archspec.runtime.scores import alibi_bias, capped, logit_observers, score_mod_attention, sink_softmax  # noqa: F401
 
 
 class SparsePattern:
@@ -63,16 +63,18 @@ class RollingKVCache:
         self.length, self.oldest = end, max(self.oldest, end - self.ring)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-               softcap: float | None = None, alibi: torch.Tensor | None = None) -> torch.Tensor:
+               softcap: float | None = None, alibi: torch.Tensor | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
         """This step's q (B, N_HEADS, T, D) and k, v (B, N_KV_HEADS, T, D), positions `length` onwards: store k, v and
-        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new (scale, softcap, alibi:
-        as sparse_attention's; ALiBi's bias from each slot's absolute position, so cached == full)."""
+        return the attention output (B, N_HEADS, T, D) over every visible key, cached or new (scale, softcap, alibi,
+        sinks: as sparse_attention's; ALiBi's bias from each slot's absolute position, so cached == full)."""
         start, T = self.length, q.size(2)
         end = start + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} positions, made for {self.max_len}")
         if start == 0:  # prefill: positions 0..T-1, as in training (the sparse fast path)
-            y = sparse_attention(q, k, v, self.pattern, scale=scale, softcap=softcap, alibi=alibi)  # (B, N_HEADS, T, D)
+            y = sparse_attention(q, k, v, self.pattern, scale=scale, softcap=softcap, alibi=alibi,
+                                 sinks=sinks)  # (B, N_HEADS, T, D)
             self._store(k, v)
             return y
         # The first query sees keys from start - reach + 1 on (and the globals). When this step's writes evict none of
@@ -86,12 +88,12 @@ class RollingKVCache:
             kv_pos = torch.cat([self.pos, torch.arange(start, end, device=q.device)])  # (slots + T,)
         q_idx = torch.arange(start, end, device=q.device)[:, None]  # (T, 1)
         mask = self.pattern.mask_mod(None, None, q_idx, kv_pos[None, :]) & (kv_pos >= 0)  # (T, keys); empty slots out
-        if softcap is None and alibi is None:
+        if softcap is None and alibi is None and sinks is None:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                                enable_gqa=q.size(1) != k.size(1))
         else:
             y = score_mod_attention(q, keys, values, mask, q_pos=q_idx[:, 0], k_pos=kv_pos, scale=scale,
-                                    softcap=softcap, alibi=alibi)
+                                    softcap=softcap, alibi=alibi, sinks=sinks)
         if not write_first:
             self._store(k, v)
         return y  # (B, N_HEADS, T, D)
@@ -212,7 +214,7 @@ class BlockwiseAttention(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda")  # backward then runs under the autocast state forward ran under
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                 dropout_p: float, scale: float | None = None, softcap: float | None = None,
-                alibi: torch.Tensor | None = None) -> torch.Tensor:
+                alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)  # Dv: the values' width (multi-head latent attention's may differ)
         G, C, P = H // kv_heads, pattern.chunk, min(pattern.n_global, T)
@@ -232,7 +234,7 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 k_tile = torch.cat([keys[:, :P], k_tile], dim=1)  # (B·N_KV_HEADS, globals + band, D)
                 v_tile = torch.cat([values[:, :P], v_tile], dim=1)
-            probs = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows)[0]
+            probs = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows, sinks)[0]
             if dropout_p > 0.0:
                 keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
                 probs = probs.mul_(keep).div_(1.0 - dropout_p)
@@ -240,13 +242,13 @@ class BlockwiseAttention(torch.autograd.Function):
             out = torch.bmm(probs, v_tile)  # (B·N_KV_HEADS, G·rows, Dv)
             y[:, :, start:start + rows] = out.view(B, H, rows, Dv)
         ctx.pattern, ctx.dropout_p, ctx.scale, ctx.softcap = pattern, dropout_p, scale, softcap
-        ctx.save_for_backward(q, k, v, y, alibi, *masks)
+        ctx.save_for_backward(q, k, v, y, alibi, sinks, *masks)
         return y  # (B, N_HEADS, T, D)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, dy: torch.Tensor):
-        q, k, v, y, alibi, *masks = ctx.saved_tensors
+        q, k, v, y, alibi, sinks, *masks = ctx.saved_tensors
         pattern, dropout_p, scale, softcap = ctx.pattern, ctx.dropout_p, ctx.scale, ctx.softcap
         B, H, T, D = q.shape
         kv_heads, Dv = k.size(1), v.size(-1)
@@ -260,6 +262,8 @@ class BlockwiseAttention(torch.autograd.Function):
         dk, dv = torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
         dkeys, dvalues = dk.view(B * kv_heads, T, D), dv.view(B * kv_heads, T, Dv)
         biases = tile_biases(pattern, T, C, G, q.dtype, q.device)
+        # a sink's gradient: −p_sink · Σ_D dy ∘ y over its head's queries (its column has no value)
+        dsinks = None if sinks is None else torch.zeros(B, kv_heads, G, dtype=acc, device=q.device)
         for i, start in enumerate(range(0, T, C)):
             rows = min(C, T - start)
             first, end = chunk_keys(pattern, T, start, rows)
@@ -270,7 +274,10 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 k_tile = torch.cat([keys[:, :P], k_tile], dim=1)
                 v_tile = torch.cat([values[:, :P], v_tile], dim=1)
-            probs, slope = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows)
+            probs, slope = _tile_probs(q_tile, k_tile, biases[i], scale, softcap, alibi, pattern, T, start, rows, sinks)
+            if dsinks is not None:
+                p_sink = 1.0 - probs.to(acc).sum(dim=-1)  # (B·N_KV_HEADS, G·rows)
+                dsinks -= (p_sink * delta_tile[..., 0].to(acc)).view(B, kv_heads, G, rows).sum(dim=-1)
             dprobs = torch.bmm(dy_tile, v_tile.transpose(1, 2))  # (B·N_KV_HEADS, G·rows, keys)
             if dropout_p > 0.0:
                 keep = masks[i]
@@ -288,15 +295,27 @@ class BlockwiseAttention(torch.autograd.Function):
             if P:
                 dkeys[:, :P].add_(dk_tile[:, :P], alpha=scale)
                 dvalues[:, :P].add_(dv_tile[:, :P])
-        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        dsinks = None if dsinks is None else dsinks.sum(dim=0).view(-1).to(sinks.dtype)
+        return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, dsinks
+
+
+def _tile_softmax(scores: torch.Tensor, sinks: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """A tile's softmax (B·N_KV_HEADS, G·rows, keys), each row's head's sink logit in its denominator when given."""
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    kv_heads, G = sinks.numel() * rows // scores.size(1), scores.size(1) // rows
+    per_row = sinks.view(kv_heads, G, 1).expand(kv_heads, G, rows).reshape(kv_heads, G * rows)  # each row's sink
+    return sink_softmax(scores.view(-1, kv_heads, *scores.shape[1:]), per_row).view(scores.shape)
 
 
 def _tile_probs(q_tile: torch.Tensor, k_tile: torch.Tensor, bias: torch.Tensor, scale: float, softcap: float | None,
-                alibi: torch.Tensor | None, pattern: SparsePattern, T: int, start: int, rows: int):
+                alibi: torch.Tensor | None, pattern: SparsePattern, T: int, start: int, rows: int,
+                sinks: torch.Tensor | None = None):
     """One tile's probabilities (B·N_KV_HEADS, G·rows, keys), and, under a cap, the cap's slope at each score
-    (1 − tanh², for backward; else None). Without a cap or ALiBi, one fused baddbmm as before."""
+    (1 − tanh², for backward; else None). Without a cap or ALiBi, one fused baddbmm as before; with `sinks`, each
+    head's sink logit joins its rows' denominators."""
     if softcap is None and alibi is None:
-        return torch.baddbmm(bias, q_tile, k_tile.transpose(1, 2), alpha=scale).softmax(dim=-1), None
+        return _tile_softmax(torch.baddbmm(bias, q_tile, k_tile.transpose(1, 2), alpha=scale), sinks, rows), None
     scores = torch.bmm(q_tile, k_tile.transpose(1, 2)).mul_(scale)  # (B·N_KV_HEADS, G·rows, keys)
     slope = None
     if softcap is not None:
@@ -313,7 +332,7 @@ def _tile_probs(q_tile: torch.Tensor, k_tile: torch.Tensor, bias: torch.Tensor, 
         kv_heads = H * rows // q_tile.size(1)
         scores = (scores.view(-1, kv_heads, *scores.shape[1:]) + tile.reshape(kv_heads, -1, tile.size(-1))
                   ).view(scores.shape)
-    return scores.softmax(dim=-1), slope
+    return _tile_softmax(scores, sinks, rows), slope
 
 
 # A compiled graph calls it eagerly (a graph break): compiled, its chunk loop would be unrolled, compile time growing
@@ -321,11 +340,11 @@ def _tile_probs(q_tile: torch.Tensor, k_tile: torch.Tensor, bias: torch.Tensor, 
 @torch.compiler.disable
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                         dropout_p: float = 0.0, scale: float | None = None, softcap: float | None = None,
-                        alibi: torch.Tensor | None = None) -> torch.Tensor:
+                        alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D) over only the keys each chunk of
-    queries can see, in plain PyTorch on any device (see BlockwiseAttention); scale, softcap and alibi as in
+    queries can see, in plain PyTorch on any device (see BlockwiseAttention); scale, softcap, alibi and sinks as in
     archspec.runtime.scores."""
-    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p, scale, softcap, alibi)
+    return BlockwiseAttention.apply(q, k, v, pattern, dropout_p, scale, softcap, alibi, sinks)
 
 
 def flex_block_mask(pattern: SparsePattern, T: int, device: torch.device):
@@ -387,12 +406,29 @@ def _make_score_mod(softcap: float | None, alibi: torch.Tensor | None):
     return score_mod
 
 
+def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern, *,
+                          scale: float | None = None, softcap: float | None = None, alibi: torch.Tensor | None = None,
+                          sinks: torch.Tensor | None = None, attention=None) -> torch.Tensor:
+    """FlexAttention's path of sparse_attention (`attention`: the flex_attention to call; default the compiled one).
+    Sinks: FlexAttention's softmax has no extra column, so its log-sum-exp is asked for and the output rescaled,
+    y · Σ exp(s) / (Σ exp(s) + exp(sink)) = y · sigmoid(lse − sink): the same function, differentiable in the sink."""
+    attention = attention or flex_attention_fn()
+    mask = flex_block_mask(pattern, q.size(2), q.device)
+    kwargs = dict(score_mod=flex_score_mod(softcap, alibi), block_mask=mask, scale=scale,
+                  enable_gqa=k.size(1) != q.size(1))
+    if sinks is None:
+        return attention(q, k, v, **kwargs)  # (B, N_HEADS, T, D)
+    y, lse = attention(q, k, v, return_lse=True, **kwargs)  # lse (B, N_HEADS, T), natural log
+    keep = torch.sigmoid(lse.float() - sinks.float()[None, :, None])  # (B, N_HEADS, T): 1 − p_sink
+    return (y * keep[..., None].to(y.dtype)).to(q.dtype)
+
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: SparsePattern,
                      dropout_p: float = 0.0, *, scale: float | None = None, softcap: float | None = None,
-                     alibi: torch.Tensor | None = None) -> torch.Tensor:
+                     alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, N_HEADS, T, D), k and v (B, N_KV_HEADS, T, D) → (B, N_HEADS, T, D), attending where `pattern` allows;
-    `scale` (default 1/sqrt(D)), `softcap` and `alibi` (N_HEADS slopes) change the scores as
-    archspec.runtime.scores says, on every path.
+    `scale` (default 1/sqrt(D)), `softcap`, `alibi` (N_HEADS slopes) and `sinks` (N_HEADS logits) change the
+    scores as archspec.runtime.scores says, on every path.
 
     On CUDA: FlexAttention, whose kernels skip the blocks the block mask rules out (forward and backward). Elsewhere,
     and with attention dropout (FlexAttention has none): the blockwise path, which trains on any device
@@ -403,7 +439,6 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         for observe in logit_observers:
             observe(q, k, visible, scale)
     if q.is_cuda and dropout_p == 0.0 and flex_attention is not None:
-        mask = flex_block_mask(pattern, q.size(2), q.device)
-        return flex_attention_fn()(q, k, v, score_mod=flex_score_mod(softcap, alibi), block_mask=mask, scale=scale,
-                                   enable_gqa=k.size(1) != q.size(1))  # (B, N_HEADS, T, D)
-    return blockwise_attention(q, k, v, pattern, dropout_p, scale, softcap, alibi)
+        return flex_sparse_attention(q, k, v, pattern, scale=scale, softcap=softcap, alibi=alibi,
+                                     sinks=sinks)  # (B, N_HEADS, T, D)
+    return blockwise_attention(q, k, v, pattern, dropout_p, scale, softcap, alibi, sinks)

@@ -90,6 +90,9 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             return TPPlan(refused=(("qk_norm", "scope"), "projection normalises q and k over all heads at once, and "
                                    "tensor parallelism puts the heads on different processes (no reduction is done); "
                                    "use scope: head, or tp 1"))
+        if self.sinks:
+            return TPPlan(refused=(("sinks",), "the sink logits are per head and tensor parallelism does not split "
+                                   "them with the heads yet; use sinks: false, or tp 1"))
         splits = {"": Split("gather"), "qkv_proj": Split("colwise", parts=(self.q_proj_width, self.kv_width,
                                                                           self.kv_width)),
                   "o_proj": Split("rowwise")}
@@ -121,7 +124,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         return (2 * self.n_heads + 2 * self.n_kv_heads) * self.head_dim
 
     def heads_summary(self) -> str:
-        return f"{self.layout} {self.n_heads}/{self.n_kv_heads} heads"
+        return f"{self.layout} {self.n_heads}/{self.n_kv_heads} heads" + (" with sinks" if self.sinks else "")
 
     def doc_summary(self) -> str:
         return f"{self.n_heads} heads ({self.n_kv_heads} KV heads, {self.layout})"
@@ -153,7 +156,7 @@ class AttentionSpec(ScoreOptions, AttentionKind):
         weights = d_model * self.q_proj_width + 2 * d_model * self.kv_width + self.q_width * d_model
         biases = (self.q_proj_width + 2 * self.kv_width if self.qkv_bias else 0) + (d_model if self.out_bias else 0)
         return weights + biases + (self.qk_norm.params(self.q_width, self.kv_width, self.head_dim) if self.qk_norm
-                                   else 0)
+                                   else 0) + self.sink_params()
 
     def projection_flops(self, d_model: int) -> int:
         return 2 * (d_model * self.q_proj_width + 2 * d_model * self.kv_width + self.q_width * d_model)
@@ -277,6 +280,8 @@ class AttentionSpec(ScoreOptions, AttentionKind):
             if self.qkv_bias:
                 out.append(HFWeight("qkv_proj.bias", tuple(f"{p}.bias" for p in parts), sizes))
         out += linear("o_proj", names.get("o", "o_proj"), self.out_bias, hf.conv1d)
+        if self.sinks:  # gpt-oss: self_attn.sinks, one logit per query head
+            out.append(HFWeight("sinks", (names.get("sinks", "sinks"),)))
         if self.qk_norm is not None:
             offset = 1.0 if hf.facts.get("qk_norm_unit_offset") else 0.0  # Qwen3-Next stores w of (1 + w)
             out += [HFWeight(f"{p}_norm.weight", (f"{names.get(f'{p}_norm', f'{p}_norm')}.weight",), offset=offset)

@@ -128,7 +128,8 @@ class MLASpec(ScoreOptions, AttentionKind):
         return q + kv + H * self.v_head_dim * d
 
     def params(self, d_model: int) -> int:
-        return self._weights(d_model) + self.kv_lora_rank + (self.q_lora_rank or 0)  # + the latents' norm weights
+        return (self._weights(d_model) + self.kv_lora_rank + (self.q_lora_rank or 0)  # + the latents' norm weights
+                + self.sink_params())
 
     def projection_flops(self, d_model: int) -> int:
         return 2 * self._weights(d_model)
@@ -221,7 +222,8 @@ class MLASpec(ScoreOptions, AttentionKind):
               HFWeight("q_b_proj.weight", ("q_b_proj.weight",))])
         return q + [HFWeight("kv_a_proj.weight", ("kv_a_proj_with_mqa.weight",)),
                     HFWeight("kv_a_norm.weight", ("kv_a_layernorm.weight",)),
-                    HFWeight("kv_b_proj.weight", ("kv_b_proj.weight",)), HFWeight("o_proj.weight", ("o_proj.weight",))]
+                    HFWeight("kv_b_proj.weight", ("kv_b_proj.weight",)), HFWeight("o_proj.weight", ("o_proj.weight",))
+                    ] + ([HFWeight("sinks", ("sinks",))] if self.sinks else [])
 
     # ── testing ──
     @classmethod

@@ -1,8 +1,10 @@
 """What an attention kind may do to its scores before the softmax, shared by the kinds that take it (gqa, mla):
 `softcap` (Gemma 2: scores ← cap · tanh(scores / cap)) and `scale` (the softmax scale; null: 1/sqrt(the q·k
-width); Gemma 2: query_pre_attn_scalar ** -0.5). With the positional kind's bias (ALiBi's `score_args`) they reach
-the sparsity's `attend` hook as keyword arguments of the runtime's kernels (`scores`); a layer that caps or biases
-its scores takes `score_mod_attention` on the dense path (SDPA can do neither), and only such a layer."""
+width); Gemma 2: query_pre_attn_scalar ** -0.5) and `sinks` (gpt-oss: a learned logit per head that joins each
+softmax's denominator, a parameter `sinks` of N_HEADS). With the positional kind's bias (ALiBi's `score_args`) they
+reach the sparsity's `attend` hook as keyword arguments of the runtime's kernels (`scores`); a layer that caps or
+biases its scores, or has sinks, takes `score_mod_attention` on the dense path (SDPA can do none of them), and only
+such a layer."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ class ScoreOptions(Strict):
     scale: Annotated[float | None, Since("0.4")] = Field(
         None, gt=0.0, le=MAX_SCALE, description="the softmax scale; null: 1/sqrt(head_dim) (Gemma 2: "
         "query_pre_attn_scalar ** -0.5)")
+    sinks: Annotated[bool, Since("0.6")] = Field(
+        False, description="attention sinks (gpt-oss): a learned logit per query head that joins every softmax's "
+        "denominator as a column with no value, so a query may attend to nothing")
 
     takes_score_mods: ClassVar[bool] = True  # its template passes `scores` to every attention path it has
 
@@ -35,6 +40,10 @@ class ScoreOptions(Strict):
         if self.scale is not None:
             return self.scale
         return 1.0 / self.score_width if m.parametrization == "mup" else None
+
+    def sink_params(self) -> int:
+        """The sink logits: one per query head."""
+        return self.n_heads if self.sinks else 0
 
     def score_constants(self, m: Any) -> list[Const]:
         out = []
@@ -50,13 +59,18 @@ class ScoreOptions(Strict):
 
     def score_context(self, m: Any) -> dict[str, Any]:
         """`scores`: the keyword arguments every attention kernel call of this layer takes (the file's constants and
-        the positional kind's); `score_mod`: whether SDPA cannot serve the dense path (a cap or a bias)."""
+        the positional kind's, and the module's sink logits); `score_mod`: whether SDPA cannot serve the dense path
+        (a cap, a bias or sinks); `sinks`: whether the module holds sink logits."""
         bias = type(self.positional).score_args
         scaled = self.effective_scale(m) is not None
         kwargs = (", scale=ATTN_SCALE" if scaled else "") + (
-            ", softcap=ATTN_SOFTCAP" if self.softcap is not None else "") + bias
-        return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias),
-                "sdpa_scale": ", scale=ATTN_SCALE" if scaled else ""}
+            ", softcap=ATTN_SOFTCAP" if self.softcap is not None else "") + bias + (
+            ", sinks=self.sinks" if self.sinks else "")
+        return {"scores": kwargs, "score_mod": self.softcap is not None or bool(bias) or self.sinks,
+                "sdpa_scale": ", scale=ATTN_SCALE" if scaled else "", "sinks": self.sinks,
+                "score_changes": ", ".join(what for what, on in (("ALiBi's bias", bool(bias)),
+                                                                 ("the cap", self.softcap is not None),
+                                                                 ("each head's sink logit", self.sinks)) if on)}
 
     def score_mod_kept_bytes(self, m: Any, seq_len: int, mm: int) -> int | None:
         """Per token, what a dense layer on the score_mod path keeps for backward (archspec.memory): its q, k, v and
@@ -76,12 +90,15 @@ class ScoreOptions(Strict):
                 value = cfg.take(role, (float, type(None)), default=None)
                 if value is not None:
                     out[field] = value
+        if cfg.fact("sinks"):  # gpt-oss: every attention layer has them
+            out["sinks"] = True
         return out
 
     def scores_to_hf(self, out: dict[str, Any], hf: Any, path: tuple[str, ...]) -> None:
         """Export: written where the model type has the key; else refused unless off (no cap, 1/sqrt(head_dim))."""
-        from archspec.kinds.hf import HFUnsupported
+        from archspec.kinds.hf import HFUnsupported, put_fact
 
+        put_fact(out, hf, "sinks", self.sinks, (*path, "sinks"))
         for field, role in (("softcap", "attn_softcap"), ("scale", "attn_scale")):
             if role in hf.keys:
                 out[hf.keys[role]] = getattr(self, field)
@@ -91,7 +108,7 @@ class ScoreOptions(Strict):
 
     def describe_scores(self) -> str:
         parts = ([f"scores capped at {self.softcap:g}"] if self.softcap is not None else []) + (
-            [f"softmax scale {self.scale:g}"] if self.scale is not None else [])
+            [f"softmax scale {self.scale:g}"] if self.scale is not None else []) + (["sinks"] if self.sinks else [])
         return ", ".join(parts)
 
 
@@ -103,4 +120,5 @@ def score_strategy(draw) -> dict[str, Any]:
     return draw(st.fixed_dictionaries({}, optional={
         "softcap": st.one_of(st.none(), st.floats(0.05, 100.0)),
         "scale": st.one_of(st.none(), st.floats(0.01, 4.0)),
+        "sinks": st.booleans(),
     }))

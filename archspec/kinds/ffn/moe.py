@@ -33,6 +33,12 @@ hidden size), plus always-on shared experts. Semantics (the generated module imp
 - Losses, per MoE layer, averaged over the MoE layers by `Model.auxiliary_losses()` (the training loop adds them):
   load balancing α · n · Σ_i f_i · P_i (f_i: fraction of routed assignments, before drops, that go to expert i;
   P_i: mean router probability of i; α = `aux_loss_coef`), and z-loss `z_loss_coef` · mean(logsumexp(logits)²).
+- gpt-oss (OpenAI, 2025; transformers' GptOssMLP): `router_bias: true` adds a learned bias to the router's logits
+  (softmax over all experts, top-k, renormalised: the softmax over the chosen logits, as gpt-oss computes it);
+  `clamped_swiglu: {limit, alpha}` makes each routed expert's gated unit gpt-oss's: gate ← min(gate, limit),
+  up ← clamp(up, −limit, limit), h = (up + 1) · gate · sigmoid(alpha · gate) (needs glu experts with silu, whose
+  biases `expert.bias` gpt-oss has too). transformers stores gate and up interleaved in one (E, D, 2·hidden)
+  gate_up_proj; archspec keeps them apart (gate_proj, up_proj, each (E, hidden, D)): the HF mapping interleaves.
 - Shared experts: `n_shared_experts` always-on experts, stored as one dense FFN of the expert's kind with hidden
   `shared_hidden_dim` (default n_shared_experts · expert.hidden_dim, DeepSeek-MoE); `shared_gate: true` scales its
   output by sigmoid(x · w) (Qwen2-MoE's `shared_expert_gate`).
@@ -60,8 +66,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import (Const, FFNKind, Problem, Since, Split, TPPlan, kind_union, lit_bool, lit_float, lit_int,
-                                 register)
+from archspec.kinds.base import (Const, FFNKind, Problem, Since, Split, Strict, TPPlan, kind_union, lit_bool, lit_float,
+                                 lit_int, register)
 from archspec.kinds.ffn import activations
 from archspec.kinds.ffn.activations import GLU_NAMES, MLP_NAMES, call
 from archspec.kinds.ffn.glu import GLUSpec
@@ -72,6 +78,15 @@ from archspec.kinds.limits import MAX_HIDDEN
 MAX_EXPERTS = 1024
 
 Expert = kind_union(MLPSpec, GLUSpec, default="glu")
+
+
+class ClampedSwiGLU(Strict):
+    """gpt-oss's expert unit: gate ← min(gate, limit), up ← clamp(up, −limit, limit),
+    h = (up + 1) · gate · sigmoid(alpha · gate) (transformers' GptOssExperts._apply_gate)."""
+
+    limit: float = Field(7.0, gt=0.0, le=1e4, description="the clamp: gate from above, up on both sides")
+    alpha: float = Field(1.702, gt=0.0, le=100.0, description="the sigmoid's gain (1.702: GELU's sigmoid "
+                         "approximation)")
 
 
 @register
@@ -113,6 +128,12 @@ class MoESpec(FFNKind):
         "biased scores); top_k is chosen within them; null: every group")
     routed_scaling_factor: Annotated[float, Since("0.4")] = Field(
         1.0, gt=0.0, le=1000.0, description="multiplies the routed experts' gates (DeepSeek-V3: 2.5)")
+    # gpt-oss (Since: off, every existing model hash and state_dict key stays as it was)
+    router_bias: Annotated[bool, Since("0.6")] = Field(
+        False, description="a learned bias on the router's logits (gpt-oss)")
+    clamped_swiglu: Annotated[ClampedSwiGLU | None, Since("0.6")] = Field(
+        None, description="gpt-oss's clamped SwiGLU in the routed experts: h = (clamp(up, ±limit) + 1) · g · "
+        "sigmoid(alpha · g), g = min(gate, limit); needs expert.kind glu with activation silu")
 
     # ── spec ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -134,6 +155,11 @@ class MoESpec(FFNKind):
             if self.shared_gate:
                 out.append((path + ("shared_gate",), "needs n_shared_experts >= 1 (there is no shared expert to "
                             "gate)", self.shared_gate))
+        if self.clamped_swiglu is not None and (self.expert.kind != "glu" or self.expert.activation != "silu"):
+            what = (f"expert.kind {self.expert.kind!r}" if self.expert.kind != "glu"
+                    else f"expert.activation {self.expert.activation!r}")
+            out.append((path + ("clamped_swiglu",), f"needs glu experts with activation silu (it replaces their "
+                        f"SwiGLU), got {what}", self.clamped_swiglu.model_dump()))
         if self.bias_update_rate > 0 and not self.selection_bias:
             out.append((path + ("bias_update_rate",), "needs selection_bias: true (the bias it updates), got "
                         f"{self.bias_update_rate}", self.bias_update_rate))
@@ -225,6 +251,7 @@ class MoESpec(FFNKind):
     def _always_on_params(self, d_model: int) -> int:
         shared = self._shared()
         return (d_model * self.n_experts  # router
+                + (self.n_experts if self.router_bias else 0)
                 + (shared.params(d_model) if shared else 0)
                 + (d_model if self.shared_gate else 0))
 
@@ -272,6 +299,11 @@ class MoESpec(FFNKind):
         if self.group_limited:
             out += [Const("MOE_N_GROUP", lit_int(self.n_group), "expert groups (MOE_N_EXPERTS // MOE_N_GROUP each)"),
                     Const("MOE_TOPK_GROUP", lit_int(self.topk_group), "groups a token's experts are chosen within")]
+        if self.clamped_swiglu is not None:
+            out += [Const("MOE_SWIGLU_LIMIT", lit_float(self.clamped_swiglu.limit), "gpt-oss: gate clamped from "
+                          "above, up on both sides"),
+                    Const("MOE_SWIGLU_ALPHA", lit_float(self.clamped_swiglu.alpha), "gpt-oss: gate · sigmoid(alpha "
+                          "· gate)")]
         if self.routed_scaling_factor != 1.0:
             out.append(Const("MOE_ROUTED_SCALING", lit_float(self.routed_scaling_factor), "multiplies the routed gates"))
         if self.bias_update_rate > 0:
@@ -304,6 +336,10 @@ class MoESpec(FFNKind):
         routing = "" if self.score == "softmax" else f", {self.score} scores"
         if self.group_limited:
             routing += f", within {self.topk_group} of {self.n_group} groups"
+        if self.router_bias:
+            routing += ", router bias"
+        if self.clamped_swiglu is not None:
+            routing += f", SwiGLU clamped at {self.clamped_swiglu.limit:g}"
         if self.bias_update_rate > 0:
             routing += f", bias balancing at {self.bias_update_rate:g}"
         elif self.selection_bias:
@@ -318,7 +354,10 @@ class MoESpec(FFNKind):
             "glu": glu,
             "expert_bias": e.bias,
             "activation_name": e.activation,
-            "act_h": call(e.activation, "h_gate" if glu else "h"),
+            "act_h": ("h_gate * torch.sigmoid(MOE_SWIGLU_ALPHA * h_gate)" if self.clamped_swiglu is not None
+                      else call(e.activation, "h_gate" if glu else "h")),
+            "clamped": self.clamped_swiglu is not None,
+            "router_bias": self.router_bias,
             "act_shared": call(e.activation, "self.shared_expert.gate_proj(x)" if glu
                                else "self.shared_expert.up_proj(x)"),
             "shared": bool(self.n_shared_experts),
@@ -442,6 +481,24 @@ class MoESpec(FFNKind):
             out.update(n_shared_experts=1, shared_hidden_dim=cfg.take("shared_hidden", int),
                        shared_gate=cfg.fact("shared_gate"))
         out.update(cls._routing_from_hf(cfg, out["n_experts"]))
+        out.update(cls._gpt_oss_from_hf(cfg))
+        return out
+
+    @classmethod
+    def _gpt_oss_from_hf(cls, cfg) -> dict[str, Any]:
+        """gpt-oss: the router's bias, and the experts' clamped SwiGLU (swiglu_limit, swiglu_alpha), where the type
+        has them."""
+        out: dict[str, Any] = {}
+        if cfg.fact("router_bias"):
+            out["router_bias"] = True
+        if "swiglu_limit" in cfg.hf.keys:
+            limit, alpha = cfg.take("swiglu_limit", float), cfg.take("swiglu_alpha", float)
+            if limit <= 0:
+                raise cfg.refuse("swiglu_limit", f"{limit}: the clamp must be positive (transformers clamps the gate "
+                                 "from above and up within ±limit)")
+            if alpha <= 0:
+                raise cfg.refuse("swiglu_alpha", f"{alpha}: the sigmoid's gain must be positive")
+            out["clamped_swiglu"] = {"limit": limit, "alpha": alpha}
         return out
 
     @classmethod
@@ -523,6 +580,16 @@ class MoESpec(FFNKind):
             _left_out(f"{where}.aux_loss_coef: {self.aux_loss_coef} left out: {hf.model_type} has no load-balancing "
                       "loss (a training setting; the exported model computes the same; it imports back as 0)")
         self._routing_to_hf(out, hf, path)
+        put_fact(out, hf, "router_bias", self.router_bias, (*path, "router_bias"))
+        if "swiglu_limit" in keys:
+            if self.clamped_swiglu is None:
+                raise HFUnsupported(f"{where}.clamped_swiglu: null cannot be expressed as {hf.model_type} (its experts "
+                                    "always clamp: give {limit, alpha})")
+            out[keys["swiglu_limit"]] = self.clamped_swiglu.limit
+            out[keys["swiglu_alpha"]] = self.clamped_swiglu.alpha
+        elif self.clamped_swiglu is not None:
+            raise HFUnsupported(f"{where}.clamped_swiglu: {self.clamped_swiglu.model_dump()} cannot be expressed as "
+                                f"{hf.model_type} (its experts' SwiGLU is not clamped)")
 
     def _routing_to_hf(self, out, hf, path) -> None:
         where, keys = ".".join(path), hf.keys
@@ -551,6 +618,8 @@ class MoESpec(FFNKind):
 
     def hf_weights(self, m, hf):
         names = hf.names
+        if hf.facts.get("fused_experts"):
+            return self._fused_hf_weights(hf)
         out = [HFWeight("router.weight", (f"{names['router']}.weight",))]
         out += [HFWeight(f"experts.{proj}_proj",
                          tuple(f"experts.{e}.{names.get(f'expert_{proj}', f'{proj}_proj')}.weight"
@@ -565,6 +634,24 @@ class MoESpec(FFNKind):
         if self.selection_bias:
             out.append(HFWeight("selection_bias", (names.get("selection_bias",
                                                              f"{names['router']}.e_score_correction_bias"),)))
+        return out
+
+    def _fused_hf_weights(self, hf) -> list[HFWeight]:
+        """gpt-oss's files, as its modules hold them: router.weight (and bias); experts.gate_up_proj (E, D, 2·hidden)
+        with gate unit i at column 2i and up unit i at 2i + 1 (ours: gate_proj and up_proj, (E, hidden, D) each),
+        gate_up_proj_bias (E, 2·hidden) interleaved alike, down_proj (E, hidden, D) (ours (E, D, hidden)) and
+        down_proj_bias (E, D)."""
+        router, hidden = hf.names["router"], self.expert.hidden_dim
+        out = [HFWeight("router.weight", (f"{router}.weight",))]
+        if self.router_bias:
+            out.append(HFWeight("router.bias", (f"{router}.bias",)))
+        out += [HFWeight(("experts.gate_proj", "experts.up_proj"), ("experts.gate_up_proj",), sizes=(hidden, hidden),
+                         dim=1, transpose=True, interleave=True),
+                HFWeight("experts.down_proj", ("experts.down_proj",), transpose=True)]
+        if self.expert.bias:
+            out += [HFWeight(("experts.gate_bias", "experts.up_bias"), ("experts.gate_up_proj_bias",),
+                             sizes=(hidden, hidden), dim=1, interleave=True),
+                    HFWeight("experts.down_bias", ("experts.down_proj_bias",))]
         return out
 
     # ── testing ──────────────────────────────────────────────────────────────────────────────────────────────────
@@ -620,6 +707,12 @@ class MoESpec(FFNKind):
                 out["aux_loss_coef"] = draw(st.sampled_from([0.0, 0.01, 0.1]))
             if draw(st.booleans()):
                 out["z_loss_coef"] = draw(st.sampled_from([0.0, 0.001]))
+            if draw(st.booleans()):
+                out["router_bias"] = draw(st.booleans())
+            expert = out["expert"]
+            if expert.get("kind", "glu") == "glu" and expert.get("activation", "silu") == "silu" and draw(st.booleans()):
+                out["clamped_swiglu"] = draw(st.fixed_dictionaries({}, optional={
+                    "limit": st.floats(0.05, 20.0), "alpha": st.floats(0.1, 4.0)}))
             return out
 
         return build()
@@ -627,7 +720,8 @@ class MoESpec(FFNKind):
     @classmethod
     def invalid_cases(cls):
         return {"n_group_divides": _bad_n_group, "topk_group_within": _bad_topk_group,
-                "top_k_within_groups": _bad_top_k_in_groups, "bias_rate_needs_bias": _rate_without_bias}
+                "top_k_within_groups": _bad_top_k_in_groups, "bias_rate_needs_bias": _rate_without_bias,
+                "clamped_swiglu_needs_silu_glu": _clamp_without_swiglu}
 
 
 # ── invalid specs (archspec.testing): each breaks one routing rule of a model-wide MoE FFN ─────────────────────────
@@ -668,6 +762,14 @@ def _rate_without_bias(draw, data, spec):
 
     return _moe_case(data, {"n_experts": 4, "top_k": 2, "bias_update_rate": draw(st.sampled_from([0.001, 0.5]))},
                      "bias_update_rate")
+
+
+def _clamp_without_swiglu(draw, data, spec):
+    from hypothesis import strategies as st
+
+    expert = draw(st.sampled_from([{"kind": "mlp", "hidden_dim": 8}, {"kind": "glu", "activation": "gelu",
+                                                                      "hidden_dim": 8}]))
+    return _moe_case(data, {"n_experts": 4, "top_k": 2, "expert": expert, "clamped_swiglu": {}}, "clamped_swiglu")
 
 
 def _per_token_coef(coef: float, top_k: int) -> float:
