@@ -27,13 +27,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archspec.runtime import (
-    ONE_PROCESS,
     KVCache,
     RollingKVCache,
     SparsePattern,
     grouped_mm,
     grouped_mm_usable,
-    local_tensor,
     score_mod_attention,
     sparse_attention,
     stream,
@@ -158,7 +156,6 @@ class WindowAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
         # Sinks (gpt-oss): a learned logit per query head that joins each softmax's denominator.
@@ -176,23 +173,24 @@ class WindowAttention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, self.n_kv_heads, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
             y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0, sinks=self.sinks)  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v, sinks=self.sinks)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -202,7 +200,6 @@ class DenseAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
         # Sinks (gpt-oss): a learned logit per query head that joins each softmax's denominator.
@@ -219,17 +216,18 @@ class DenseAttention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
-        return KVCache(batch_size, self.n_kv_heads, max_len, HEAD_DIM, device=device, dtype=dtype)
+        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
@@ -240,11 +238,105 @@ class DenseAttention(nn.Module):
         y = score_mod_attention(
             q, k, v, dropout_p=DROPOUT if self.training else 0.0, sinks=self.sinks
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
 # ── feed-forward ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+class Router(nn.Linear):
+    """The router: each token's logit for each of the MOE_N_EXPERTS experts, in fp32 (autocast off, the weight
+    upcast): which experts a token reaches should not depend on the compute dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), self.weight.float(), self.bias.float())  # (N, MOE_N_EXPERTS); gpt-oss: + b
+
+
+class Experts(nn.Module):
+    """The MOE_N_EXPERTS routed experts (GLU, act = silu), stacked along dim 0: expert e's
+    weights are slice e of each parameter, laid out as an nn.Linear's (out, in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN, D_MODEL))
+        self.up_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN, D_MODEL))
+        self.down_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, D_MODEL, MOE_HIDDEN))
+        self.gate_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN))
+        self.up_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN))
+        self.down_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, D_MODEL))
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.gate_proj, mean=0.0, std=INIT_STD)
+        nn.init.normal_(self.up_proj, mean=0.0, std=INIT_STD)
+        # down_proj writes the residual stream: scaled by 1/sqrt(2·N_LAYERS) (GPT-2), as in the dense FFN.
+        nn.init.normal_(self.down_proj, mean=0.0, std=INIT_STD / math.sqrt(2 * N_LAYERS))
+        nn.init.zeros_(self.gate_bias)
+        nn.init.zeros_(self.up_bias)
+        nn.init.zeros_(self.down_bias)
+
+    def forward(self, xs: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """xs (M, D_MODEL): rows sorted by expert; counts (E,): how many rows each expert takes. Returns each row's output (M, D_MODEL) and the
+        padding factor (rows the experts computed ÷ M)."""
+        if grouped_mm_usable(xs.device, xs.dtype):
+            return self.grouped(xs, counts), torch.ones((), device=xs.device)
+        return self.padded(xs, counts, max(int(counts.max()), 2))
+
+    def grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Through grouped_mm: one GEMM per expert's slice of the rows, no padding → (M, D_MODEL)."""
+        offs = counts.cumsum(0).to(torch.int32)  # (E,) where each expert's rows end
+        expert_of = torch.repeat_interleave(torch.arange(counts.numel(), device=xs.device), counts,
+                                            output_size=xs.shape[0])  # (M,) each row's expert
+        h = grouped_mm(xs, self.up_proj.to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
+        h = h + self.up_bias.to(xs.dtype).index_select(0, expert_of)
+        h_gate = grouped_mm(xs, self.gate_proj.to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
+        h_gate = h_gate + self.gate_bias.to(xs.dtype).index_select(0, expert_of)
+        # gpt-oss's clamped SwiGLU: the gate clamped from above, up on both sides and shifted by one
+        h_gate, h = h_gate.clamp(max=MOE_SWIGLU_LIMIT), h.clamp(-MOE_SWIGLU_LIMIT, MOE_SWIGLU_LIMIT) + 1
+        h = h_gate * torch.sigmoid(MOE_SWIGLU_ALPHA * h_gate) * h
+        y = grouped_mm(h, self.down_proj.to(xs.dtype).transpose(-2, -1), offs)  # (M, D_MODEL)
+        y = y + self.down_bias.to(xs.dtype).index_select(0, expert_of)
+        return y
+
+    def padded(self, xs: torch.Tensor, counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each expert's rows into its row of an (E, cap, D_MODEL) buffer, the experts as one batched matmul per
+        projection → (M, D_MODEL) and the padding factor E·cap / M."""
+        E, M = counts.numel(), xs.shape[0]
+        expert_of = torch.repeat_interleave(torch.arange(E, device=xs.device), counts, output_size=M)  # (M,)
+        rank = torch.arange(M, device=xs.device) - (counts.cumsum(0) - counts)[expert_of]  # (M,) place in its slice
+        slot = expert_of * cap + rank  # (M,)
+        buf = xs.new_zeros(E * cap, D_MODEL).index_copy(0, slot, xs).view(E, cap, D_MODEL)
+        h = torch.bmm(buf, self.up_proj.transpose(1, 2)) + self.up_bias[:, None, :]  # (E, cap, MOE_HIDDEN)
+        h_gate = torch.bmm(buf, self.gate_proj.transpose(1, 2)) + self.gate_bias[:, None, :]  # (E, cap, MOE_HIDDEN)
+        # gpt-oss's clamped SwiGLU: the gate clamped from above, up on both sides and shifted by one
+        h_gate, h = h_gate.clamp(max=MOE_SWIGLU_LIMIT), h.clamp(-MOE_SWIGLU_LIMIT, MOE_SWIGLU_LIMIT) + 1
+        h = h_gate * torch.sigmoid(MOE_SWIGLU_ALPHA * h_gate) * h
+        y = torch.bmm(h, self.down_proj.transpose(1, 2)) + self.down_bias[:, None, :]  # (E, cap, D_MODEL)
+        y_of = y.reshape(E * cap, D_MODEL)[slot]  # (M, D_MODEL)
+        return y_of, torch.full((), E * cap / M, device=xs.device)
+
+
+class RouterLosses(nn.Module):
+    """The router's losses and statistics over a batch, from the batch's sums (the balancing loss needs batch-wide
+    fractions, not per-token terms)."""
+
+    def forward(self, sums: torch.Tensor, padding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sums (2·MOE_N_EXPERTS + 3,): assignments per expert, router probability per expert, then
+        Σ logsumexp(logits)², Σ entropy and the token count; padding: the experts' padding factor.
+        Returns [load-balancing loss, z-loss] (coefficients applied) and [load of each expert..., dropped fraction,
+        router entropy (nats), padding factor] (detached)."""
+        tokens = sums[-1]
+        load = sums[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
+        mean_prob = sums[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
+        balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
+        z = sums[2 * MOE_N_EXPERTS] / tokens  # mean of logsumexp(logits)²
+        losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
+        with torch.no_grad():
+            entropy = sums[2 * MOE_N_EXPERTS + 1] / tokens
+            dropped = torch.zeros_like(entropy)  # dropless
+            stats = torch.cat([load, torch.stack([dropped, entropy, padding.float()])]).detach()
+        return losses, stats
 
 
 class FeedForward(nn.Module):
@@ -271,177 +363,78 @@ class FeedForward(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.router = nn.Linear(D_MODEL, MOE_N_EXPERTS, bias=False)
-        self.router.bias = nn.Parameter(torch.zeros(MOE_N_EXPERTS))  # gpt-oss: a learned bias on the router's logits
-        # Routed experts stacked along dim 0; expert e's slice is the weight of an nn.Linear (out, in).
-        self.experts = nn.Module()
-        self.experts.gate_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN, D_MODEL))
-        self.experts.up_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN, D_MODEL))
-        self.experts.down_proj = nn.Parameter(torch.empty(MOE_N_EXPERTS, D_MODEL, MOE_HIDDEN))
-        self.experts.gate_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN))
-        self.experts.up_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, MOE_HIDDEN))
-        self.experts.down_bias = nn.Parameter(torch.empty(MOE_N_EXPERTS, D_MODEL))
+        self.router = Router(D_MODEL, MOE_N_EXPERTS, bias=True)
+        self.experts = Experts()
+        self.losses = RouterLosses()
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)
-        # Where the rows meet their experts and over which processes the router's sums run: one process here (the
-        # identity); expert parallelism replaces it (archspec.train.expert_parallel).
-        self.parallel = ONE_PROCESS
         self.router_losses: torch.Tensor | None = None
         self.router_stats: torch.Tensor | None = None
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.router.weight, mean=0.0, std=INIT_STD)
         nn.init.zeros_(self.router.bias)
-        nn.init.normal_(self.experts.gate_proj, mean=0.0, std=INIT_STD)
-        nn.init.normal_(self.experts.up_proj, mean=0.0, std=INIT_STD)
-        # down_proj writes the residual stream: scaled by 1/sqrt(2·N_LAYERS) (GPT-2), as in the dense FFN.
-        nn.init.normal_(self.experts.down_proj, mean=0.0, std=INIT_STD / math.sqrt(2 * N_LAYERS))
-        nn.init.zeros_(self.experts.gate_bias)
-        nn.init.zeros_(self.experts.up_bias)
-        nn.init.zeros_(self.experts.down_bias)
+        self.experts.reset_parameters()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (N, D_MODEL) → router logits and probabilities (N, MOE_N_EXPERTS) in fp32, the chosen experts
         (N, MOE_TOP_K) and their gates (N, MOE_TOP_K)."""
-        with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.weight.float())  # (N, MOE_N_EXPERTS)
-            logits = logits + self.router.bias.float()
+        logits = self.router(x)  # (N, MOE_N_EXPERTS) fp32
         probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(MOE_TOP_K, dim=-1)  # (N, MOE_TOP_K)
         gates = top_p / top_p.sum(dim=-1, keepdim=True)
         return logits, probs, top_e, gates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Tensor parallel: this process's sequence shard (B, T/tp, D_MODEL) → the tp group's tokens, plus a copy for
-        # what every process computes whole (the router). One process: x, twice.
-        x, x_whole = self.parallel.gather(x)
         B, T, _ = x.shape
         xf = x.reshape(B * T, D_MODEL)  # (N, D_MODEL)
         n_tokens = xf.shape[0]
-        n_assign = n_tokens * MOE_TOP_K
-        logits, probs, top_e, gates = self.route(x_whole.reshape(B * T, D_MODEL))
-        gates = self.parallel.replicated(gates)  # tp: the experts' outputs are partial sums, so is the gates' gradient
+        logits, probs, top_e, gates = self.route(xf)
         flat_e = top_e.reshape(-1)  # (N·K,): assignment a is token a // K's (a % K)-th choice
         counts = torch.bincount(flat_e, minlength=MOE_N_EXPERTS)  # (MOE_N_EXPERTS,)
         # Group the assignments by expert; the stable sort keeps each expert's slice in priority order.
         order = flat_e.argsort(stable=True)  # (N·K,) by expert
-        expert_of = flat_e[order]  # (N·K,) non-decreasing
         token_of = order // MOE_TOP_K  # (N·K,)
         gate_of = gates.reshape(-1)[order]  # (N·K,) fp32, carries the router's gradient
-        rank = torch.arange(n_assign, device=x.device) - (counts.cumsum(0) - counts)[expert_of]  # place in its slice
-        dropped = torch.zeros((), device=x.device)
         # the experts' matmul dtype: autocast's where it is on (bf16 on CUDA), else the input's
         mm_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else xf.dtype
-        if grouped_mm_usable(x.device, mm_dtype):
-            xs = xf.index_select(0, token_of).to(mm_dtype)  # (N·K, D_MODEL) rows in expert order
-            y_of = self.parallel.dispatch(xs, counts, self._grouped)  # no padding; ep: on the experts' processes
-            padding = torch.ones((), device=x.device)
-        else:
-            y_of, padding = self._padded(xf, token_of, expert_of, rank, counts, max(int(counts.max()), 2))
+        xs = xf.index_select(0, token_of).to(mm_dtype)  # (N·K, D_MODEL) rows in expert order
+        y_of, padding = self.experts(xs, counts)  # (N·K, D_MODEL) each row through its expert
         y_of = y_of * gate_of.to(y_of.dtype)[:, None]  # (N·K, D_MODEL)
         out = xf.new_zeros(n_tokens, D_MODEL).index_add(0, token_of, y_of.to(xf.dtype))  # (N, D_MODEL)
 
         # Router losses (the loop adds Model.auxiliary_losses()) and statistics, kept for the caller to read: over the
-        # whole batch, from sums that `self.parallel.batch_sum` totals over every data-parallel process
-        # (differentiable; the identity on one process), so that N processes balance exactly as one.
+        # whole batch, from its sums.
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # (N,) nats
-        totals = self.parallel.batch_sum(torch.cat([
+        sums = torch.cat([
             counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
             probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
-            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(), dropped.float() * n_assign,
+            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
                          torch.full((), float(n_tokens), device=x.device)]),
-        ]))
-        tokens = totals[-1]
-        load = totals[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
-        mean_prob = totals[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
-        balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
-        z = totals[-4] / tokens  # mean of logsumexp(logits)²
-        self.router_losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
-        with torch.no_grad():
-            dropped, entropy = totals[-2] / (tokens * MOE_TOP_K), totals[-3] / tokens
-            self.router_stats = torch.cat([load, torch.stack([dropped, entropy, padding.float()])]).detach()
-        return self.parallel.scatter(out.view(B, T, D_MODEL))  # tp: partial sums → this process's shard, summed
-
-    def _padded(self, xf: torch.Tensor, token_of: torch.Tensor, expert_of: torch.Tensor, rank: torch.Tensor,
-                counts: torch.Tensor, cap: int, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each expert's slice into its row of a (MOE_N_EXPERTS, cap, D_MODEL) buffer, the experts as one batched
-        matmul per projection; returns each assignment's output (N·K, D_MODEL) and the padding factor."""
-        slot = expert_of * cap + rank  # (N·K,)
-        if keep is not None:
-            slot = torch.where(keep, slot, MOE_N_EXPERTS * cap)  # dropped → a spare last row, never read
-        buf = xf.new_zeros(MOE_N_EXPERTS * cap + 1, D_MODEL).index_copy(0, slot, xf.index_select(0, token_of))
-        buf = buf[:-1].view(MOE_N_EXPERTS, cap, D_MODEL)
-        h = torch.bmm(buf, local_tensor(self.experts.up_proj).transpose(1, 2)) + local_tensor(self.experts.up_bias)[:, None, :]  # (E, cap, MOE_HIDDEN)
-        h_gate = torch.bmm(buf, local_tensor(self.experts.gate_proj).transpose(1, 2)) + local_tensor(self.experts.gate_bias)[:, None, :]
-        # gpt-oss's clamped SwiGLU: the gate clamped from above, up on both sides and shifted by one
-        h_gate, h = h_gate.clamp(max=MOE_SWIGLU_LIMIT), h.clamp(-MOE_SWIGLU_LIMIT, MOE_SWIGLU_LIMIT) + 1
-        h = h_gate * torch.sigmoid(MOE_SWIGLU_ALPHA * h_gate) * h
-        y = torch.bmm(h, local_tensor(self.experts.down_proj).transpose(1, 2)) + local_tensor(self.experts.down_bias)[:, None, :]  # (E, cap, D_MODEL)
-        y_of = y.reshape(MOE_N_EXPERTS * cap, D_MODEL)[slot.clamp(max=MOE_N_EXPERTS * cap - 1)]  # dropped: gate 0
-        padding = torch.full((), MOE_N_EXPERTS * cap / token_of.numel(), device=xf.device)
-        return y_of, padding
-
-    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows sorted by expert (M, D_MODEL), counts (E,) rows per expert, through grouped_mm: one GEMM per expert's
-        slice, no padding. The experts are the ones this process holds (all MOE_N_EXPERTS of them on one process;
-        under expert parallelism E = MOE_N_EXPERTS / ep, `local_tensor` giving this process's slice)."""
-        offs = counts.cumsum(0).to(torch.int32)
-        ex = self.experts
-        expert_of = torch.repeat_interleave(torch.arange(counts.numel(), device=xs.device), counts,
-                                            output_size=xs.shape[0])  # (M,) each row's expert
-        h = grouped_mm(xs, local_tensor(ex.up_proj).to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
-        h = h + local_tensor(ex.up_bias).to(xs.dtype).index_select(0, expert_of)
-        h_gate = grouped_mm(xs, local_tensor(ex.gate_proj).to(xs.dtype).transpose(-2, -1), offs)
-        h_gate = h_gate + local_tensor(ex.gate_bias).to(xs.dtype).index_select(0, expert_of)
-        # gpt-oss's clamped SwiGLU: the gate clamped from above, up on both sides and shifted by one
-        h_gate, h = h_gate.clamp(max=MOE_SWIGLU_LIMIT), h.clamp(-MOE_SWIGLU_LIMIT, MOE_SWIGLU_LIMIT) + 1
-        h = h_gate * torch.sigmoid(MOE_SWIGLU_ALPHA * h_gate) * h
-        y = grouped_mm(h, local_tensor(ex.down_proj).to(xs.dtype).transpose(-2, -1), offs)  # (M, D_MODEL)
-        y = y + local_tensor(ex.down_bias).to(xs.dtype).index_select(0, expert_of)
-        return y
+        ])
+        self.router_losses, self.router_stats = self.losses(sums, padding)
+        return out.view(B, T, D_MODEL)
 
 
-# ── blocks ──────────────────────────────────────────────────────────────────────────────────────────────────
+# ── block ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 
-class WindowBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layer 0."""
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = WindowAttention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
-        x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
-        x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
-        return x
-
-
-class DenseBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)). Used by layer 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn_norm = Norm(D_MODEL)
-        self.attn = DenseAttention()
-        self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
-        self.resid_drop = nn.Dropout(DROPOUT)
-
-    def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
-            module.reset_parameters()
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | KVCache | None = None
                 ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
@@ -458,8 +451,8 @@ class Model(nn.Module):
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
         self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            WindowBlock(),  # layer 0
-            DenseBlock(),  # layer 1
+            Block(WindowAttention(), FeedForward()),  # layer 0
+            Block(DenseAttention(), FeedForward()),  # layer 1
         ])
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
@@ -494,8 +487,7 @@ class Model(nn.Module):
         return self.emb_drop(x)
 
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None) -> torch.Tensor:
-        """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL). A pipeline stage holds
-        some of the blocks: its own. (Under tensor parallelism x holds T / tp of the positions: T is given.)"""
+        """x (B, T, D_MODEL), the tokens at positions start .. start + T - 1, through every block → (B, T, D_MODEL)."""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
             x = block(x, cos, sin, layer_cache)  # (B, T, D_MODEL)
@@ -507,7 +499,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 

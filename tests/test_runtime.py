@@ -154,7 +154,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # Mamba-2 and its 3:1 hybrid: their first committed length plus one (issue 45)
                 "mamba2-like-tiny": 244, "mamba2-like": 244, "mamba2-hybrid-like-tiny": 402, "mamba2-hybrid-like": 404,
                 # gpt-oss-like: its first committed length plus one (issue 47), within mixtral-like's bound
-                "gpt-oss-like-tiny": 561, "gpt-oss-like": 567}
+                "gpt-oss-like-tiny": 561, "gpt-oss-like": 567,
+                # Qwen3-Next-like (Gated DeltaNet : gated attention, 3:1): its first length after the merge plus one
+                "qwen3-next-like-tiny": 606, "qwen3-next-like": 608}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
