@@ -363,7 +363,8 @@ class FeedForward(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.router = Router(D_MODEL, MOE_N_EXPERTS, bias=True)
+        self.router = Router(D_MODEL, MOE_N_EXPERTS, bias=False)
+        self.router.bias = nn.Parameter(torch.zeros(MOE_N_EXPERTS))  # gpt-oss: a learned bias on the router's logits
         self.experts = Experts()
         self.losses = RouterLosses()
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)

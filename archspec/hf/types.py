@@ -1071,6 +1071,10 @@ MAMBA2 = HFType(
     inert=frozenset({"time_step_rank", "time_step_min", "time_step_max", "time_step_floor",
                      "rescale_prenorm_residual", "residual_in_fp32"}),
     rewrite=(_mamba2_read, None),
+    check=(_common_checks,),
+)
+
+
 # ── Qwen3-Next: Gated DeltaNet and gated-attention layers by `layer_types`, a sparse MoE with a gated shared expert ──
 
 _LINEAR = "linear_attention"  # transformers' word for a Gated DeltaNet layer in Qwen3NextConfig.layer_types
