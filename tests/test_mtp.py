@@ -1,0 +1,221 @@
+"""Multi-token prediction (DeepSeek-V3 §2.2, model.mtp): the spec field and its refusals, the generated MTPModule and
+its losses, accounting that separates the main model from the modules, the loop's weighting, HF deepseek_v3's MTP
+weights both ways, and self-speculative decoding with the model's own MTP modules (`sample --draft mtp`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from archspec.accounting import account, mtp_breakdown
+from archspec.codegen import generate
+from archspec.errors import UserError
+from archspec.spec import load_spec_dict, model_hash
+
+BASE = {
+    "name": "mtp-test",
+    "model": {"vocab_size": 320, "context_length": 32, "d_model": 32, "n_layers": 2,
+              "attention": {"n_heads": 4, "n_kv_heads": 2}, "ffn": {"kind": "glu", "activation": "silu", "hidden_dim": 64}},
+    "train": {"seq_len": 32, "batch_size": 2},
+}
+
+
+def _spec(mtp=None, **model):
+    data = copy.deepcopy(BASE)
+    data["model"].update(model)
+    if mtp is not None:
+        data["model"]["mtp"] = mtp
+    return load_spec_dict(data)
+
+
+def _model(spec, seed: int = 0):
+    torch.manual_seed(seed)
+    return generate(spec, write=False).Model()
+
+
+# ── the spec field ──────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_no_mtp_keeps_the_hash_and_mtp_is_part_of_it():
+    plain = _spec()
+    assert model_hash(_spec(None)) == model_hash(plain)
+    written_null = copy.deepcopy(BASE)
+    written_null["model"]["mtp"] = None
+    assert model_hash(load_spec_dict(written_null)) == model_hash(plain)  # Since: null written = left out
+    one = _spec({"depth": 1, "weight": 0.3})
+    assert model_hash(one) != model_hash(plain)
+    assert model_hash(_spec({"depth": 1})) == model_hash(one)  # the default weight written or not
+    assert model_hash(_spec({"depth": 2})) != model_hash(one)
+    assert model_hash(_spec({"depth": 1, "weight": 0.1})) != model_hash(one)
+
+
+@pytest.mark.parametrize("mtp, field", [
+    ({"depth": 0}, "model.mtp.depth"), ({"depth": -1}, "model.mtp.depth"), ({"depth": 10**6}, "model.mtp.depth"),
+    ({"depth": 32}, "model.mtp.depth"),  # = train.seq_len: no target that far ahead
+    ({"depth": "two"}, "model.mtp.depth"), ({"depth": True}, "model.mtp.depth"),
+    ({"weight": -0.1}, "model.mtp.weight"), ({"weight": float("nan")}, "model.mtp.weight"),
+    ({"weight": float("inf")}, "model.mtp.weight"), ({"weight": 1e9}, "model.mtp.weight"),
+    ({"depth": 1, "lambda": 0.3}, "model.mtp.lambda"),
+])
+def test_bad_mtp_settings_are_refused_naming_the_field(mtp, field):
+    with pytest.raises(UserError) as e:
+        _spec(mtp)
+    assert field in e.value.render()
+
+
+@settings(max_examples=25, deadline=None)
+@given(depth=st.integers(-10**9, 10**9), weight=st.floats(allow_nan=True, allow_infinity=True))
+def test_any_depth_and_weight_validates_or_is_refused_by_name(depth, weight):
+    try:
+        spec = _spec({"depth": depth, "weight": weight})
+    except UserError as e:
+        ok_depth = 1 <= depth < 32
+        ok_weight = math.isfinite(weight) and 0 <= weight <= 100
+        assert not (ok_depth and ok_weight)
+        assert ("model.mtp.depth" in e.render()) or ("model.mtp.weight" in e.render())
+        return
+    assert 1 <= spec.model.mtp.depth < 32 and 0 <= spec.model.mtp.weight <= 100
+
+
+@pytest.mark.parametrize("train, field", [({"parallel": {"tp": 2}}, "train.parallel.tp"),
+                                          ({"parallel": {"pp": 2}}, "train.parallel.pp")])
+def test_split_models_are_refused_with_the_reason(train, field):
+    data = copy.deepcopy(BASE)
+    data["model"]["mtp"] = {"depth": 1}
+    data["train"].update(train)
+    with pytest.raises(UserError) as e:
+        load_spec_dict(data)
+    assert "model.mtp" in e.value.render() and field in e.value.render()
+
+
+# ── the generated module and its losses ─────────────────────────────────────────────────────────────────────────
+
+
+def test_generated_file_reads_as_mtp_modules_and_only_with_mtp():
+    plain = generate(_spec(), write=False).source
+    assert "MTPModule" not in plain and "self.mtp" not in plain and "auxiliary_weights" not in plain
+    source = generate(_spec({"depth": 2}), write=False).source
+    assert "class MTPModule(nn.Module):" in source
+    assert "MTP_DEPTH = 2" in source
+    assert "for k, module in enumerate(self.mtp, start=1):" in source
+
+
+def test_state_dict_keys_of_the_main_model_are_unchanged():
+    plain = set(_model(_spec()).state_dict())
+    with_mtp = set(_model(_spec({"depth": 2})).state_dict())
+    assert plain <= with_mtp
+    assert {k.split(".")[0] for k in with_mtp - plain} == {"mtp"}
+    assert {k.split(".")[1] for k in with_mtp - plain} == {"0", "1"}
+
+
+def _reference_losses(model, idx, targets):
+    """DeepSeek-V3 §2.2 written out independently: h⁰ = the main model's normed last hidden state; depth k:
+    h^k_i = Block(W [RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]) over i < T - k, P^k_{i+k+1} = Head(h^k_i)."""
+    T = idx.size(1)
+    seq = torch.cat([idx, targets[:, -1:]], dim=1)  # t_0 .. t_T
+    h = model.final_norm(model.hidden_states(idx))
+    out = []
+    for k, module in enumerate(model.mtp, start=1):
+        n = T - k
+        emb = model.tok_emb(seq[:, k : k + n])
+        x = module.proj(torch.cat([module.embed_norm(emb), module.hidden_norm(h[:, :n])], dim=-1))
+        cos, sin = model.rope(n, 0)
+        h = module.block(x, cos, sin)
+        logits = model.lm_head(module.norm(h))
+        out.append(F.cross_entropy(logits.flatten(0, 1), seq[:, k + 1 : k + 1 + n].flatten()))
+    return out
+
+
+def test_each_depth_predicts_the_token_k_plus_one_ahead():
+    model = _model(_spec({"depth": 3, "weight": 0.5})).train()
+    g = torch.Generator().manual_seed(1)
+    window = torch.randint(0, 320, (2, 17), generator=g)
+    idx, targets = window[:, :-1], window[:, 1:]
+    _, main = model(idx, targets)
+    aux = model.auxiliary_losses()
+    assert sorted(aux) == ["mtp_loss_1", "mtp_loss_2", "mtp_loss_3"]
+    for got, want in zip((aux[f"mtp_loss_{k}"] for k in (1, 2, 3)), _reference_losses(model, idx, targets)):
+        torch.testing.assert_close(got, want)
+    assert model.auxiliary_weights() == {f"mtp_loss_{k}": 0.5 / 3 for k in (1, 2, 3)}
+    # depth k's loss reads no target beyond the window: changing the last target moves every depth's loss, and
+    # depth k never sees tokens past targets[:, -1] (it has T - k positions)
+    model.eval()
+    assert model(idx).shape == (2, 16, 320)  # inference: the main model alone
+
+
+def test_inference_output_is_the_main_models():
+    """Adding MTP modules changes nothing the main model computes: same logits as the plain model with its weights."""
+    plain, with_mtp = _model(_spec()), _model(_spec({"depth": 2}))
+    state = {k: v for k, v in with_mtp.state_dict().items() if not k.startswith("mtp.")}
+    plain.load_state_dict(state)
+    idx = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(plain.eval()(idx), with_mtp.eval()(idx))
+
+
+def test_zero_weight_trains_the_main_model_as_without_mtp():
+    """λ = 0: the main model's gradients are those of next-token prediction alone (the loop's weighted sum)."""
+    plain, with_mtp = _model(_spec()), _model(_spec({"depth": 1, "weight": 0.0}))
+    plain.load_state_dict({k: v for k, v in with_mtp.state_dict().items() if not k.startswith("mtp.")})
+    window = torch.randint(0, 320, (2, 17), generator=torch.Generator().manual_seed(3))
+    for model in (plain, with_mtp):
+        model.train()
+        _, loss = model(window[:, :-1], window[:, 1:])
+        aux = model.auxiliary_losses() if hasattr(model, "auxiliary_losses") else {}
+        weights = model.auxiliary_weights() if hasattr(model, "auxiliary_weights") else {}
+        (loss + sum(weights.get(n, 1.0) * v for n, v in aux.items())).backward()
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(p.grad, dict(with_mtp.named_parameters())[name].grad)
+
+
+# ── accounting ──────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_params_split_main_and_mtp_as_the_module_holds_them(depth):
+    spec = _spec({"depth": depth})
+    model = _model(spec)
+    acc = account(spec)
+    mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp."))
+    assert acc.total == sum(p.numel() for p in model.parameters())
+    assert acc.mtp_params == mtp and acc.by_component["mtp"] == mtp
+    assert acc.main_total == account(_spec()).total
+    assert acc.flops_forward == account(_spec()).flops_forward  # inference: the main model's forward
+    assert acc.flops_train == 3 * (acc.flops_forward + acc.mtp_flops_forward)
+    d = acc.to_dict()
+    assert d["mtp"]["params"] == mtp and d["main"]["params"] == acc.total - mtp
+
+
+def test_mtp_flops_match_the_flop_counter():
+    """A training forward minus an inference forward = the MTP modules; depth k runs over T - k positions."""
+    spec = _spec({"depth": 2})
+    model = _model(spec)
+    T = 16
+    window = torch.randint(0, 320, (1, T + 1), generator=torch.Generator().manual_seed(4))
+
+    def counted(train: bool) -> int:
+        model.train(train)
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
+            model(window[:, :-1], window[:, 1:])
+        return counter.get_total_flops()
+
+    extra = counted(True) - counted(False)
+    # the math kernel multiplies the full score matrix: accounting at full attention, each depth at its length
+    want = sum((T - k) * mtp_breakdown(spec.model, T - k, full_attention=True)[2] / 2 for k in (1, 2))
+    assert abs(extra - want) <= 0.01 * want
+
+
+def test_memory_plan_counts_the_mtp_modules():
+    from archspec.memory import plan_memory
+
+    plain, with_mtp = plan_memory(_spec()), plan_memory(_spec({"depth": 2}))
+    assert with_mtp.params == plain.params + account(_spec({"depth": 2})).mtp_params
+    assert with_mtp.activations > plain.activations
