@@ -219,3 +219,120 @@ def test_memory_plan_counts_the_mtp_modules():
     plain, with_mtp = plan_memory(_spec()), plan_memory(_spec({"depth": 2}))
     assert with_mtp.params == plain.params + account(_spec({"depth": 2})).mtp_params
     assert with_mtp.activations > plain.activations
+
+
+# ── HF deepseek_v3: the MTP layers past num_hidden_layers, both ways ───────────────────────────────────────────
+
+
+def _deepseek_dir(tmp_path, shared_head_equal: bool = True):
+    """A tiny DeepSeek-V3 checkpoint as DeepSeek publishes one: num_hidden_layers decoder layers, then one MTP layer
+    (model.layers.N: a decoder layer — MoE, as the last — with enorm, hnorm, eh_proj, shared_head.norm, and copies of
+    the embedding and head). transformers' model builds no MTP layer: the state dict is extended by hand."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    kw = dict(vocab_size=96, max_position_embeddings=32, hidden_size=32, intermediate_size=40, num_attention_heads=4,
+              num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+              v_head_dim=6, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+              n_group=2, topk_group=1, n_shared_experts=1, rope_interleave=True, bos_token_id=None, eos_token_id=None,
+              pad_token_id=None, tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(11)
+    big = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(num_hidden_layers=3, **kw))
+    with torch.no_grad():
+        for name, p in big.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 and "norm" in name
+                    else 0.1 * torch.randn(p.shape, generator=g))
+    main_model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(num_hidden_layers=2,
+                                                                                 num_nextn_predict_layers=1, **kw))
+    state = big.state_dict()
+    main_model.load_state_dict({k: v for k, v in state.items() if not k.startswith("model.layers.2.")}, strict=False)
+    for name, buf in big.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(0.05 * torch.randn(buf.shape, generator=g))
+    out = tmp_path / "hf-deepseek-mtp"
+    main_model.save_pretrained(out)
+    tensors = load_file(str(out / "model.safetensors"))
+    big.save_pretrained(tmp_path / "big")  # the checkpoint's names (transformers fuses experts in memory)
+    mtp = {k: v.clone() for k, v in load_file(str(tmp_path / "big" / "model.safetensors")).items()
+           if k.startswith("model.layers.2.")}
+    mtp.update({"model.layers.2.enorm.weight": 1.0 + 0.2 * torch.randn(32, generator=g),
+                "model.layers.2.hnorm.weight": 1.0 + 0.2 * torch.randn(32, generator=g),
+                "model.layers.2.eh_proj.weight": 0.1 * torch.randn(32, 64, generator=g),
+                "model.layers.2.shared_head.norm.weight": 1.0 + 0.2 * torch.randn(32, generator=g),
+                "model.layers.2.embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+                "model.layers.2.shared_head.head.weight": tensors["lm_head.weight"].clone()
+                if shared_head_equal else torch.randn(96, 32, generator=g)})
+    tensors.update(mtp)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return main_model, out, mtp
+
+
+def test_deepseek_v3_mtp_layer_imports_and_exports_under_its_names(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from archspec.cli import main
+    from archspec.spec import load_spec
+
+    hf, src, mtp = _deepseek_dir(tmp_path)
+    spec_path, ckpt = tmp_path / "ds.yaml", tmp_path / "ds.pt"
+    assert main(["import-hf", str(src), "-o", str(spec_path), "--checkpoint", str(ckpt)]) == 0, capsys.readouterr().err
+    assert "model.mtp.depth 1" in capsys.readouterr().err
+    spec = load_spec(spec_path)
+    assert spec.model.mtp.depth == 1
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
+    ours = generate(spec, write=False).Model()
+    ours.load_state_dict(state)  # strict: every MTP parameter came from the file
+    assert sum(p.numel() for k, p in ours.named_parameters() if k.startswith("mtp.")) == account(spec).mtp_params
+    torch.testing.assert_close(state["mtp.0.proj.weight"], mtp["model.layers.2.eh_proj.weight"])
+    torch.testing.assert_close(state["mtp.0.embed_norm.weight"], mtp["model.layers.2.enorm.weight"])
+    idx = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # the main model computes what transformers' does (it has no MTP layer)
+        torch.testing.assert_close(ours.eval()(idx), hf.eval()(input_ids=idx).logits, atol=1e-4, rtol=0)
+
+    out = tmp_path / "exported"
+    assert main(["export-hf", str(ckpt), "-o", str(out)]) == 0, capsys.readouterr().err
+    written = load_file(str(out / "model.safetensors"))
+    assert set(mtp) <= set(written)
+    for name, tensor in mtp.items():  # every MTP tensor back under its original name, equal
+        assert torch.equal(written[name], tensor), name
+    config = __import__("json").loads((out / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1 and config["num_hidden_layers"] == 2
+    transformers = pytest.importorskip("transformers")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)  # HF ignores the MTP layer's tensors
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(input_ids=idx).logits, ours(idx), atol=1e-4, rtol=0)
+
+
+def test_deepseek_v3_mtp_head_that_is_not_the_models_is_refused(tmp_path, capsys):
+    from archspec.cli import main
+
+    _, src, _ = _deepseek_dir(tmp_path, shared_head_equal=False)
+    code = main(["import-hf", str(src), "-o", str(tmp_path / "x.yaml"), "--checkpoint", str(tmp_path / "x.pt")])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.layers.2.shared_head.head.weight differs" in err and "Traceback" not in err, err
+
+
+def test_released_deepseek_v3_mtp_module_counts_as_transformers_counts_its_layer():
+    """deepseek-ai/DeepSeek-V3's config (one MTP layer): the module is a MoE decoder layer as transformers builds
+    layer 61 (counted on the meta device), plus eh_proj (2·7168 → 7168) and three norms; the main model keeps its
+    671.0B / 37.6B (tests/test_hf_interop.py)."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    transformers = pytest.importorskip("transformers")
+    from archspec.hf import spec_from_config
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "deepseek-v3-config.json").read_text())
+    data.pop("quantization_config", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = load_spec_dict(spec_from_config(data, "DeepSeek-V3/config.json", "v3"))
+    acc = account(spec)
+    assert spec.model.mtp.depth == 1 and acc.main_total == 671_026_404_352 and acc.main_active == 37_552_282_624
+    small = {**data, "num_hidden_layers": 4, "first_k_dense_replace": 3}  # layer 3: a MoE layer like layer 61
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**small))
+    layer = sum(p.numel() for p in hf.model.layers[3].parameters())
+    d = data["hidden_size"]
+    assert acc.mtp_params == layer + 2 * d * d + 3 * d
