@@ -105,7 +105,7 @@ def test_generated_file_reads_as_mtp_modules_and_only_with_mtp():
     source = generate(_spec({"depth": 2}), write=False).source
     assert "class MTPModule(nn.Module):" in source
     assert "MTP_DEPTH = 2" in source
-    assert "for k, module in enumerate(self.mtp, start=1):" in source
+    assert "for k in range(1, MTP_DEPTH + 1):" in source and "def mtp_forward(" in source
 
 
 def test_state_dict_keys_of_the_main_model_are_unchanged():
@@ -336,3 +336,98 @@ def test_released_deepseek_v3_mtp_module_counts_as_transformers_counts_its_layer
     layer = sum(p.numel() for p in hf.model.layers[3].parameters())
     d = data["hidden_size"]
     assert acc.mtp_params == layer + 2 * d * d + 3 * d
+
+
+# ── self-speculative decoding: sample --draft mtp ───────────────────────────────────────────────────────────────
+
+
+def _drafts_without_caches(model, decided: list[int], drafts: list[int]) -> list[int]:
+    """The drafts a round should make, computed over the whole sequence with no cache: depth 0 the model's normed
+    hidden states at positions 0 .. n - 2, depth k reading depth k - 1's and the tokens k ahead (decided, then the
+    round's own drafts), each draft the argmax at the last position."""
+    n = len(decided)
+    x = model.hidden_states(torch.tensor([decided[:-1]]))
+    h, out = model.final_norm(x), []
+    for k in range(1, len(drafts) + 1):
+        seq = decided + out
+        h, logits = model.mtp_forward(k, h, torch.tensor([seq[k : n - 1 + k]]))
+        out.append(int(logits[0, -1].argmax()))
+    return out
+
+
+def _cyclic_model(depth: int):
+    """A tiny model with `depth` MTP modules trained (plain torch, a few seconds) on a cycle of 7 tokens: the model and
+    its modules then predict the cycle, so drafts are kept."""
+    spec = _spec({"depth": depth, "weight": 1.0}, context_length=64)
+    model = _model(spec, seed=0).train()
+    cycle = torch.tensor([5, 17, 3, 99, 42, 7, 250])
+    data = cycle.repeat(6)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        starts = torch.randint(0, 7, (4,), generator=g)
+        window = torch.stack([data[s : s + 17] for s in starts.tolist()])
+        _, loss = model(window[:, :-1], window[:, 1:])
+        aux = model.auxiliary_losses()
+        total = loss + sum(model.auxiliary_weights()[k] * v for k, v in aux.items())
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("depth, draft, prompt_len", [(1, 1, 1), (3, 2, 5)])
+def test_mtp_draft_gives_the_models_greedy_output_and_drafts_as_without_caches(depth, draft, prompt_len):
+    """Random weights: drafts are rarely kept; the output is still the model's greedy output, and each round's drafts
+    are what the modules compute over the whole sequence without caches (the caches hold what training saw)."""
+    from archspec.sample import SpeculativeStats, mtp_speculative_stream
+
+    spec = _spec({"depth": depth}, context_length=64)
+    model = _model(spec, seed=depth).eval()
+    idx = torch.randint(0, 320, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
+    want = model.generate(idx, 16, temperature=0)[0, prompt_len:].tolist()
+    stats, trace = SpeculativeStats(), []
+    got = list(mtp_speculative_stream(model, idx, 16, depth=draft, stats=stats, trace=trace))
+    assert got == want
+    assert stats.drafted > 0 and len(trace) == stats.target_forwards - 1
+    with torch.no_grad():
+        for decided, drafts in trace:
+            assert drafts == _drafts_without_caches(model, decided, drafts)
+
+
+def test_trained_mtp_modules_draft_tokens_the_model_keeps():
+    from archspec.sample import SpeculativeStats, mtp_speculative_stream
+
+    model = _cyclic_model(2)
+    idx = torch.tensor([[5, 17, 3]])
+    want = model.generate(idx, 24, temperature=0)[0, 3:].tolist()
+    assert want[:7] == [99, 42, 7, 250, 5, 17, 3]  # it learned the cycle
+    stats, trace = SpeculativeStats(), []
+    got = list(mtp_speculative_stream(model, idx, 24, stats=stats, trace=trace))
+    assert got == want
+    assert stats.acceptance_rate > 0.8, stats
+    assert stats.target_forwards <= 12  # about 24 / 3 forwards for 24 tokens (two drafts kept a round)
+    with torch.no_grad():
+        for decided, drafts in trace:
+            assert drafts == _drafts_without_caches(model, decided, drafts)
+
+
+def test_sample_draft_mtp_refuses_a_model_without_mtp_and_sampling(tmp_path, capsys):
+    import yaml
+
+    from archspec.cli import main
+
+    data = copy.deepcopy(BASE)
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(data))
+    code = main(["sample", str(tmp_path / "plain.yaml"), "--draft", "mtp", "--temperature", "0", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--draft mtp" in err and "model.mtp is not set" in err and "Traceback" not in err, err
+    data["model"]["mtp"] = {"depth": 2}
+    (tmp_path / "mtp.yaml").write_text(yaml.safe_dump(data))
+    code = main(["sample", str(tmp_path / "mtp.yaml"), "--draft", "mtp", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--temperature 0" in err, err
+    code = main(["sample", str(tmp_path / "mtp.yaml"), "--draft", "mtp", "--temperature", "0", "--max-new-tokens", "8",
+                 "--prompt", "ab"])
+    err = capsys.readouterr().err
+    assert code == 0 and "MTP draft acceptance" in err, err
