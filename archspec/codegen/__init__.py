@@ -422,8 +422,8 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         raise ValueError("codegen: FFN configurations add different Model methods; a kind's model_methods must not "
                          "depend on its configuration")
     if m.mtp is not None and model_methods and re.search(r"\bdef auxiliary_losses\(", model_methods[0]):
-        # The Model's auxiliary_losses gathers MTP's losses and these (the router losses), renamed moe_losses
-        model_methods[0] = _rename(model_methods[0], {"auxiliary_losses": "moe_losses"})
+        # The Model's auxiliary_losses gathers MTP's losses and the FFN kind's (renamed ffn_losses)
+        model_methods[0] = _rename(model_methods[0], {"auxiliary_losses": "ffn_losses"})
 
     tied = "tied" if m.tie_embeddings else "untied"
     if m.embedding_scale == "sqrt_d_model":
@@ -481,7 +481,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "mup": m.parametrization == "mup",
         # multi-token prediction: each depth's block is built as the last layer's (its configuration, its arguments)
         "mtp": {"block": layer_calls[-1][0], "cache_class": m.blocks()[-1].token_mixer.cache_class,
-                "moe": "def moe_losses(" in (model_methods or [""])[0]}
+                "ffn_losses": "def ffn_losses(" in (model_methods or [""])[0]}
         if m.mtp is not None else None,
     }
 
