@@ -5,7 +5,8 @@ run's own validation windows, measures the main model's mean cross-entropy and n
 token) and the depth-1 module's accuracy on the token after it; then it decodes `--tokens` tokens greedily after a
 prompt from the validation text twice — with the model's own stream() and with `mtp_speculative_stream` (the MTP
 modules draft, `archspec sample --draft mtp`) — checks the two outputs are equal, and reports the acceptance rate,
-tokens per model forward and the wall-clock speed-up (best of `--repeats`, side by side: the machine is shared).
+tokens per model forward and the wall-clock speed-up (best of `--repeats`, side by side: the machine is shared; one
+torch thread unless `--threads`).
 
     ARCHSPEC_REGISTRY=sqlite:///... .venv/bin/python bench/mtp.py [--sweep mtp] [--tokens 96] [--json]
 """
@@ -73,6 +74,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: on a shared, loaded CPU a 2-thread GEMM of a few rows waits on the other "
+                             "thread, and decoding's timings swing by several times)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -81,7 +85,7 @@ def main() -> None:
     from archspec.train.cache import cache_dir
     from archspec.train.data import build_data
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     url = args.registry or default_url()
     with Registry(url) as reg:
         runs = list(reg.runs(where=f"sweep = '{args.sweep}' and status = 'FINISHED'"))
