@@ -377,7 +377,7 @@ def _cyclic_model(depth: int):
 
 
 @pytest.mark.parametrize("depth, draft, prompt_len", [(1, 1, 1), (3, 2, 5)])
-def test_mtp_draft_gives_the_models_greedy_output_and_drafts_as_without_caches(depth, draft, prompt_len):
+def test_mtp_draft_gives_the_models_greedy_output_and_drafts_as_without_caches(depth, draft, prompt_len, one_thread):
     """Random weights: drafts are rarely kept; the output is still the model's greedy output, and each round's drafts
     are what the modules compute over the whole sequence without caches (the caches hold what training saw)."""
     from archspec.sample import SpeculativeStats, mtp_speculative_stream
@@ -395,7 +395,16 @@ def test_mtp_draft_gives_the_models_greedy_output_and_drafts_as_without_caches(d
             assert drafts == _drafts_without_caches(model, decided, drafts)
 
 
-def test_trained_mtp_modules_draft_tokens_the_model_keeps():
+@pytest.fixture
+def one_thread():
+    """One torch thread: a few-row GEMM on two busy cores otherwise waits on the other thread (several times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_trained_mtp_modules_draft_tokens_the_model_keeps(one_thread):
     from archspec.sample import SpeculativeStats, mtp_speculative_stream
 
     model = _cyclic_model(2)
