@@ -20,6 +20,11 @@ over the model. Conventions (docs/guides/generated-model.md, "Accounting"):
 - Token mixers other than attention (archspec.kinds.base.MixerKind) are counted through the same contract, under
   their own columns (`MixerKind.component`, params and FLOPs); a fixed decoding state (a short conv keeps
   L_cache - 1 positions), so it adds to the per-sequence bytes and nothing per token.
+- Multi-token prediction (model.mtp, DeepSeek-V3 §2.2): its modules are parameters of the generated module, so
+  `total` and `active` count them (under `by_component["mtp"]`); `mtp_params`, `mtp_active` say how many, and
+  `main_total`, `main_active` what inference keeps (it drops the modules). `flops_forward` is the main model's (what
+  inference runs); `mtp_flops_forward` is what the modules add to a training forward per token (each depth: its
+  projection, one block, the shared head), and `flops_train` = 3 × (flops_forward + mtp_flops_forward).
 - Per-layer variation (model.layers): every figure is a sum over layers, each with its own components;
   `by_block` gives each distinct block configuration with its layers.
 """
@@ -49,6 +54,19 @@ class Accounting:
     by_block: list[dict[str, Any]] = field(default_factory=list)  # per distinct block configuration (per layer group)
     kv_cache_bytes_per_sequence: int = 0  # one sequence at context_length, each layer's real cache
     attention_keys: float = 0.0  # mean keys per query at seq_len, averaged over layers (each pattern's exact sum / T)
+    # multi-token prediction (model.mtp): its modules' parameters (in total/active too) and forward FLOPs per token
+    mtp_params: int = 0
+    mtp_active: int = 0
+    mtp_flops_forward: int = 0
+
+    @property
+    def main_total(self) -> int:
+        """Parameters inference keeps: all but the MTP modules."""
+        return self.total - self.mtp_params
+
+    @property
+    def main_active(self) -> int:
+        return self.active - self.mtp_active
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +83,11 @@ class Accounting:
                                 "attention": self.flops_by_component.get("attention_scores", 0)},
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "kv_cache_bytes_per_sequence": self.kv_cache_bytes_per_sequence,
+            # the main model and the multi-token prediction modules apart (only with model.mtp)
+            **({"mtp": {"params": self.mtp_params, "active": self.mtp_active,
+                        "flops_forward_per_token": self.mtp_flops_forward},
+                "main": {"params": self.main_total, "active": self.main_active,
+                         "flops_forward_per_token": self.flops_forward}} if self.mtp_params else {}),
         }
 
 
@@ -93,6 +116,19 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
     return parts, active
 
 
+def mtp_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> tuple[int, int, int]:
+    """(params, active params, forward FLOPs per token) of the multi-token prediction modules: per depth two input
+    norms, the 2·d_model → d_model projection, one block like the last layer's and its norm before the shared head
+    (whose FLOPs it adds again: each depth scores every position). Zeros without model.mtp."""
+    if m.mtp is None:
+        return 0, 0, 0
+    d = m.d_model
+    last = block_breakdown_of(m, m.blocks()[-1], seq_len, full_attention)
+    own = 3 * m.norm.params(d) + 2 * d * d
+    flops = 2 * (2 * d) * d + last["flops_forward"] + 2 * d * m.vocab_size
+    return m.mtp.depth * (own + last["params"]), m.mtp.depth * (own + last["active"]), m.mtp.depth * flops
+
+
 def flops_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> dict[str, int]:
     d, blocks = m.d_model, m.blocks()
     mixers: dict[str, float] = {}  # by the columns each mixer names (attention: projections, scores·values)
@@ -110,22 +146,25 @@ def flops_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
 def block_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) -> list[dict[str, Any]]:
     """Per distinct block configuration: its layers and what one such layer costs (params, active params, forward
     FLOPs per token at `seq_len`, KV-cache elements per token)."""
-    d, out = m.d_model, []
-    for block, layers in m.block_groups():
-        a = block.token_mixer
-        norms = block.n_norms * block.norm.params(d)
-        out.append({
-            "layers": layers,
-            # the mixer's words under its own column (attention, conv) and under "mixer", whatever its kind
-            "norm": block.norm.describe(m), type(a).component: a.summary(m), "mixer": a.summary(m),
-            "ffn": block.ffn.describe(m),
-            "params": a.mixer_params(m) + block.ffn.params(d) + norms,
-            "active": a.mixer_params(m) + block.ffn.active_params(d) + norms,
-            "flops_forward": round(sum(a.mixer_flops(m, seq_len, full_attention).values()) + block.ffn.flops(d)),
-            # decoding state per token that grows with the context (a fixed conv state: 0), in elements
-            "kv_elements_per_token": a.state_bytes_per_token(m, 1),
-        })
-    return out
+    return [{"layers": layers, **block_breakdown_of(m, block, seq_len, full_attention)}
+            for block, layers in m.block_groups()]
+
+
+def block_breakdown_of(m: ModelSpec, block: Any, seq_len: int, full_attention: bool = False) -> dict[str, Any]:
+    """What one layer of `block`'s configuration costs (see block_breakdown)."""
+    d = m.d_model
+    a = block.token_mixer
+    norms = block.n_norms * block.norm.params(d)
+    return {
+        # the mixer's words under its own column (attention, conv) and under "mixer", whatever its kind
+        "norm": block.norm.describe(m), type(a).component: a.summary(m), "mixer": a.summary(m),
+        "ffn": block.ffn.describe(m),
+        "params": a.mixer_params(m) + block.ffn.params(d) + norms,
+        "active": a.mixer_params(m) + block.ffn.active_params(d) + norms,
+        "flops_forward": round(sum(a.mixer_flops(m, seq_len, full_attention).values()) + block.ffn.flops(d)),
+        # decoding state per token that grows with the context (a fixed conv state: 0), in elements
+        "kv_elements_per_token": a.state_bytes_per_token(m, 1),
+    }
 
 
 def attention_keys(m: ModelSpec, seq_len: int, full_attention: bool = False) -> float:
@@ -167,13 +206,17 @@ def account(spec: Spec | ModelSpec, seq_len: int | None = None, *, full_attentio
     parts, active = param_breakdown(m)
     flops = flops_breakdown(m, seq_len, full_attention)
     forward = sum(flops.values())
+    mtp_params, mtp_active, mtp_flops = mtp_breakdown(m, seq_len, full_attention)
+    if mtp_params:
+        parts["mtp"] = mtp_params
     return Accounting(
         total=sum(parts.values()),
-        active=active,
+        active=active + mtp_active,
+        mtp_params=mtp_params, mtp_active=mtp_active, mtp_flops_forward=mtp_flops,
         embedding=parts["embedding"] + parts.get("position", 0),
         by_component=parts,
         flops_forward=forward,
-        flops_train=3 * forward,
+        flops_train=3 * (forward + mtp_flops),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(m, kv_dtype),
         kv_cache_bytes_per_sequence=kv_cache_bytes_per_sequence(m, kv_dtype),
         attention_keys=attention_keys(m, seq_len, full_attention),

@@ -195,6 +195,18 @@ def loss_saved_per_token(m: ModelSpec, bf16: bool) -> int:
     return final + m.vocab_size * 4
 
 
+def mtp_saved_per_token(m: ModelSpec, seq_len: int, device: str, bf16: bool) -> int:
+    """What the multi-token prediction modules (model.mtp) keep for backward, per token: per depth its two input norms,
+    the projection's 2·d_model input, one block like the last layer's and its own norm and cross-entropy (the loss
+    head's). Zero without them."""
+    if m.mtp is None:
+        return 0
+    stream, mm = 4, (2 if bf16 else 4)
+    per_depth = (2 * _norm_saved(m, stream, mm) + 2 * m.d_model * mm
+                 + block_saved_per_token(m, seq_len, device, bf16, m.blocks()[-1]) + loss_saved_per_token(m, bf16))
+    return m.mtp.depth * per_depth
+
+
 def head_transient_per_token(m: ModelSpec, bf16: bool) -> int:
     """At the start of backward: the log-softmax's gradient and the logits' gradient (fp32, and a bf16 copy)."""
     return m.vocab_size * (8 + (2 if bf16 else 0))
@@ -304,6 +316,8 @@ def _activation_walk(m: ModelSpec, s: Setup, layers: list[int] | None = None, fi
                     for i in layers]
     kept = [boundary if c else saved for c, saved in zip(checkpointed, per_block)]
     head = ((embedding_saved_per_token(m) if first else 0) + (loss_saved_per_token(m, s.bf16) if last else 0)) * tokens
+    if first and last:  # the multi-token prediction modules (model.mtp) run after the head, on the whole model
+        head += mtp_saved_per_token(m, s.seq_len, s.device, s.bf16) * tokens
     widest = max(block_backward_transient_per_token(m, s.bf16, b) for b in blocks)
     transient = ((head_transient_per_token(m, s.bf16) if last else 0) + widest) * tokens
     if any(checkpointed):

@@ -410,3 +410,85 @@ def speculative_stream(target: nn.Module, draft: nn.Module, idx: torch.Tensor, m
             yield token
             if token == eos_id:
                 return
+
+
+# ── self-speculative decoding: the model's own multi-token prediction modules draft (model.mtp) ────────────────────
+
+
+@torch.no_grad()
+def mtp_speculative_stream(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, *, depth: int | None = None,
+                           eos_id: int | None = None, stats: SpeculativeStats | None = None,
+                           trace: list | None = None) -> Iterator[int]:
+    """Yield up to max_new_tokens tokens continuing idx (1, T), token for token the model's greedy output, drafted by
+    its own MTP modules (DeepSeek-V3 §2.2 used as self-speculative decoding). Each round, one forward of the model
+    reads what its cache lacks — the last token and the previous round's drafts — and keeps the longest prefix of
+    drafts it agrees with plus its own next token; from the same forward's hidden state at the last position it
+    read, depth 1 drafts the token after that next token, depth 2 the one after, and so on (`depth` of them, at most
+    model.mtp.depth).
+
+    Depth k's cache holds the positions whose inputs are all decided (its hidden state of depth k - 1 and the token
+    k ahead); the positions it reads drafts at are recomputed the next round, so each depth sees what it was trained
+    on. Greedy only: sampling would need the draft's distribution in the acceptance test (`speculative_stream` does
+    that for a separate draft model). `trace`, when given, gets (tokens decided, drafts) of every round."""
+    if idx.size(0) != 1:
+        raise ValueError("speculative decoding runs one sequence at a time")
+    depth = min(depth or len(model.mtp), len(model.mtp))
+    stats = stats if stats is not None else SpeculativeStats()
+    device = idx.device
+    tokens = idx[0].tolist()
+    limit = len(tokens) + max_new_tokens
+    t_cache = model.new_cache(1, limit, rollback=depth + 1)
+    m_cache = model.mtp_new_cache(1, limit, rollback=depth + 1)[:depth]
+    final_norm = getattr(model, "final_norm", None)
+    # carry[k]: depth k's hidden states at its last decided position(s), (first position, (1, P, D)), which depth
+    # k + 1 reads the next round before depth k's new rows
+    carry: list[tuple[int, torch.Tensor] | None] = [None] * (depth + 1)
+    drafted: list[int] = []
+    while len(tokens) < limit:
+        n = len(tokens)
+        start = t_cache[0].length  # the model reads seq[start:]: the tokens its cache lacks, then the drafts
+        seq = tokens + drafted
+        x = model.hidden_states(torch.tensor([seq[start:]], device=device), t_cache)  # (1, T, D)
+        logits = model.head(x)[0]  # (T, V): row j predicts position start + j + 1
+        stats.target_forwards += 1
+        row = n - 1 - start  # the row that predicts position n, the first draft's
+        accepted = 0
+        while accepted < len(drafted) and int(logits[row + accepted].argmax()) == drafted[accepted]:
+            accepted += 1
+        own = int(logits[row + accepted].argmax())
+        if drafted:
+            stats.drafted += len(drafted)
+            stats.accepted += accepted
+            stats.rounds.append(accepted)
+        for c in t_cache:  # the positions read with decided tokens: all but the model's own new one
+            c.truncate(n + accepted)
+        for token in drafted[:accepted] + [own]:
+            tokens.append(token)
+            yield token
+            if token == eos_id or len(tokens) >= limit:
+                return
+        # Draft the next round from the hidden states of positions start .. last (all decided now).
+        n = len(tokens)
+        last = n - 2  # the last position the model has read; depth k there predicts position last + k + 1
+        h = final_norm(x) if final_norm is not None else x
+        states = (start, h[:, : last - start + 1])  # depth 0 at positions start .. last
+        drafted = []
+        for k in range(1, min(depth, limit - n - 1) + 1):
+            cache = m_cache[k - 1]
+            first = cache.length  # depth k reads positions first .. last
+            s0, rows = states
+            inputs = rows[:, first - s0 :]
+            seq = tokens + drafted  # the token k ahead of position i: decided, or one of this round's drafts
+            new, logits_k = model.mtp_forward(k, inputs, torch.tensor([seq[first + k : last + k + 1]], device=device),
+                                              cache)
+            drafted.append(int(logits_k[0, -1].argmax()))
+            decided = max(0, n - k)  # positions below n - k have their token k ahead decided
+            cache.truncate(decided)
+            before = carry[k]
+            full = new if before is None else torch.cat([before[1], new], dim=1)
+            full_start = first if before is None else before[0]
+            states = (full_start, full)  # depth k at positions full_start .. last, for depth k + 1 now
+            keep = max(0, decided - 1)  # depth k + 1's cache will start there next round
+            carry[k] = (keep, full[:, keep - full_start : decided - full_start]) if decided > full_start else None
+        if trace is not None:
+            trace.append((list(tokens), list(drafted)))

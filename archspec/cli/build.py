@@ -57,17 +57,28 @@ def accounting_table(spec, acc: Accounting) -> Table:
     for col in ("component", "params", "share", "fwd FLOPs/token", "share"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for name, n, f in rows:
+        if name == "mtp":  # training only: its FLOPs are not part of the (inference) forward the shares are of
+            table.add_row("mtp (training only)", f"{n:,}", f"{100 * n / acc.total:.1f}%", human(acc.mtp_flops_forward),
+                          "")
+            continue
         table.add_row(name, f"{n:,}", f"{100 * n / acc.total:.1f}%", human(f), f"{100 * f / acc.flops_forward:.1f}%")
     table.add_section()
     table.add_row("total", f"{acc.total:,}", "100%", human(acc.flops_forward), "100%", style="bold")
     table.add_row("active", f"{acc.active:,}", f"{100 * acc.active / acc.total:.1f}%", "", "")
     table.add_row("non-embedding", f"{acc.total - acc.embedding:,}", f"{100 * (acc.total - acc.embedding) / acc.total:.1f}%", "", "")
+    if acc.mtp_params:  # what inference keeps, and what the multi-token prediction modules add to training
+        table.add_row("main model (inference)", f"{acc.main_total:,}", f"{100 * acc.main_total / acc.total:.1f}%",
+                      human(acc.flops_forward), "")
+        table.add_row("main model active", f"{acc.main_active:,}", f"{100 * acc.main_active / acc.total:.1f}%", "", "")
+        table.add_row(f"mtp modules ({spec.model.mtp.depth})", f"{acc.mtp_params:,}",
+                      f"{100 * acc.mtp_params / acc.total:.1f}%", human(acc.mtp_flops_forward), "")
+        table.add_row("mtp modules active", f"{acc.mtp_active:,}", f"{100 * acc.mtp_active / acc.total:.1f}%", "", "")
     m = spec.model
     keys = (f" ({m.attention.sparsity.describe(m)}: {acc.attention_keys:,.1f} keys per query on average, the exact sum "
             "over positions)") if "attention_scores" in acc.flops_by_component else ""  # no layer attends: no keys
     table.caption = (
         f"FLOPs per token at T={acc.seq_len}{keys}: forward {human(acc.flops_forward)}, "
-        f"train {human(acc.flops_train)} (3×).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
+        f"train {human(acc.flops_train)} (3×{' (forward + MTP modules)' if acc.mtp_params else ''}).  KV cache (bf16): {acc.kv_cache_bytes_per_token:,} B/token, "
         f"{kv_cache_bytes(m, m.context_length, 'bf16') / 2**20:.1f} MiB per sequence of {m.context_length}."
     )
     table.caption_justify = "left"

@@ -34,8 +34,10 @@ DECODE_MODES = ("none", "whole", "cudagraphs")
 @click.option("--quantize", type=click.Choice(("int8", "int4")), default=None,
               help="Quantize the weights before generating, as `archspec quantize` does (needs archspec[quant] for "
                    "int8); a quantized checkpoint is read as it is.")
-@click.option("--draft", metavar="RUN_OR_CHECKPOINT",
-              help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies.")
+@click.option("--draft", metavar="RUN_OR_CHECKPOINT|mtp",
+              help="Speculative decoding: a smaller model with the same tokenizer drafts, the model verifies; mtp: the "
+                   "model's own multi-token prediction modules draft (model.mtp; greedy, --temperature 0), up to "
+                   "model.mtp.depth tokens a round.")
 @click.option("--draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Tokens the draft proposes per verify forward.")
 @click.option("--compile", "compile_mode", type=click.Choice(DECODE_MODES), default="none", show_default=True,
@@ -68,6 +70,7 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         check_length,
         encode_prompt,
         load_model,
+        mtp_speculative_stream,
         resolve_decode_compile,
         same_tokenizer,
         speculative_stream,
@@ -86,7 +89,14 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         max_new_tokens = max(1, min(DEFAULT_NEW_TOKENS, room))
     check_length(loaded.spec, idx.size(1), max_new_tokens)
     drafter = None
-    if draft is not None:
+    self_draft = draft == "mtp"  # the model's own MTP modules (archspec.sample.mtp_speculative_stream)
+    if self_draft:
+        if loaded.spec.model.mtp is None:
+            raise UserError(f"--draft mtp: {printable(source)} has no multi-token prediction modules (model.mtp is "
+                            "not set); train a model with model.mtp: {depth: D}, or draft with another model")
+        if temperature != 0:
+            raise UserError(f"--draft mtp: decodes greedily; pass --temperature 0 (got {temperature})")
+    elif draft is not None:
         drafter = load_model(draft, device=dev, dtype=dtype, seed=seed, registry_url=registry_url)
         if not same_tokenizer(loaded.tokenizer, drafter.tokenizer):
             raise UserError(f"--draft {printable(draft)}: its tokenizer ({drafter.tokenizer.kind}) is not the model's "
@@ -99,7 +109,8 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         except UserError as e:
             raise UserError(f"--draft {printable(draft)}: {e}") from None
 
-    decode_mode, decode_reason = resolve_decode_compile(compile_mode, loaded.spec, dev, draft=drafter is not None,
+    decode_mode, decode_reason = resolve_decode_compile(compile_mode, loaded.spec, dev,
+                                                        draft=drafter is not None or self_draft,
                                                         quantized=loaded.quantized is not None)
     decode = None
     if decode_mode != "none":
@@ -112,7 +123,10 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
     generator = torch.Generator(dev).manual_seed(seed)
     eos = loaded.tokenizer.eos_id
     stats = SpeculativeStats()
-    if drafter is None and decode is None:
+    if self_draft:
+        tokens = mtp_speculative_stream(loaded.model, idx, max_new_tokens, depth=min(draft_tokens,
+                                        loaded.spec.model.mtp.depth), eos_id=eos, stats=stats)
+    elif drafter is None and decode is None:
         tokens = (int(t) for t in loaded.model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator))
     elif drafter is None:  # the model's stream() with the compiled step: archspec.runtime's loop, which it calls
         from archspec.runtime import stream
@@ -158,7 +172,7 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         line += f" · decoded through a compiled step ({decode_mode}; its first call {decode.compile_s:.1f} s)"
     if stopped:
         line += " · stopped at EOS"
-    if drafter is not None:
-        line += (f" · draft acceptance {100 * stats.acceptance_rate:.1f}% ({stats.accepted}/{stats.drafted}), "
+    if drafter is not None or self_draft:
+        line += (f" · {'MTP ' if self_draft else ''}draft acceptance {100 * stats.acceptance_rate:.1f}% ({stats.accepted}/{stats.drafted}), "
                  f"{count / max(1, stats.target_forwards):.2f} tokens per target forward")
     echo(line, err=True)

@@ -198,9 +198,29 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     dp_rank = layout.coordinates(rank)["dp"] if world == env_world else 0
     build_data(spec, cache_dir(None), rank=dp_rank, world=layout.dp)  # the data checks too
     plan = planned(spec, device, training=True, world_size=world)
-    echo(json.dumps(plan.to_dict(), sort_keys=True) if json_out else plan.render())
+    split = _mtp_split(spec)  # multi-token prediction: the main model and the modules inference drops, apart
+    if json_out:
+        echo(json.dumps({**plan.to_dict(), **({"mtp_split": split} if split else {})}, sort_keys=True))
+    else:
+        echo(plan.render())
+        if split:
+            main, mtp = split["main"], split["mtp"]
+            echo(f"main model: {main['params']:,} parameters ({main['active']:,} active), "
+                 f"{main['flops_forward_per_token']:,} forward FLOPs/token; MTP modules (depth {spec.model.mtp.depth}, "
+                 f"training only): {mtp['params']:,} parameters ({mtp['active']:,} active), "
+                 f"{mtp['flops_forward_per_token']:,} forward FLOPs/token (the plan counts them)")
     if not plan.fits:
         raise refusal(spec, plan)
+
+
+def _mtp_split(spec) -> dict | None:
+    """The accounting of the main model and of its multi-token prediction modules (model.mtp), at train.seq_len."""
+    if spec.model.mtp is None:
+        return None
+    from archspec.accounting import account
+
+    d = account(spec, spec.train.seq_len).to_dict()
+    return {"main": d["main"], "mtp": d["mtp"], "seq_len": spec.train.seq_len}
 
 
 def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, no_compile, json_out, quiet,

@@ -411,6 +411,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
               else "on embeddings and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
         *_parametrization_constants(m),
+        *_mtp_constants(m),
     ]
 
     blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b),
@@ -421,6 +422,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
     if len(model_methods) > 1:
         raise ValueError("codegen: FFN configurations add different Model methods; a kind's model_methods must not "
                          "depend on its configuration")
+    if m.mtp is not None and model_methods and re.search(r"\bdef auxiliary_losses\(", model_methods[0]):
+        # The Model's auxiliary_losses gathers MTP's losses and the FFN kind's (renamed ffn_losses)
+        model_methods[0] = _rename(model_methods[0], {"auxiliary_losses": "ffn_losses"})
 
     tied = "tied" if m.tie_embeddings else "untied"
     if m.embedding_scale == "sqrt_d_model":
@@ -476,7 +480,22 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
         "embedding_norm": m.embedding_norm,
         "mup": m.parametrization == "mup",
+        # multi-token prediction: each depth's block is built as the last layer's (its configuration, its arguments)
+        "mtp": {"block": layer_calls[-1][0], "cache_class": m.blocks()[-1].token_mixer.cache_class,
+                "ffn_losses": "def ffn_losses(" in (model_methods or [""])[0]}
+        if m.mtp is not None else None,
     }
+
+
+def _mtp_constants(m: Any) -> list[Const]:
+    """Multi-token prediction's numbers (DeepSeek-V3 §2.2); none without it."""
+    if m.mtp is None:
+        return []
+    return [
+        Const("MTP_DEPTH", lit_int(m.mtp.depth), "multi-token prediction modules: depth k predicts the token k + 1 "
+              "ahead"),
+        Const("MTP_WEIGHT", lit_float(m.mtp.weight), "λ: loss = main + λ / MTP_DEPTH · Σ_k (depth k's loss)"),
+    ]
 
 
 def _parametrization_constants(m: Any) -> list[Const]:

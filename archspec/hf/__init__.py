@@ -22,8 +22,8 @@ import torch
 
 from archspec.errors import Caution, UserError, printable
 from archspec.hf import io
-from archspec.hf.convert import (config_from_spec, hf_type, left_out_layers, spec_from_config, state_from_hf,
-                                 state_to_hf, weight_map)
+from archspec.hf.convert import (config_from_spec, hf_type, left_out_layers, mtp_prefixes, spec_from_config,
+                                 state_from_hf, state_to_hf, weight_map)
 from archspec.kinds.hf import HFUnsupported
 
 __all__ = ["import_hf", "export_hf", "spec_from_config", "config_from_spec", "state_from_hf", "state_to_hf",
@@ -83,6 +83,14 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
         check_memory(spec)
         tensors = io.read_tensors(cfg_path.parent)
         hf = hf_type(data.get("model_type"), printable(cfg_path), data)
+        if spec.model.mtp is not None and not any(k.startswith(p) for p in mtp_prefixes(spec.model, hf)
+                                                  for k in tensors):
+            # transformers writes num_nextn_predict_layers (default 1) but saves no MTP layer: nothing to import
+            warnings.warn(Caution(f"{printable(cfg_path.parent)}: {hf.mtp_layers}: {spec.model.mtp.depth}, but the "
+                                  "checkpoint holds none of those layers' tensors (transformers saves none): imported "
+                                  "without model.mtp"))
+            spec_dict["model"].pop("mtp")
+            spec = load_spec_dict(spec_dict, origin=f"{printable(cfg_path)} (as an archspec spec)")
         state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec),
                               skip_layers=left_out_layers(hf, data))
         tokenizer = io.read_tokenizer(cfg_path.parent)

@@ -102,6 +102,7 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
         groups = {k: v for k, v in groups.items() if not k.startswith("attention")}
     groups.update(mixer_groups)
     model.update(_model_options(cfg))
+    model.update(_mtp_from_hf(cfg))
     if cfg.fact("embedding_norm"):  # BLOOM's word_embeddings_layernorm
         model["embedding_norm"] = True
     if groups:
@@ -138,6 +139,24 @@ def _mixers_from_hf(cfg: HFConfig, n_layers: int) -> tuple[dict[str, Any] | None
     for n, (word, unit) in enumerate(by_word.items(), 1):
         groups[f"mixer_{n}"] = {"select": [i for i, w in enumerate(words) if w == word], "mixer": unit}
     return None, groups
+
+
+def _mtp_from_hf(cfg: HFConfig) -> dict[str, Any]:
+    """model.mtp from the type's count of multi-token prediction layers (DeepSeek-V3's num_nextn_predict_layers); its
+    loss weight is training's, which no config holds: archspec's default, said."""
+    if cfg.hf.mtp_layers is None:
+        return {}
+    depth = cfg.take(cfg.hf.mtp_layers, int, default=0)
+    if depth < 0:
+        raise cfg.refuse(cfg.hf.mtp_layers, f"{depth}: a count of layers is at least 0")
+    if not depth:
+        return {}
+    from archspec.spec.model import MTPSpec
+
+    warnings.warn(Caution(f"{cfg.source}: {cfg.hf.mtp_layers}: {depth} → model.mtp.depth {depth}; its loss weight is "
+                          f"a training setting no config holds: model.mtp.weight {MTPSpec().weight} (archspec's "
+                          "default)"))
+    return {"mtp": {"depth": depth}}
 
 
 def _model_options(cfg: HFConfig) -> dict[str, Any]:
@@ -419,6 +438,12 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
         m.attention.to_hf(m, out, hf)
     _mixers_to_hf(m, hf, out)
     _shape_to_hf(m, hf, out)
+    if hf.mtp_layers is not None:
+        out[hf.mtp_layers] = m.mtp.depth if m.mtp is not None else 0
+    elif m.mtp is not None:  # inference drops them: the exported model computes the same
+        warnings.warn(Caution(f"model.mtp: its {m.mtp.depth} multi-token prediction module"
+                              f"{'s' * (m.mtp.depth > 1)} left out: {hf.model_type} has none (inference does not use "
+                              "them; the logits are the same)"))
     if hf.rewrite is not None and hf.rewrite[1] is not None:
         hf.rewrite[1](m, out)
     return out
@@ -449,16 +474,7 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
         out += _prefixed(m.norm.hf_weights(m, hf), "tok_norm.", f"{base}{n['embed_norm']}.")
     out += _prefixed(m.attention.positional.hf_weights(m, hf), "", base)
     for i, block in enumerate(m.blocks()):
-        ours, theirs = f"blocks.{i}.", f"{base}{n['layers']}.{i}."
-        # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
-        attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
-        # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
-        inputs, outputs = block.block.norms_of(attr, type(block.ffn).sublayer)
-        norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
-                  else name, block.norm) for name in (*inputs, *outputs)]
-        ffn = (("ffn", "ffn", block.ffn),) if type(block.ffn).sublayer else ()  # a block may have no channel mixer
-        for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), *ffn):
-            out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
+        out += _block_weights(m, hf, block, f"blocks.{i}.", f"{base}{n['layers']}.{i}.")
     if m.final_norm:
         out += _prefixed(m.norm.hf_weights(m, hf), "final_norm.", f"{base}{n['final_norm']}.")
     head = n.get("lm_head", "lm_head")
@@ -466,7 +482,45 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
         out.append(HFWeight("lm_head.weight", (f"{head}.weight",)))
     if m.lm_head_bias:
         out.append(HFWeight("lm_head.bias", (f"{head}.bias",)))
+    for j, theirs in enumerate(mtp_prefixes(m, hf)):  # DeepSeek-V3's multi-token prediction layers (model.mtp)
+        ours = f"mtp.{j}."
+        for our_name, their_name in (("embed_norm", "enorm"), ("hidden_norm", "hnorm"), ("norm", "shared_head.norm")):
+            out += _prefixed(m.norm.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{their_name}.")
+        out.append(HFWeight(f"{ours}proj.weight", (f"{theirs}eh_proj.weight",)))  # [enorm(emb); hnorm(h)] → d
+        out += _block_weights(m, hf, m.blocks()[-1], f"{ours}block.", theirs)
     return out
+
+
+def _block_weights(m: ModelSpec, hf: HFType, block: Any, ours: str, theirs: str) -> list[HFWeight]:
+    """One block's parameters and their HF names, under the prefixes given."""
+    n, out = hf.names, []
+    # a shared-norm parallel block's one norm is HF's input norm (GPT-J's ln_1, Phi's input_layernorm)
+    attr = type(block.token_mixer).attribute  # the block's mixer module: HF's module of that role
+    # a mixer's norms are HF's norms of the token-mixing sublayer (roles attn_norm, attn_post_norm)
+    inputs, outputs = block.block.norms_of(attr, type(block.ffn).sublayer)
+    norms = [(name, "attn_norm" if name == "norm" else "attn" + name.removeprefix(attr) if name.startswith(attr)
+              else name, block.norm) for name in (*inputs, *outputs)]
+    ffn = (("ffn", "ffn", block.ffn),) if type(block.ffn).sublayer else ()  # a block may have no channel mixer
+    for our_name, role, unit in (*norms, (attr, attr, block.token_mixer), *ffn):
+        out += _prefixed(unit.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{n[role]}.")
+    return out
+
+
+def mtp_prefixes(m: ModelSpec, hf: HFType) -> list[str]:
+    """The HF prefix of each multi-token prediction layer: the decoder layers past num_hidden_layers (none when the
+    type has none or the model no model.mtp)."""
+    if m.mtp is None or hf.mtp_layers is None:
+        return []
+    base = f"{hf.names['base']}.{hf.names['layers']}."
+    return [f"{base}{m.n_layers + j}." for j in range(m.mtp.depth)]
+
+
+def _mtp_shared(m: ModelSpec, hf: HFType) -> list[tuple[str, str]]:
+    """(our parameter, HF name) of the tensors each multi-token prediction layer stores again though it shares them
+    with the model: its embedding (embed_tokens) and head (shared_head.head). Written back on export; on import, when
+    present, they must equal the model's."""
+    return [(ours, f"{prefix}{theirs}") for prefix in mtp_prefixes(m, hf)
+            for ours, theirs in (("tok_emb.weight", "embed_tokens.weight"), ("lm_head.weight", "shared_head.head.weight"))]
 
 
 def state_to_hf(m: ModelSpec, hf: HFType, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -474,6 +528,8 @@ def state_to_hf(m: ModelSpec, hf: HFType, state: dict[str, torch.Tensor]) -> dic
     out: dict[str, torch.Tensor] = {}
     for w in weight_map(m, hf):
         out.update(w.to_hf([state[name] for name in w.our_names]))
+    for ours, theirs in _mtp_shared(m, hf):  # a copy each: safetensors stores no two names for one tensor
+        out[theirs] = state[ours].detach().clone()
     return out
 
 
@@ -526,6 +582,13 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
     embed = next(iter(weight_map(m, hf))).hf[0]
     if m.tie_embeddings:  # the generated module's state_dict names the one matrix twice, as tok_emb and lm_head
         out["lm_head.weight"] = out["tok_emb.weight"]
+    for ours, theirs in _mtp_shared(m, hf):  # the MTP layer's own copies of the shared embedding and head
+        if theirs in tensors:
+            if not torch.equal(tensors[theirs].to(torch.float32), out[ours]):
+                raise HFUnsupported(f"{source}: {printable(theirs, 200)} differs from the model's "
+                                    f"{'embedding' if ours == 'tok_emb.weight' else 'head'}: archspec's multi-token "
+                                    "prediction shares them with the model (DeepSeek-V3 §2.2)")
+            used.add(theirs)
     if m.tie_embeddings and "lm_head.weight" in tensors:
         if not torch.equal(tensors["lm_head.weight"], tensors[embed]):
             raise HFUnsupported(f"{source}: lm_head.weight differs from {embed}, but tie_word_embeddings is true")

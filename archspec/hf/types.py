@@ -405,15 +405,6 @@ def _place_deepseek_ffn(out: dict, words: list[str]) -> None:
     out["first_k_dense_replace"] = dense
 
 
-def _deepseek_checks(cfg: HFConfig) -> None:
-    mtp = cfg.take("num_nextn_predict_layers", int, default=0)
-    if mtp:
-        _caution(f"{cfg.source}: num_nextn_predict_layers: {mtp} multi-token-prediction layer"
-                 f"{'s' * (mtp > 1)} left out (their weights, model.layers.{cfg.data.get('num_hidden_layers')}"
-                 "... past num_hidden_layers, are not imported): archspec has no multi-token-prediction "
-                 "head, and transformers' DeepseekV3ForCausalLM builds none either")
-
-
 DEEPSEEK_V3 = HFType(
     model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
     blocks={**_LLAMA_BLOCKS, "attention": "latent_attention", "ffn": ("sparse_moe", "gated_mlp")},
@@ -437,7 +428,6 @@ DEEPSEEK_V3 = HFType(
     facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "renormalize": "norm_topk_prob",
            "sigmoid_scores": True, "selection_bias": True, "rope_interleaved": "rope_interleave"},
     dropout_keys=("attention_dropout",),
-    fixed={"num_nextn_predict_layers": 0},
     place={"ffn": _place_deepseek_ffn},
     # auto_map: the original remote code's class names; ep_size: its expert parallelism; moe_layer_freq, scoring_func,
     # topk_method: DeepSeek's own config's routing words, which transformers' deepseek_v3 reads nowhere (its router is
@@ -445,8 +435,8 @@ DEEPSEEK_V3 = HFType(
     inert=frozenset({"pretraining_tp", "num_mtp_layers", "auto_map", "ep_size", "moe_layer_freq", "scoring_func",
                      "topk_method", "output_router_logits"}),
     aliases={"num_mtp_layers": "num_nextn_predict_layers"},
-    left_out_layers="num_nextn_predict_layers",
-    check=(_common_checks, _deepseek_checks),
+    mtp_layers="num_nextn_predict_layers",  # model.mtp (docs/mtp.md)
+    check=(_common_checks,),
 )
 
 # ── block shapes (issue 26): parallel blocks, norms after the sublayers, Gemma's (1 + w) norm ────────────────────

@@ -93,6 +93,10 @@ class HFType:
     # a config key counting decoder layers stored past num_hidden_layers that the type's model leaves out (DeepSeek-V3's
     # multi-token-prediction layers, num_nextn_predict_layers): their tensors are not imported, and the import says so
     left_out_layers: str | None = None
+    # a config key counting multi-token prediction layers stored past num_hidden_layers (DeepSeek-V3's
+    # num_nextn_predict_layers: enorm, hnorm, eh_proj, a decoder layer, shared_head): imported as model.mtp and written
+    # back under their names on export (transformers' own model builds none of them and ignores their tensors)
+    mtp_layers: str | None = None
     # (read, write), either None: this type's own spellings (GPT-J's rotary_dim; MPT's nested attn_config)
     rewrite: tuple[Callable[["HFConfig"], None] | None, Callable[[Any, dict[str, Any]], None] | None] | None = None
 

@@ -31,6 +31,21 @@ FFN = family("ffn").union()
 Mixer = family("mixer").union()
 
 
+# Multi-token prediction (DeepSeek-V3 §2.2): at most this many extra depths; each is one block more per step.
+MAX_MTP_DEPTH = 16
+
+
+class MTPSpec(Strict):
+    """DeepSeek-V3's multi-token prediction: `depth` sequential modules after the model, module k predicting the token
+    k + 1 positions ahead from the previous depth's hidden state and the embedding of the token k ahead (one block of
+    the model's own block spec each, the embedding and head shared); loss = main + weight / depth · Σ_k loss_k.
+    Training only: inference drops the modules (or uses them as a speculative draft, `archspec sample --draft mtp`)."""
+
+    depth: int = Field(1, ge=1, le=MAX_MTP_DEPTH, description="MTP modules (D): module k predicts token t + k + 1")
+    weight: float = Field(0.3, ge=0.0, le=100.0, description="λ: loss = main + λ / D · Σ_k loss_k (DeepSeek-V3: 0.3, "
+                                                              "then 0.1)")
+
+
 def _default(name: str):
     fam = family(name)
     return lambda: fam.members[fam.default]()
@@ -50,6 +65,9 @@ class ModelSpec(Strict):
         None, description="every layer's token mixer when it is not attention (e.g. {kind: short_conv, L_cache: 3}); "
                           "null: attention (model.attention)")
     tie_embeddings: bool = True
+    # Multi-token prediction modules trained beside the model (DeepSeek-V3 §2.2); null: none (docs/mtp.md).
+    mtp: Annotated[MTPSpec | None, Since("0.6")] = Field(
+        None, description="multi-token prediction: {depth: D, weight: λ}; null: next-token prediction only")
     # Token embeddings times sqrt(d_model) before anything is added to them (Vaswani et al., 2017; Gemma): with
     # N(0, 0.02) embeddings it lifts them to unit scale. Its own option, so a positional comparison holds it equal.
     embedding_scale: Literal["none", "sqrt_d_model"] = "none"

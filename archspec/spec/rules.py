@@ -54,6 +54,7 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
     out += _parametrization_problems(m)
     out += _parallel_problems(spec)
     out += _optimizer_problems(spec)
+    out += _mtp_problems(spec)
 
     if spec.name in RESERVED_NAMES:
         out.append((("name",), f"{spec.name!r} would generate {spec.name}.py, which shadows the Python module of that "
@@ -201,6 +202,33 @@ def _optimizer_problems(spec) -> list[Problem]:
         if getattr(par, axis) > 1:
             out.append((where, f"muon with train.parallel.{axis} > 1 is not built: {why}; use {axis}: 1 or "
                         "optimizer adamw", "muon"))
+    return out
+
+
+def _mtp_problems(spec) -> list[Problem]:
+    """Multi-token prediction (model.mtp): each depth shortens the sequence its loss is over by one, and the loop trains
+    it on one process's whole model only (docs/mtp.md)."""
+    m, t = spec.model, spec.train
+    if m.mtp is None:
+        return []
+    out: list[Problem] = []
+    where = ("model", "mtp", "depth")
+    seq_len = t.seq_len or m.context_length
+    if m.mtp.depth >= seq_len:
+        out.append((where, f"must be below the training sequence length ({seq_len}): depth k predicts the token k + 1 "
+                    f"ahead, so a window of seq_len tokens has seq_len - k targets for it; got {m.mtp.depth}",
+                    m.mtp.depth))
+    if m.parametrization == "mup":
+        out.append((("model", "mtp"), "with model.parametrization: mup is not built (the MTP modules' matrices would "
+                    "need µP's init and rates too); use the standard parametrization", "..."))
+    par = t.parallel
+    for axis, why in (("tp", "the MTP modules are not in the tensor-parallel plan and their loss is not vocabulary-"
+                             "parallel"),
+                      ("pp", "the MTP modules need the embedding (first stage) and the head (last stage) together"),
+                      ("ep", "the MTP module's experts are not spread over processes")):
+        if getattr(par, axis) > 1:
+            out.append((("model", "mtp"), f"with train.parallel.{axis} > 1 is not built: {why}; use {axis}: 1 or "
+                        "leave model.mtp out", "..."))
     return out
 
 

@@ -586,7 +586,9 @@ class Trainer:
                 aux = self.model.auxiliary_losses() if hasattr(self.model, "auxiliary_losses") else {}
             if hasattr(self.model, "after_micro_batch"):  # state a model keeps over a step's training forwards
                 self.model.after_micro_batch()
-            total = loss + sum(aux.values()) if aux else loss
+            # each auxiliary loss times the model's weight for it (multi-token prediction: λ / depth), else 1
+            weights = self.model.auxiliary_weights() if hasattr(self.model, "auxiliary_weights") else {}
+            total = loss + sum(weights.get(name, 1.0) * value for name, value in aux.items()) if aux else loss
             if self.scaler is not None:  # fp16: the scaled loss, so small gradients stay above fp16's smallest
                 self.scaler.scale(total / accum).backward()
             else:
