@@ -411,6 +411,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
               else "on embeddings and residual branches"),
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
         *_parametrization_constants(m),
+        *(m.media.constants(m) if m.media is not None else []),  # media input (model.media): cross-attention
     ]
 
     blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b), ffn_cfgs[ffns.index(b.ffn)])
@@ -475,6 +476,11 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "embedding_scale": m.embedding_scale == "sqrt_d_model",
         "embedding_norm": m.embedding_norm,
         "mup": m.parametrization == "mup",
+        # media input (model.media): the gated cross-attention layers and the resampler, one section of their own
+        "media": _render_unit(f"unit:{type(m.media.cross_attention).template_path()}", (),
+                              {"unit": m.media, "norm": norm_cfgs[0].call("D_MODEL")}).body if m.media else "",
+        "media_section": _section("media"),
+        "media_resampler": bool(m.media and m.media.resampler),
     }
 
 

@@ -14,10 +14,12 @@ from archspec.runtime.decode import DECODE_MODES, DecodeStep
 from archspec.runtime.experts import ONE_PROCESS, ExpertParallel, MoEParallel, local_tensor
 from archspec.runtime.generation import next_token_probs, sample_next, stream
 from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
+from archspec.runtime.media import MediaCache, media_attention, media_items
 from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 
 __all__ = ["KVCache", "LatentCache", "causal_mask", "ConvCache", "causal_conv1d", "next_token_probs", "sample_next", "stream", "DecodeStep",
            "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
            "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
-           "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor"]
+           "ONE_PROCESS", "MoEParallel", "ExpertParallel", "local_tensor",
+           "MediaCache", "media_attention", "media_items"]

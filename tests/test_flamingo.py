@@ -1,0 +1,258 @@
+"""Flamingo's media input (issue 46): gated cross-attention layers (tanh gates at 0 leave the language model as it
+was), the Perceiver resampler, which media item a token sees, cached generation with the media's keys and values
+made once, the accounting (numel, FlopCounterMode, the decoding state's bytes) and the hashes of text-only specs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from archspec.accounting import account, kv_cache_bytes
+from archspec.codegen import generate
+from archspec.kinds.mixer.cross_attention import GatedCrossAttentionSpec
+from archspec.kinds import MixerKind
+from archspec.spec import SpecError, load_spec, load_spec_dict, model_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = 60
+LM = {"vocab_size": 61, "context_length": 32, "d_model": 32, "n_layers": 4,
+      "attention": {"n_heads": 4, "n_kv_heads": 2}}
+MEDIA = {"width": 24, "tokens": 3, "max_items": 3, "marker_id": MARKER,
+         "cross_attention": {"every": 2, "n_heads": 2, "ffn_hidden": 48}}
+RESAMPLED = {**MEDIA, "resampler": {"depth": 2, "n_heads": 2, "head_dim": 8, "max_input_tokens": 10}}
+
+
+def _spec(media: dict | None, **extra):
+    return load_spec_dict({"name": "fl", "model": {**LM, **({"media": media} if media else {}), **extra}})
+
+
+def _model(media: dict | None, seed: int = 0, **extra):
+    spec = _spec(media, **extra)
+    torch.manual_seed(seed)
+    return spec, generate(spec, write=False).Model().eval()
+
+
+def _trained_looking(model: torch.nn.Module, seed: int = 1, keep_gates: bool = True) -> None:
+    """Every weight random at a scale training leaves (not the init's), the tanh gates at 0 unless told."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if keep_gates and name.endswith(("alpha_cross_attn", "alpha_dense")):
+                continue
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.ndim > 1 else 1.0) + (1.0 if p.ndim == 1 else 0))
+
+
+def _ids(T: int = 20, markers: tuple[int, ...] = (3, 11), batch: int = 2, seed: int = 0) -> torch.Tensor:
+    idx = torch.randint(0, MARKER, (batch, T), generator=torch.Generator().manual_seed(seed))
+    idx[:, list(markers)] = MARKER
+    return idx
+
+
+def _media(items: int = 2, tokens: int = 3, width: int = 24, batch: int = 2, seed: int = 5) -> torch.Tensor:
+    return torch.randn(batch, items, tokens, width, generator=torch.Generator().manual_seed(seed))
+
+
+# ── the gates ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("media", [MEDIA, RESAMPLED], ids=["plain", "resampler"])
+def test_closed_gates_leave_the_language_model_unchanged(media):
+    """α = 0: the logits equal the same model without the cross-attention layers, with trained-looking weights
+    everywhere else and media given; opened gates change them (so the comparison can fail)."""
+    _, text_only = _model(None)
+    _, flamingo = _model(media)
+    _trained_looking(flamingo)
+    missing, unexpected = text_only.load_state_dict(
+        {k: v for k, v in flamingo.state_dict().items() if not k.startswith(("xattn.", "resampler."))}, strict=True), []
+    idx = _ids()
+    feats = _media(tokens=10 if "resampler" in media else 3)
+    with torch.no_grad():
+        assert torch.equal(flamingo(idx, media=feats), text_only(idx))
+        assert torch.equal(flamingo(idx), text_only(idx))  # no media: the dense part's gate closes it too
+        for layer in flamingo.xattn.values():
+            layer.alpha_cross_attn.fill_(0.7)
+        opened = flamingo(idx, media=feats)
+    assert not torch.allclose(opened, text_only(idx), atol=1e-3)
+
+
+def test_text_only_specs_keep_their_hash_and_their_keys():
+    """model.media is new (Since): a spec without it hashes as before, and its module has no media parameters."""
+    for path in sorted((ROOT / "specs").glob("*-tiny.yaml")):
+        spec = load_spec(path)
+        if spec.model.media is None:
+            written = (ROOT / "generated" / f"{spec.name}.py").read_text()
+            assert f"SPEC_HASH = {model_hash(spec)!r}" in written, path.name
+    assert model_hash(_spec(None)) != model_hash(_spec(MEDIA))
+    _, flamingo = _model(MEDIA)
+    _, text_only = _model(None)
+    extra = set(flamingo.state_dict()) - set(text_only.state_dict())
+    assert extra and all(k.startswith("xattn.") for k in extra)
+    assert set(text_only.state_dict()) <= set(flamingo.state_dict())
+
+
+# ── which media a token sees ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_token_sees_only_the_item_whose_marker_last_precedes_it():
+    _, model = _model(MEDIA)
+    _trained_looking(model, keep_gates=False)  # gates open
+    idx = _ids(markers=(3, 11))
+    feats = _media()
+    changed_second = feats.clone()
+    changed_second[:, 1] += 1.0
+    changed_first = feats.clone()
+    changed_first[:, 0] += 1.0
+    with torch.no_grad():
+        base, second, first = (model(idx, media=m) for m in (feats, changed_second, changed_first))
+        text = model(idx)
+    # before the first marker: no media at all (the dense part only, as without media)
+    assert torch.allclose(base[:, :3], text[:, :3], atol=1e-5)
+    # between the markers: item 0 only; from the second marker on: item 1 (and item 0 through the earlier tokens'
+    # self-attention, so the first item's change reaches later tokens too, but the second's never earlier ones)
+    assert torch.allclose(base[:, :11], second[:, :11], atol=1e-5)
+    assert not torch.allclose(base[:, 11:], second[:, 11:], atol=1e-3)
+    assert not torch.allclose(base[:, 3:11], first[:, 3:11], atol=1e-3)
+    assert torch.allclose(base[:, :3], first[:, :3], atol=1e-5)
+
+
+def test_markers_beyond_the_items_given_see_nothing():
+    _, model = _model(MEDIA)
+    _trained_looking(model, keep_gates=False)
+    idx = _ids(markers=(3, 11))
+    one = _media(items=1)
+    with torch.no_grad():
+        a = model(idx, media=one)
+        b = model(idx, media=torch.cat([one, torch.zeros_like(one)], dim=1))  # a second item of zeros
+    assert torch.allclose(a[:, :11], b[:, :11], atol=1e-5)
+
+
+# ── generation ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("media", [MEDIA, RESAMPLED], ids=["plain", "resampler"])
+def test_cached_decoding_equals_the_full_forward(media):
+    """Prefill and one token at a time, the media's keys and values made once by new_cache, give the full forward's
+    logits; a marker met while decoding switches the item seen, as in the full forward."""
+    _, model = _model(media)
+    _trained_looking(model, keep_gates=False)
+    idx = _ids(T=24, markers=(3, 11, 17))
+    feats = _media(items=3, tokens=10 if "resampler" in media else 3)
+    with torch.no_grad():
+        full = model(idx, media=feats)
+        cache = model.new_cache(2, 24, media=feats)
+        parts = [model(idx[:, :9], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(9, 24)]
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
+    with pytest.raises(ValueError, match="new_cache"):
+        model(idx[:, :1], cache=model.new_cache(2, 24), media=feats)
+
+
+def test_generate_and_stream_take_the_media():
+    _, model = _model(MEDIA)
+    _trained_looking(model, keep_gates=False)
+    idx = _ids(T=8, markers=(2,), batch=1)
+    feats = _media(items=1, batch=1)
+    with torch.no_grad():
+        out = model.generate(idx, 6, temperature=0, media=feats)
+        seq = idx
+        for _ in range(6):  # greedy by full forwards
+            seq = torch.cat([seq, model(seq, media=feats)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        streamed = torch.cat([idx, *model.stream(idx, 6, temperature=0, media=feats)], dim=1)
+        text_only = model.generate(idx, 6, temperature=0)
+    assert torch.equal(out, seq) and torch.equal(streamed, seq)
+    assert not torch.equal(out, text_only)  # the media changed what was generated
+
+
+def test_truncate_takes_markers_back():
+    _, model = _model(MEDIA)
+    _trained_looking(model, keep_gates=False)
+    idx = _ids(T=12, markers=(3, 8), batch=1)
+    feats = _media(items=2, batch=1)
+    with torch.no_grad():
+        cache = model.new_cache(1, 16, media=feats, rollback=4)
+        model(idx, cache=cache)
+        for c in cache:
+            c.truncate(6)  # before the second marker
+        again = model(idx[:, 6:], cache=cache)
+    assert torch.allclose(again, model(idx, media=feats)[:, 6:], atol=1e-4)
+
+
+# ── accounting ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("media", [MEDIA, RESAMPLED], ids=["plain", "resampler"])
+def test_params_are_numel_and_cache_bytes_are_what_new_cache_holds(media):
+    spec, model = _model(media)
+    acc = account(spec)
+    assert acc.total == sum(p.numel() for p in model.parameters())
+    assert acc.by_component["cross_attention"] == sum(p.numel() for p in model.xattn.parameters())
+    if "resampler" in media:
+        assert acc.by_component["resampler"] == sum(p.numel() for p in model.resampler.parameters())
+    cache = model.new_cache(1, 32, media=_media(items=1, batch=1, tokens=10 if "resampler" in media else 3))
+    assert sum(c.nbytes for c in cache) == kv_cache_bytes(spec.model, 32, "fp32")
+    text = kv_cache_bytes(_spec(None).model, 32, "fp32")
+    assert kv_cache_bytes(spec.model, 32, "fp32") - text == 2 * 2 * 2 * 16 * 3 * 3 * 4  # layers·(K,V)·inner·S·fp32
+
+
+@pytest.mark.parametrize("media", [MEDIA, RESAMPLED], ids=["plain", "resampler"])
+def test_flops_match_flop_counter_at_the_media_length(media):
+    """Forward FLOPs per token, cross-attention at max_items · tokens media tokens and (with a resampler) the items'
+    resampling at max_input_tokens features, against FlopCounterMode."""
+    spec, model = _model(media)
+    T = 32
+    idx = _ids(T=T, markers=(0, 9, 20))
+    feats = _media(items=3, tokens=10 if "resampler" in media else 3)
+    counter = FlopCounterMode(display=False)
+    # (with grad: under no_grad, FlopCounterMode's module tracker trips over the latents' expanded view)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), counter:
+        model(idx[:1], media=feats[:1])
+    acc = account(spec, T, full_attention=True)
+    expected = acc.flops_forward * T
+    assert abs(counter.get_total_flops() - expected) <= 0.005 * expected
+    assert acc.flops_by_component["cross_attention"] > 0
+    # more media tokens per item cost more per text token
+    wider = _spec({**media, "tokens": media["tokens"] * 2})
+    assert account(wider, T).flops_by_component["cross_attention"] > acc.flops_by_component["cross_attention"]
+
+
+def test_the_cross_attention_unit_answers_the_mixer_contract():
+    unit = _spec(MEDIA).model.media.cross_attention
+    assert isinstance(unit, GatedCrossAttentionSpec) and isinstance(unit, MixerKind)
+    assert not type(unit).__abstractmethods__
+
+
+# ── spec rules ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("change, path", [
+    ({"marker_id": 61}, "model.media.marker_id"),
+    ({"cross_attention": {"every": None, "layers": [0, 7]}}, "model.media.cross_attention.layers"),
+    ({"cross_attention": {"every": 2, "layers": [0]}}, "model.media.cross_attention.every"),
+    ({"cross_attention": {"n_heads": 5}}, "model.media.cross_attention.n_heads"),
+    ({"width": 0}, "model.media.width"),
+])
+def test_bad_media_specs_name_the_field(change, path):
+    with pytest.raises(SpecError) as err:
+        _spec({**MEDIA, **change})
+    assert any(line.startswith(path) for line in err.value.problems), err.value.problems
+
+
+def test_chosen_layers():
+    spec, model = _model({**MEDIA, "cross_attention": {"every": None, "layers": [1, 3], "n_heads": 2}})
+    assert sorted(model.xattn.keys()) == ["1", "3"]
+    assert account(spec).total == sum(p.numel() for p in model.parameters())
+
+
+def test_presets_build():
+    for name in ("flamingo-like-tiny", "flamingo-like"):
+        spec = load_spec(ROOT / "specs" / f"{name}.yaml")
+        assert spec.model.media is not None
+    spec = load_spec(ROOT / "specs" / "flamingo-like-tiny.yaml")
+    model = generate(spec, write=False).Model().eval()
+    assert account(spec).total == sum(p.numel() for p in model.parameters())
+    idx = torch.tensor([[spec.model.media.marker_id, 72, 105]])
+    with torch.no_grad():
+        assert model(idx, media=torch.randn(1, 1, 20, spec.model.media.width)).shape == (1, 3, 320)
