@@ -256,3 +256,74 @@ def test_presets_build():
     idx = torch.tensor([[spec.model.media.marker_id, 72, 105]])
     with torch.no_grad():
         assert model(idx, media=torch.randn(1, 1, 20, spec.model.media.width)).shape == (1, 3, 320)
+
+
+# ── archspec sample --media ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def _write(path, **tensors):
+    from archspec.media import write_safetensors
+
+    write_safetensors(path, tensors)
+    return str(path)
+
+
+def test_sample_with_media(tmp_path, capsys):
+    from archspec.cli import main
+
+    spec = str(ROOT / "specs" / "flamingo-like-tiny.yaml")
+    good = _write(tmp_path / "m.safetensors", media=torch.randn(2, 20, 64))
+    assert main(["sample", spec, "--media", good, "--prompt", "<media>a cat <media>a dog", "--max-new-tokens", "4",
+                 "--temperature", "0", "-q"]) == 0
+
+
+@pytest.mark.parametrize("tensors, words", [
+    ({"media": torch.randn(1, 20, 32)}, "width 32"),
+    ({"media": torch.full((1, 20, 64), float("nan"))}, "NaN"),
+    ({"media": torch.randn(5, 20, 64)}, "5 items"),
+    ({"media": torch.randn(1, 40, 64)}, "40 tokens per item"),
+    ({"media": torch.randn(20, 64)}, "3 dimensions"),
+    ({"features": torch.randn(1, 20, 64)}, "no tensor named 'media'"),
+    ({"media": torch.randn(2, 20, 64)}, "2 items, and --prompt marks 1"),
+    (None, "no such file"),
+    (b"not a safetensors file at all", "not a safetensors file"),
+], ids=["width", "nan", "too-many-items", "too-many-tokens", "shape", "no-media-tensor", "markers", "missing",
+        "garbage"])
+def test_bad_media_exits_2_naming_it(tmp_path, capsys, tensors, words):
+    from archspec.cli import main
+
+    spec = str(ROOT / "specs" / "flamingo-like-tiny.yaml")
+    path = tmp_path / "m.safetensors"
+    if isinstance(tensors, dict):
+        _write(path, **tensors)
+    elif isinstance(tensors, bytes):
+        path.write_bytes(tensors)
+    code = main(["sample", spec, "--media", str(path), "--prompt", "<media> x", "--max-new-tokens", "2", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "m.safetensors" in err and "Traceback" not in err, err
+
+
+def test_media_for_a_text_only_model_exits_2(tmp_path, capsys):
+    from archspec.cli import main
+
+    path = _write(tmp_path / "m.safetensors", media=torch.randn(1, 3, 24))
+    code = main(["sample", str(ROOT / "specs" / "llama-like-tiny.yaml"), "--media", path, "--prompt", "<media>",
+                 "--max-new-tokens", "2", "-q"])
+    assert code == 2 and "takes no media" in capsys.readouterr().err
+
+
+def test_safetensors_reader_matches_the_library(tmp_path):
+    """Our pickle-free reader reads what safetensors writes, and refuses a byte range outside the file."""
+    from safetensors.torch import save_file
+
+    from archspec.errors import UserError
+    from archspec.media import read_safetensors
+
+    t = {"media": torch.randn(2, 3, 4), "other": torch.randn(5).to(torch.bfloat16)}
+    save_file(t, str(tmp_path / "a.safetensors"))
+    back = read_safetensors(tmp_path / "a.safetensors")
+    assert all(torch.equal(back[k], t[k]) for k in t)
+    raw = bytearray((tmp_path / "a.safetensors").read_bytes())
+    (tmp_path / "b.safetensors").write_bytes(raw[:-8])  # the last tensor's bytes cut short
+    with pytest.raises(UserError, match="byte range"):
+        read_safetensors(tmp_path / "b.safetensors")
