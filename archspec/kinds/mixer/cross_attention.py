@@ -18,7 +18,8 @@ does not replace the layer's own token mixer, so it is not registered in the lay
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -32,7 +33,6 @@ MAX_ITEMS = 256
 class GatedCrossAttentionSpec(MixerKind):
     """`model.media.cross_attention`: where the gated cross-attention layers sit and their sizes."""
 
-    kind: Literal["gated_cross_attention"] = "gated_cross_attention"
     every: int | None = Field(1, ge=1, le=MAX_LAYERS, description="a layer in front of blocks 0, every, 2·every, ... "
                               "(Flamingo: every block of the small model, IDEFICS' cross_layer_interval)")
     layers: list[int] | None = Field(None, description="or: in front of exactly these blocks (then every: null)")
@@ -46,6 +46,10 @@ class GatedCrossAttentionSpec(MixerKind):
     base_class: ClassVar[str] = "GatedCrossAttention"
     section: ClassVar[str] = "media"
     template: ClassVar[str | None] = "cross_attention.py.j2"
+
+    @classmethod
+    def template_path(cls) -> Path:
+        return Path(__file__).with_name(cls.template)  # one unit, no `kind`: it sits in no union
 
     def fill_defaults(self, m: Any) -> None:  # type: ignore[override]
         if self.head_dim is None and m.d_model % self.n_heads == 0:
