@@ -327,3 +327,51 @@ def test_safetensors_reader_matches_the_library(tmp_path):
     (tmp_path / "b.safetensors").write_bytes(raw[:-8])  # the last tensor's bytes cut short
     with pytest.raises(UserError, match="byte range"):
         read_safetensors(tmp_path / "b.safetensors")
+
+
+# ── the media corpus (interleaved media + text) ─────────────────────────────────────────────────────────────────
+
+
+def _byte_encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def test_media_corpus_reads_example_data_into_windows(tmp_path):
+    """Example data generated here, deterministically (no download): documents with markers and safetensors beside
+    them become windows the model takes, each item placed at its marker."""
+    from archspec.data.corpus.media import MediaCorpus, windows, write_example
+
+    root = write_example(tmp_path / "a", documents=4, width=64, tokens=16)
+    again = write_example(tmp_path / "b", documents=4, width=64, tokens=16)
+    source = MediaCorpus(path=str(root)).open()
+    assert source.content_hash == MediaCorpus(path=str(again)).open().content_hash  # deterministic
+    spec = load_spec(ROOT / "specs" / "flamingo-like-tiny.yaml")
+    examples = source.examples(_byte_encode, spec.model)
+    assert [media.size(0) for _, media in examples] == [1, 2, 1, 2]
+    assert all(ids.count(257) == media.size(0) for ids, media in examples)
+    model = generate(spec, write=False).Model()
+    idx, targets, media = next(windows(examples, 64, 2, pad_id=256, generator=torch.Generator().manual_seed(0)))
+    assert idx.shape == (2, 64) and media.shape[0] == 2 and media.shape[2:] == (16, 64)
+    _, loss = model(idx, targets, media=media)
+    assert torch.isfinite(loss)
+    # the media are part of the data hash
+    (again / "0000.safetensors").write_bytes((again / "0001.safetensors").read_bytes())
+    assert MediaCorpus(path=str(again)).open().content_hash != source.content_hash
+
+
+def test_media_corpus_refuses_what_does_not_fit(tmp_path):
+    from archspec.data.corpus.media import MediaCorpus, write_example
+    from archspec.errors import UserError
+
+    root = write_example(tmp_path, documents=2, width=32, tokens=16)
+    spec = load_spec(ROOT / "specs" / "flamingo-like-tiny.yaml")
+    with pytest.raises(UserError, match="0000.safetensors: width 32"):
+        MediaCorpus(path=str(root)).open().examples(_byte_encode, spec.model)
+    (root / "0001.safetensors").unlink()
+    with pytest.raises(UserError, match="0001.txt: no media beside it"):
+        MediaCorpus(path=str(root)).open()
+    # the shared loop passes no media yet: a spec training on it is refused, naming the corpus
+    with pytest.raises(SpecError) as err:
+        load_spec_dict({"name": "x", "model": {**LM, "media": MEDIA},
+                        "train": {"data": {"corpus": {"kind": "interleaved", "path": str(root)}}}})
+    assert any(line.startswith("train.data.corpus.kind") for line in err.value.problems)
