@@ -375,3 +375,58 @@ def test_media_corpus_refuses_what_does_not_fit(tmp_path):
         load_spec_dict({"name": "x", "model": {**LM, "media": MEDIA},
                         "train": {"data": {"corpus": {"kind": "interleaved", "path": str(root)}}}})
     assert any(line.startswith("train.data.corpus.kind") for line in err.value.problems)
+
+
+# ── HF's IDEFICS (transformers' open Flamingo) as the reference ─────────────────────────────────────────────────
+
+
+def _idefics_config(**extra):
+    from transformers import IdeficsConfig
+
+    cfg = IdeficsConfig(hidden_size=32, num_attention_heads=4, intermediate_size=48, rms_norm_eps=1e-6,
+                        hidden_act="silu", dropout=0.0, qk_layer_norms=False, alpha_type="float",
+                        alpha_initializer="zeros",  # ("normal" with alpha_type float fails in transformers 5.25)
+                        vision_config={"embed_dim": 24}, **extra)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def test_gated_cross_attention_equals_idefics_on_shared_weights():
+    """Our GATED XATTN-DENSE layer and transformers' IdeficsGatedCrossAttentionLayer, the same weights (open gates),
+    the same media tokens and visibility (IDEFICS' image_attention_mask and cross_attention_gate): equal outputs."""
+    from transformers.models.idefics.modeling_idefics import IdeficsGatedCrossAttentionLayer
+
+    from archspec.runtime import media_items
+
+    _, model = _model({**MEDIA, "cross_attention": {"every": 2, "n_heads": 4, "ffn_hidden": 48}},
+                      norm={"kind": "rmsnorm", "eps": 1e-6})
+    _trained_looking(model, keep_gates=False)
+    ours = model.xattn["0"]
+    theirs = IdeficsGatedCrossAttentionLayer(_idefics_config(), layer_idx=0).eval()
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+
+    idx = _ids(T=20, markers=(3, 11))
+    media = _media(items=2, tokens=3, width=24).reshape(2, 6, 24)  # (B, items · tokens, width)
+    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(3))
+    item = media_items(idx, MARKER, 2)  # (B, T)
+    sees = item[:, :, None] == (torch.arange(6) // 3)  # (B, T, S)
+    gate = (item >= 0).float()  # IDEFICS: 0 where a token sees no image
+    mask = torch.zeros(2, 1, 20, 6).masked_fill(~(sees | (item < 0)[:, :, None])[:, None], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        expected = theirs(x, image_hidden_states=media, image_attention_mask=mask, cross_attention_gate=gate)
+        got = ours(x, ours.cross_attn.media_kv(media), item)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+def test_perceiver_resampler_equals_idefics_on_shared_weights():
+    from transformers.models.idefics.perceiver import IdeficsPerceiverResampler
+
+    _, model = _model({**RESAMPLED, "resampler": {"depth": 2, "n_heads": 2, "head_dim": 8, "max_input_tokens": 10}})
+    _trained_looking(model)
+    theirs = IdeficsPerceiverResampler(_idefics_config(perceiver_config={"qk_layer_norms_perceiver": False}),
+                                       embed_dim=24, depth=2, n_heads=2, head_dim=8, n_latents=3).eval()
+    theirs.load_state_dict(model.resampler.state_dict(), strict=True)
+    feats = torch.randn(4, 10, 24, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(model.resampler(feats), theirs(feats), atol=1e-5)
