@@ -445,6 +445,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {layer_desc}, "
         f"{tied} embeddings. {acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
     )
+    if m.media is not None:  # media input (model.media): what reads it
+        summary += (f" Media input: {m.media.cross_attention.describe(m)}"
+                    + (", a Perceiver resampler" if m.media.resampler else "") + ".")
     cjson = model_json(spec)  # the model alone: a name or recipe change regenerates nothing but the banner
     return {
         "name": _comment_safe(spec.name),

@@ -120,7 +120,8 @@ class GatedCrossAttentionSpec(MixerKind):
         return f"gated cross-attention to media ({self.n_heads} heads, {where})"
 
     def constants(self, m: Any) -> list[Const]:
-        return [Const("XATTN_LAYERS", "(" + "".join(lit_int(i) + ", " for i in self.positions(m.n_layers)) + ")",
+        at = [lit_int(i) for i in self.positions(m.n_layers)]
+        return [Const("XATTN_LAYERS", "(" + ", ".join(at) + ("," if len(at) == 1 else "") + ")",
                       "blocks a gated cross-attention layer sits in front of"),
                 Const("XATTN_HEADS", lit_int(self.n_heads)),
                 Const("XATTN_HEAD_DIM", lit_int(self.head_dim)),
