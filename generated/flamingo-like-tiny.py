@@ -421,6 +421,7 @@ class Model(nn.Module):
             layer.reset_parameters()
         self.resampler.reset_parameters()
         self.final_norm.reset_parameters()
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None,
                 media: torch.Tensor | None = None):
         """idx (B, T) → logits (B, T, VOCAB_SIZE) (and the loss, given targets). `media` (B or 1, items, tokens,
@@ -470,6 +471,7 @@ class Model(nn.Module):
             raise ValueError(f"sequence length {start + T} exceeds CONTEXT_LENGTH {CONTEXT_LENGTH}")
         x = self.tok_emb(idx)  # (B, T, D_MODEL)
         return self.emb_drop(x)
+
     def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None,
                        context: tuple = ({}, None)) -> torch.Tensor:
         """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL), a gated

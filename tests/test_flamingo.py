@@ -373,7 +373,7 @@ def test_media_corpus_refuses_what_does_not_fit(tmp_path):
     # the shared loop passes no media yet: a spec training on it is refused, naming the corpus
     with pytest.raises(SpecError) as err:
         load_spec_dict({"name": "x", "model": {**LM, "media": MEDIA},
-                        "train": {"data": {"corpus": {"kind": "interleaved", "path": str(root)}}}})
+                        "train": {"data": {"corpus": {"kind": "media_text", "path": str(root)}}}})
     assert any(line.startswith("train.data.corpus.kind") for line in err.value.problems)
 
 

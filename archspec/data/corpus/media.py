@@ -29,7 +29,7 @@ from archspec.errors import UserError, printable
 
 @register
 class MediaCorpus(CorpusKind):
-    kind: Literal["interleaved"] = "interleaved"  # NAME.txt documents, each with NAME.safetensors (tensor `media`) beside it
+    kind: Literal["media_text"] = "media_text"  # NAME.txt documents, each with NAME.safetensors (tensor `media`) beside it
     path: str = Field(description="a directory of NAME.txt documents, each with NAME.safetensors beside it")
 
     def open(self) -> "MediaSource":
@@ -37,9 +37,9 @@ class MediaCorpus(CorpusKind):
 
     def problems(self, spec: Any) -> list:
         if spec.model.media is None:
-            return [(CORPUS_PATH + ("kind",), "the media corpus needs a model that takes media (model.media)", "interleaved")]
+            return [(CORPUS_PATH + ("kind",), "the media corpus needs a model that takes media (model.media)", "media_text")]
         return [(CORPUS_PATH + ("kind",), "the shared training loop does not pass media to the model yet; train on "
-                 "media + text through archspec.data.corpus.media (examples, windows) in your own loop", "interleaved")]
+                 "media + text through archspec.data.corpus.media (examples, windows) in your own loop", "media_text")]
 
     @classmethod
     def strategy(cls, bound: int):
