@@ -454,3 +454,10 @@ def test_media_recall_is_learned_with_cross_attention_and_not_without():
     assert accuracy["xattn"] > 0.6 and accuracy["text"] < 2.5 * task.chance, accuracy
     # the probe reads the media: the trained media model without them is back near chance
     assert probe(models["xattn"], task, 3, media=False) < 2.5 * task.chance
+
+
+@pytest.mark.parametrize("name", ["tp", "pp"])
+def test_a_media_model_is_not_split_yet(name):
+    with pytest.raises(SpecError) as err:
+        load_spec_dict({"name": "x", "model": {**LM, "media": MEDIA}, "train": {"parallel": {name: 2}}})
+    assert any(line.startswith(f"train.parallel.{name}") and "model.media" in line for line in err.value.problems)
