@@ -461,3 +461,16 @@ def test_a_media_model_is_not_split_yet(name):
     with pytest.raises(SpecError) as err:
         load_spec_dict({"name": "x", "model": {**LM, "media": MEDIA}, "train": {"parallel": {name: 2}}})
     assert any(line.startswith(f"train.parallel.{name}") and "model.media" in line for line in err.value.problems)
+
+
+def test_the_memory_plan_counts_the_cross_attention_layers():
+    """Weights through the accounting; activations: each cross-attention layer's own saved bytes (its MixerKind
+    saved_bytes), in front of the blocks it sits at."""
+    from archspec.memory import plan_memory
+
+    text, media = _spec(None), _spec(MEDIA)
+    a, b = plan_memory(text), plan_memory(media)
+    unit = media.model.media.cross_attention
+    tokens = media.train.batch_size * media.train.seq_len
+    assert b.activations - a.activations == 2 * unit.saved_bytes(media.model, media.train.seq_len, 4, "cpu") * tokens
+    assert b.weights > a.weights
