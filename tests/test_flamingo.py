@@ -474,3 +474,11 @@ def test_the_memory_plan_counts_the_cross_attention_layers():
     tokens = media.train.batch_size * media.train.seq_len
     assert b.activations - a.activations == 2 * unit.saved_bytes(media.model, media.train.seq_len, 4, "cpu") * tokens
     assert b.weights > a.weights
+
+
+def test_export_of_a_media_model_is_refused_by_field():
+    from archspec.hf.convert import config_from_spec
+    from archspec.kinds.hf import HFUnsupported
+
+    with pytest.raises(HFUnsupported, match=r"^model\.media: "):
+        config_from_spec(_spec(MEDIA))
