@@ -207,6 +207,7 @@ class FeedForward(nn.Module):
 
 # ── media ───────────────────────────────────────────────────────────────────────────────────────────────────
 
+
 class CrossAttention(nn.Module):
     """Text queries, media keys and values (Flamingo): a token attends to the tokens of the media item it sees (the
     immediately preceding one, archspec.runtime.media_items); one that sees none gets zero."""
@@ -506,7 +507,8 @@ class Model(nn.Module):
         caches = [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
         # then each cross-attention layer's keys and values of the media (`media`: as forward takes it), made once
         tokens = self.media_tokens(media).to(dtype) if media is not None else None
-        return caches + [layer.new_cache(batch_size, max_len, weight.device, dtype, tokens) for layer in self.xattn.values()]
+        media_caches = [layer.new_cache(batch_size, max_len, weight.device, dtype, tokens) for layer in self.xattn.values()]
+        return caches + media_caches
 
     def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
