@@ -482,3 +482,52 @@ def test_export_of_a_media_model_is_refused_by_field():
 
     with pytest.raises(HFUnsupported, match=r"^model\.media: "):
         config_from_spec(_spec(MEDIA))
+
+
+# ── properties ───────────────────────────────────────────────────────────────────────────────────────────────────
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=24), st.integers(0, 4), st.lists(st.integers(1, 5), max_size=8))
+def test_the_item_a_token_sees_is_the_last_marker_at_or_before_it_however_the_text_is_fed(markers, n_items, chunks):
+    """media_items (the full forward) and MediaCache.advance (any chunking, as generation feeds it) agree with the
+    rule read off directly: the index of the last marker at or before the token, -1 if none or not given."""
+    from archspec.runtime import MediaCache, media_items
+
+    idx = torch.tensor([[MARKER if m else 7 for m in markers]])
+    expected, seen = [], -1
+    for m in markers:
+        seen += m
+        expected.append(seen if seen < n_items else -1)
+    assert media_items(idx, MARKER, n_items).tolist() == [expected]
+    cache = MediaCache(1, 1, 4, 1, 1, len(markers))
+    cache.n_items = n_items
+    got, at = [], 0
+    for size in chunks + [len(markers)]:
+        if at >= len(markers):
+            break
+        got += cache.advance(idx[:, at : at + size], MARKER)[0].tolist()
+        at += size
+    assert got == expected
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.integers(0, 2**16))
+def test_cached_decoding_equals_the_full_forward_in_any_chunks(chunks, seed):
+    _, model = _model(MEDIA)
+    _trained_looking(model, keep_gates=False)
+    idx = _ids(T=24, markers=(0, 7, 15), seed=seed % 97)
+    feats = _media(items=3, seed=seed)
+    with torch.no_grad():
+        full = model(idx, media=feats)
+        cache = model.new_cache(2, 24, media=feats)
+        parts, at = [], 0
+        for size in chunks * 24:
+            if at >= 24:
+                break
+            parts.append(model(idx[:, at : at + size], cache=cache))
+            at += size
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
