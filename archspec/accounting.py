@@ -110,6 +110,8 @@ def param_breakdown(m: ModelSpec) -> tuple[dict[str, int], int]:
         "norm": sum(b.n_norms * b.norm.params(d) for b in blocks)
         + m.norm.params(d) * (int(m.final_norm) + int(m.embedding_norm)),
         "lm_head": (0 if m.tie_embeddings else m.vocab_size * d) + (m.vocab_size if m.lm_head_bias else 0),
+        # media input (model.media): the gated cross-attention layers and the resampler, under their own columns
+        **(m.media.params(m) if m.media is not None else {}),
     }
     parts = {k: v for k, v in parts.items() if v or k in ("embedding", *mixers, "ffn", "norm")}
     active = sum(parts.values()) - sum(b.ffn.params(d) - b.ffn.active_params(d) for b in blocks)
@@ -140,6 +142,8 @@ def flops_breakdown(m: ModelSpec, seq_len: int, full_attention: bool = False) ->
         **{column: round(flops) for column, flops in mixers.items()},
         "ffn": sum(b.ffn.flops(d) for b in blocks),
         "lm_head": 2 * d * m.vocab_size,
+        # media input: per text token at seq_len, max_items items (their keys, values and resampling shared)
+        **({k: round(v) for k, v in m.media.flops(m, seq_len).items()} if m.media is not None else {}),
     }
 
 
@@ -186,6 +190,8 @@ def kv_cache_bytes(m: ModelSpec, seq_len: int, dtype: str = "bf16", batch_size: 
     pattern keeps it (dense: every position; a window: at most its window, a ring buffer). Equals the generated model's
     `sum(c.nbytes for c in model.new_cache(batch_size, seq_len))` at that dtype (tested)."""
     per_sequence = sum(b.token_mixer.state_bytes_per_sequence(m, seq_len, BYTES_PER_ELEMENT[dtype]) for b in m.blocks())
+    if m.media is not None:  # the media's keys and values in each cross-attention layer, made once per sequence
+        per_sequence += m.media.state_bytes_per_sequence(m, seq_len, BYTES_PER_ELEMENT[dtype])
     return batch_size * per_sequence
 
 

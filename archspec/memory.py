@@ -311,6 +311,10 @@ def _activation_walk(m: ModelSpec, s: Setup, layers: list[int] | None = None, fi
     layers = list(range(m.n_layers)) if layers is None else layers
     blocks = [every[i] for i in layers]
     per_block = [block_saved_per_token(m, s.seq_len, s.device, s.bf16, b) * tokens for b in blocks]
+    if m.media is not None:  # a gated cross-attention layer in front of a block keeps its own tensors (MixerKind)
+        at, unit = set(m.media.positions(m)), m.media.cross_attention
+        own = unit.saved_bytes(m, s.seq_len, 2 if s.bf16 else 4, s.device) * tokens
+        per_block = [saved + (own if i in at else 0) for saved, i in zip(per_block, layers)]
     boundary = m.d_model * (2 if s.bf16 and s.shards > 1 else 4) * tokens  # what a checkpointed block keeps
     checkpointed = [s.checkpointing == "full" or (s.checkpointing == "every_k" and i % s.checkpoint_every == 0)
                     for i in layers]

@@ -169,10 +169,14 @@ def test_tiny_presets_learn_a_step(path):
     torch.manual_seed(0)
     model = generate(spec, write=False).Model()
     idx = torch.randint(0, 256, (4, 33))
+    media = {}
+    if spec.model.media is not None:  # its cross-attention layers and resampler read media (an item at position 0)
+        idx[:, 0] = spec.model.media.marker_id
+        media = {"media": torch.randn(4, 1, spec.model.media.tokens, spec.model.media.width)}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    _, first = model(idx[:, :-1], idx[:, 1:])
+    _, first = model(idx[:, :-1], idx[:, 1:], **media)
     first.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     opt.step()
-    _, second = model(idx[:, :-1], idx[:, 1:])
+    _, second = model(idx[:, :-1], idx[:, 1:], **media)
     assert second < first

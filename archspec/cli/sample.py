@@ -45,12 +45,15 @@ DECODE_MODES = ("none", "whole", "cudagraphs")
                    "(torch.compile), cudagraphs (CUDA graphs; elsewhere whole). The prompt's prefill stays eager; the "
                    "compile happens at the second token. Refused (eager, with the reason) for MoE, --draft and "
                    "quantized weights.")
+@click.option("--media", "media_path", metavar="FILE.safetensors", default=None,
+              help="Media for a model with media input (model.media): a safetensors file whose tensor `media` is "
+                   "items × tokens × width; each `<media>` in --prompt marks where an item sits, one per item.")
 @set_option
 @registry_option
 @click.option("-q", "--quiet", is_flag=True, help="Only the text: no summary line on stderr.")
 def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int | None,
                top_p: float | None, seed: int, device: str, dtype: str, quantize: str | None, draft: str | None,
-               draft_tokens: int, compile_mode: str,
+               draft_tokens: int, compile_mode: str, media_path: str | None,
                overrides: tuple[str, ...], registry_url: str | None, quiet: bool) -> None:
     """Generate text from a run (its id, run directory or checkpoint), a weights checkpoint (import-hf), or a bare
     SPEC with random weights.
@@ -82,7 +85,22 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         dtype = "bf16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() and not quantize else "fp32"
     loaded = load_model(source, device=dev, dtype=dtype, seed=seed, registry_url=registry_url, overrides=overrides,
                         quantize=quantize)
-    idx = encode_prompt(loaded.tokenizer, prompt, dev)
+    media = None
+    if media_path is not None:
+        from archspec.media import MARKER_TEXT, encode_with_markers, load_media
+
+        media = load_media(media_path, loaded.spec.model)
+        if draft is not None:
+            raise UserError("--media: speculative decoding (--draft) takes no media; leave one out")
+        marker = loaded.spec.model.media.marker_id
+        ids = encode_with_markers(lambda t: loaded.tokenizer.encode_batch([t])[0].tolist(), prompt, marker)
+        if ids.count(marker) != media.size(0):
+            raise UserError(f"--media {printable(media_path)}: {media.size(0)} items, and --prompt marks "
+                            f"{ids.count(marker)} places for them ({MARKER_TEXT}); give one {MARKER_TEXT} per item")
+        idx = torch.tensor([ids], dtype=torch.long, device=dev)
+        media = media.to(device=dev, dtype=next(loaded.model.parameters()).dtype)
+    else:
+        idx = encode_prompt(loaded.tokenizer, prompt, dev)
     past_context = past_context_refusal(loaded.spec.model) is None  # every layer windowed, relative positions
     if max_new_tokens is None:  # not asked for: the default, or as many as fit in the context
         room = DEFAULT_NEW_TOKENS if past_context else loaded.spec.model.context_length - idx.size(1)
@@ -127,13 +145,15 @@ def sample_cmd(source: str, prompt: str, max_new_tokens: int | None, temperature
         tokens = mtp_speculative_stream(loaded.model, idx, max_new_tokens, depth=min(draft_tokens,
                                         loaded.spec.model.mtp.depth), eos_id=eos, stats=stats)
     elif drafter is None and decode is None:
-        tokens = (int(t) for t in loaded.model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator))
+        media_arg = {} if media is None else {"media": media}  # a text-only model's stream takes no media
+        tokens = (int(t) for t in loaded.model.stream(idx, max_new_tokens, temperature, top_k, top_p, eos, generator,
+                                                      **media_arg))
     elif drafter is None:  # the model's stream() with the compiled step: archspec.runtime's loop, which it calls
         from archspec.runtime import stream
 
         context = None if past_context else loaded.spec.model.context_length
         tokens = (int(t) for t in stream(loaded.model, idx, max_new_tokens, temperature, top_k, top_p, eos, generator,
-                                         context_length=context, decode=decode))
+                                         context_length=context, decode=decode, media=media))
     else:
         tokens = speculative_stream(loaded.model, drafter.model, idx, max_new_tokens, k=draft_tokens,
                                     temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,

@@ -412,6 +412,7 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         Const("INIT_STD", "0.02", "GPT-2 initialisation"),
         *_parametrization_constants(m),
         *_mtp_constants(m),
+        *(m.media.constants(m) if m.media is not None else []),  # media input (model.media): cross-attention
     ]
 
     blocks, layer_calls = _blocks(groups, [(norm_cfgs[norms.index(b.norm)], mixer_cfg(b),
@@ -449,6 +450,9 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         f"{spec.name}: decoder-only transformer, {m.n_layers} layers, d_model {m.d_model}, {layer_desc}, "
         f"{tied} embeddings. {acc.total:,} parameters ({acc.total - acc.embedding:,} non-embedding)."
     )
+    if m.media is not None:  # media input (model.media): what reads it
+        summary += (f" Media input: {m.media.cross_attention.describe(m)}"
+                    + (", a Perceiver resampler" if m.media.resampler else "") + ".")
     cjson = model_json(spec)  # the model alone: a name or recipe change regenerates nothing but the banner
     return {
         "name": _comment_safe(spec.name),
@@ -484,6 +488,11 @@ def _context(spec: Spec, source: str) -> dict[str, Any]:
         "mtp": {"block": layer_calls[-1][0], "cache_class": m.blocks()[-1].token_mixer.cache_class,
                 "ffn_losses": "def ffn_losses(" in (model_methods or [""])[0]}
         if m.mtp is not None else None,
+        # media input (model.media): the gated cross-attention layers and the resampler, one section of their own
+        "media": _render_unit(f"unit:{type(m.media.cross_attention).template_path()}", (),
+                              {"unit": m.media, "norm": norm_cfgs[0].call("D_MODEL")}).body if m.media else "",
+        "media_section": _section("media"),
+        "media_resampler": bool(m.media and m.media.resampler),
     }
 
 

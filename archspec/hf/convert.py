@@ -260,6 +260,9 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
         if block.attention.positional.model_dump() != m.attention.positional.model_dump():
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: positions switched off for some layers: "
                                 "no transformers model type archspec writes does that")
+    if m.media is not None:
+        raise HFUnsupported("model.media: gated cross-attention to media is not exported yet (transformers' IDEFICS "
+                            "holds it, with its vision encoder and decoupled embeddings; no mapping is written)")
     if m.parametrization != "standard":
         raise HFUnsupported(f"model.parametrization: {m.parametrization}: transformers' models have no output "
                             "multiplier or 1/head_dim attention scale (µP); train it standard to export")

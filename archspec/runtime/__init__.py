@@ -14,6 +14,7 @@ from archspec.runtime.decode import DECODE_MODES, DecodeStep
 from archspec.runtime.generation import next_token_probs, sample_next, stream
 from archspec.runtime.grouped_gemm import grouped_mm, grouped_mm_usable
 from archspec.runtime.linear_attention import DeltaRuleCache, gated_delta_rule, l2_normalize
+from archspec.runtime.media import MediaCache, media_attention, media_items
 from archspec.runtime.scores import score_mod_attention
 from archspec.runtime.sparse import RollingKVCache, RollingLatentCache, SparsePattern, sparse_attention
 from archspec.runtime.ssd import GatedRMSNorm, SSMCache, ssd
@@ -22,4 +23,5 @@ __all__ = ["KVCache", "LatentCache", "causal_mask", "ConvCache", "causal_conv1d"
            "DECODE_MODES", "grouped_mm", "grouped_mm_usable",
            "RollingKVCache", "RollingLatentCache", "SparsePattern", "sparse_attention", "score_mod_attention",
            "SSMCache", "GatedRMSNorm", "ssd",
-           "DeltaRuleCache", "gated_delta_rule", "l2_normalize"]
+           "DeltaRuleCache", "gated_delta_rule", "l2_normalize",
+           "MediaCache", "media_attention", "media_items"]

@@ -43,17 +43,20 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 @torch.no_grad()
 def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
-           context_length: int | None = None, decode: Callable | None = None) -> Iterator[torch.Tensor]:
+           context_length: int | None = None, decode: Callable | None = None,
+           media: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
     """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen.
     One forward over the prompt fills the KV cache (prefill); then each step runs only the newest token.
     Stops early once every row has produced eos_id (a finished row repeats it). `context_length`: the most
     positions the model takes (None: no limit, for models whose every layer attends within a window). `decode`: what
     runs each step after the prefill, (token (B, 1), cache) → logits (B, V), e.g. a compiled `DecodeStep`
-    (archspec.runtime.decode); None: the model's forward, eager."""
+    (archspec.runtime.decode); None: the model's forward, eager. `media`: a media model's media (its new_cache takes
+    them and computes their keys and values once)."""
     B, T = idx.shape
     if context_length is not None and T + max_new_tokens > context_length:
         raise ValueError(f"{T} prompt + {max_new_tokens} new tokens exceed CONTEXT_LENGTH {context_length}")
-    cache = model.new_cache(B, T + max_new_tokens)
+    cache = model.new_cache(B, T + max_new_tokens) if media is None else model.new_cache(B, T + max_new_tokens,
+                                                                                          media=media)
     # Prefill: the whole prompt in one forward; only its last position's logits are needed (B, V).
     logits = model.head(model.hidden_states(idx, cache)[:, -1:])[:, -1]
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)

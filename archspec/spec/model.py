@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_serializer, mo
 from archspec.kinds import family
 from archspec.kinds.attention import AttentionSpec  # noqa: F401 (the default attention kind, for code naming it)
 from archspec.kinds.base import Since, Strict, bind, identity_dump, rebuild_order
+from archspec.kinds.mixer.cross_attention import MediaSpec
 from archspec.kinds.limits import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB,  # noqa: F401
                                    MAX_WIDTH)
 from archspec.spec.layers import (COMPONENTS, GROUP_NAME, BlockShape, BlockSpec, LayerGroup, canonical_layers,
@@ -64,6 +65,11 @@ class ModelSpec(Strict):
     mixer: Annotated[Mixer | None, Since("0.5")] = Field(
         None, description="every layer's token mixer when it is not attention (e.g. {kind: short_conv, L_cache: 3}); "
                           "null: attention (model.attention)")
+    # Media beside the text (Flamingo): gated cross-attention layers in front of chosen blocks read precomputed media
+    # features (archspec.kinds.mixer.cross_attention); null: a text-only model.
+    media: Annotated[MediaSpec | None, Since("0.6")] = Field(
+        None, description="media input: {width, tokens, max_items, marker_id, cross_attention: {every | layers, "
+                          "n_heads, ...}, resampler: {depth, n_heads, head_dim, max_input_tokens} | null}")
     tie_embeddings: bool = True
     # Multi-token prediction modules trained beside the model (DeepSeek-V3 §2.2); null: none (docs/mtp.md).
     mtp: Annotated[MTPSpec | None, Since("0.6")] = Field(
@@ -119,6 +125,8 @@ class ModelSpec(Strict):
             unit.fill_defaults(self)
         if self.mixer is not None:  # the model-wide mixer's own defaults (a group's are filled where it is resolved)
             self.mixer.fill_defaults(self)
+        if self.media is not None:
+            self.media.fill_defaults(self)
         self._blocks, self._layer_problems = resolve(self, written)
         return self
 
@@ -138,6 +146,8 @@ class ModelSpec(Strict):
     def _canonical(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
         data.pop("layers", None)
+        if data.get("media", 0) is None:  # a text-only model: written as before media had a field
+            data.pop("media")
         if data.get("mixer", 0) is None:  # attention mixes tokens: written as before mixers had their own field
             data.pop("mixer")
         elif "mixer" in data:  # no layer has attention: nothing of it is part of the model
@@ -192,7 +202,8 @@ class ModelSpec(Strict):
     def unit_paths(self) -> list[tuple[tuple[str, ...], object]]:
         return [(("model", "norm"), self.norm), (("model", "attention", "positional"), self.attention.positional),
                 (("model", "attention", "sparsity"), self.attention.sparsity), (("model", "ffn"), self.ffn),
-                *([(("model", "mixer"), self.mixer)] if self.mixer is not None else [])]
+                *([(("model", "mixer"), self.mixer)] if self.mixer is not None else []),
+                *([(("model", "media"), self.media)] if self.media is not None else [])]
 
     def layer_problems(self) -> list:
         return list(self._layer_problems)

@@ -53,6 +53,13 @@ def cross_field_problems(spec: "Spec") -> list[Problem]:
 
     out += _parametrization_problems(m)
     out += _parallel_problems(spec)
+    if m.media is not None:  # the cross-attention layers have no tensor-parallel plan and sit beside the blocks
+        par = spec.train.parallel
+        for name in ("tp", "pp"):
+            if getattr(par, name) > 1:
+                out.append((("train", "parallel", name), f"a model with media input (model.media) is not split yet: "
+                            f"its cross-attention layers have no {name} plan; set {name}: 1, got "
+                            f"{getattr(par, name)}", getattr(par, name)))
     out += _optimizer_problems(spec)
     out += _mtp_problems(spec)
 

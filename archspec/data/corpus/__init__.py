@@ -5,3 +5,4 @@ from archspec.data.corpus import stdlib  # noqa: F401 · each import registers i
 from archspec.data.corpus import files  # noqa: F401
 from archspec.data.corpus import mqar  # noqa: F401
 from archspec.data.corpus import passkey  # noqa: F401
+from archspec.data.corpus import media  # noqa: F401
