@@ -145,7 +145,6 @@ class Attention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads = N_HEADS, N_KV_HEADS  # this rank's heads: ÷ tp under tensor parallelism
         self.qkv_proj = nn.Linear(D_MODEL, (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, bias=QKV_BIAS)  # q, k, v: one matmul
         self.o_proj = nn.Linear(N_HEADS * HEAD_DIM, D_MODEL, bias=OUT_BIAS)
 
@@ -157,17 +156,18 @@ class Attention(nn.Module):
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
-        return KVCache(batch_size, self.n_kv_heads, max_len, HEAD_DIM, device=device, dtype=dtype)
+        return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
                 ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM)
-        q, k, v = qkv.split([self.n_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM, self.n_kv_heads * HEAD_DIM], dim=-1)
-        q = q.view(B, T, self.n_heads, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
-        k = k.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
-        v = v.view(B, T, self.n_kv_heads, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
+        kv = qkv.size(-1) // (N_HEADS // N_KV_HEADS + 2)  # k's width, and v's: N_KV_HEADS·HEAD_DIM
+        q, k, v = qkv.split([qkv.size(-1) - 2 * kv, kv, kv], dim=-1)
+        q = q.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_HEADS, T, HEAD_DIM)
+        k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
+        v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start = 0  # position of this call's first query
         if cache is not None:  # generation: this step's T positions come after the cached ones
@@ -179,7 +179,7 @@ class Attention(nn.Module):
             q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
             dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * HEAD_DIM)  # (B, T, N_HEADS·HEAD_DIM)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
 
@@ -376,12 +376,12 @@ class PerceiverResampler(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module) -> None:
         super().__init__()
         self.attn_norm = Norm(D_MODEL)
-        self.attn = Attention()
+        self.attn = attn
         self.ffn_norm = Norm(D_MODEL)
-        self.ffn = FeedForward()
+        self.ffn = ffn
         self.resid_drop = nn.Dropout(DROPOUT)
 
     def reset_parameters(self) -> None:
@@ -404,7 +404,7 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([Block() for _ in range(N_LAYERS)])
+        self.blocks = nn.ModuleList([Block(Attention(), FeedForward()) for _ in range(N_LAYERS)])
         self.resampler = PerceiverResampler()  # each media item's features → MEDIA_TOKENS media tokens
         self.xattn = nn.ModuleDict({str(i): GatedCrossAttention() for i in XATTN_LAYERS})  # in front of those blocks
         self.final_norm = Norm(D_MODEL)
@@ -491,7 +491,6 @@ class Model(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy in fp32 even under bf16 autocast: the log-softmax over a large vocabulary needs it.
-        # (B·T, VOCAB_SIZE) from the logits' shape: under tensor parallelism x holds T / tp positions, the logits T.
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
