@@ -156,7 +156,9 @@ LINES_BEFORE = {"alternating-ffn-tiny": 509, "deepseek-moe-like-tiny": 651, "dee
                 # gpt-oss-like: its first committed length plus one (issue 47), within mixtral-like's bound
                 "gpt-oss-like-tiny": 561, "gpt-oss-like": 567,
                 # Qwen3-Next-like (Gated DeltaNet : gated attention, 3:1): its first length after the merge plus one
-                "qwen3-next-like-tiny": 606, "qwen3-next-like": 608}
+                "qwen3-next-like-tiny": 606, "qwen3-next-like": 608,
+                # Flamingo-like (gated cross-attention in front of chosen blocks): its first length after the merge plus one
+                "flamingo-like-tiny": 528, "flamingo-like": 527}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
