@@ -35,6 +35,7 @@ from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
+from archspec.spec.recipe import RecipeView
 from archspec.train.stages import StagePlan, plan_stages
 
 GIB = 1 << 30
@@ -128,8 +129,8 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
     t = spec.train
     parallel = getattr(t, "parallel", None)
     ac = getattr(t, "activation_checkpointing", None)
-    # 16-bit activations: bf16, fp16 autocast, and fp8 (its float8 linears inside bf16 autocast)
-    bf16 = t.precision in ("bf16", "fp16", "fp8") or (t.precision == "auto" and device == "cuda")
+    # 16-bit activations: the recipe view's rule (bf16, fp16 autocast, fp8 inside bf16 autocast, auto on CUDA)
+    bf16 = RecipeView.of(t).sixteen_bit(device)
     setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
                   grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
                   tp=getattr(parallel, "tp", 1), ep=getattr(parallel, "ep", 1), pp=getattr(parallel, "pp", 1),

@@ -80,7 +80,7 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
     from archspec.registry import Registry, default_url
     from archspec.sample import load_model
     from archspec.train.distributed import resolve_device
-    from archspec.train.loop import code_version
+    from archspec.train.report import code_version
 
     url = registry_url or default_url()
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():

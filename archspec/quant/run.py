@@ -126,7 +126,7 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
 
 def _record(result: QuantResult, registry_url: str | None) -> None:
     from archspec.registry import Registry, default_url
-    from archspec.train.loop import code_version
+    from archspec.train.report import code_version
 
     if result.run_id is None:
         result.not_recorded = "the checkpoint names no run (a weights checkpoint)"

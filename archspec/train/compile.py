@@ -122,3 +122,26 @@ def compile_whole(model: torch.nn.Module, mode: str) -> None:
         model.compile(mode="reduce-overhead", dynamic=False)
     else:
         model.compile(dynamic=False)
+
+
+def requested_compile(requested: bool | str | None, build, world, layout) -> tuple[str, str]:
+    """The compile mode of a run and why (`resolve_compile`). `requested` (the Trainer's `compile=` argument)
+    replaces train.compile (the recipe view's): True is per_block, False none (`--no-compile`)."""
+    from archspec.errors import UserError, printable
+    from archspec.spec.train import COMPILE_MODES
+    from archspec.train.parallelize import uses_fsdp
+
+    if requested is None:
+        wanted = build.view.compile
+    elif isinstance(requested, bool):
+        wanted = "per_block" if requested else "none"
+    elif requested not in COMPILE_MODES:
+        raise UserError(f"train.compile: expected one of {' | '.join(COMPILE_MODES)}, got "
+                        f"{printable(repr(requested), 40)}")
+    else:
+        wanted = requested
+    mode, why = resolve_compile(wanted, build.spec, world.device, fsdp=uses_fsdp(build, world), processes=world.size)
+    if mode in ("whole", "cudagraphs") and not layout.trivial:
+        return "per_block", (f"{mode} refused: a model split over a mesh ({layout.describe()}) compiles per "
+                             f"block (whole-model graphs across tp/ep are not built); per_block")
+    return mode, why
