@@ -667,7 +667,7 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int, accounting: Accountin
     smaller = [b for b in range(setup.batch_size - 1, 0, -1) if setup.batch_size % b == 0]
 
     def batch_fix(s: Setup, b: int) -> tuple[str, Setup]:
-        accum = setup.grad_accum * setup.batch_size // b
+        accum = RecipeView(setup.batch_size, setup.grad_accum, setup.seq_len).sequences_per_replica // b
         return (f"--set train.batch_size={b} --set train.grad_accum={accum}",
                 replace(s, batch_size=b, grad_accum=accum))
 
@@ -756,7 +756,7 @@ def cheapest_layout(spec: Spec, setup: Setup, available: int, accounting: Accoun
     world, recipe = setup.world_size, type(spec.train).model_fields
     if "parallel" not in recipe or world == 1:
         return None
-    total = setup.batch_size * setup.grad_accum * setup.dp
+    total = RecipeView(setup.batch_size, setup.grad_accum, setup.seq_len, setup.dp).global_batch
     explicit_m = getattr(spec.train.parallel, "microbatches", None) is not None
     candidates: list[tuple[int, int, str, Setup]] = []
     for tp in divisors(world):

@@ -31,6 +31,7 @@ from archspec.train.data import build_data
 from archspec.train.build import Build, prepare, run_recipe
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash
 from archspec.train.sinks import with_sinks
+from archspec.spec.recipe import RecipeView
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:
     return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
@@ -199,7 +200,7 @@ def job_seconds(jobs: list[Job], registry: Registry, device: str, cache) -> dict
         for job in jobs:
             t = job.spec.train
             measured = by_precision.setdefault(t.precision, measured_runs(registry, dev.type, t.precision))
-            out[job.key] = estimate(model_hash(job.spec), (t.batch_size * t.grad_accum, t.seq_len),
+            out[job.key] = estimate(model_hash(job.spec), (RecipeView.of(t).sequences_per_replica, t.seq_len),
                                     work_of(job.spec, job.variant.accounting), measured, peak).seconds
         return out
     except Exception:  # an ETA is a courtesy: never the reason a sweep does not train

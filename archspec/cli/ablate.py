@@ -16,6 +16,7 @@ from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
+from archspec.spec.recipe import RecipeView
 
 
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
@@ -66,7 +67,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     for v in sweep.variants:
         t = v.spec.train
         work = work_of(v.spec, v.accounting)
-        est = estimate(model_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
+        est = estimate(model_hash(v.spec), (RecipeView.of(t).sequences_per_replica, t.seq_len), work, list(measured),
+                       peak)
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs

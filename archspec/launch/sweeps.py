@@ -48,7 +48,7 @@ def resources_for(build, settings: LauncherSettings, device: str, measured: Sequ
         minutes = settings.time_min
     else:
         work = work_of(build.spec, build.accounting)
-        est = estimate(build.model_hash, (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
+        est = estimate(build.model_hash, (build.view.sequences_per_replica, t.seq_len), work, list(measured), peak)
         minutes = (NO_ESTIMATE_MIN if est.seconds is None
                    else math.ceil(settings.time_margin * est.seconds / 60) + settings.min_time_min)
     plan_bytes = build.memory.total if build.memory is not None else 0

@@ -19,6 +19,7 @@ import torch
 
 from archspec.accounting import account
 from archspec.spec import Spec
+from archspec.spec.recipe import RecipeView
 
 # ── what `auto` picks, and the measurements behind it ───────────────────────────────────────────────────────────
 #
@@ -66,7 +67,7 @@ def _cpu_auto(spec: Spec) -> tuple[str, str]:
     t, m = spec.train, spec.model
     params = account(spec).total
     near = min(CPU_MEASURED.values(), key=lambda r: abs(math.log(max(params, 1)) - math.log(max(r["params"], 1))))
-    flops = account(spec, seq_len=t.seq_len).flops_train * t.batch_size * t.seq_len * t.grad_accum * t.steps
+    flops = account(spec, seq_len=t.seq_len).flops_train * RecipeView.of(t).tokens_per_replica_step * t.steps
     eager_s = flops / near["eager_flops"]
     compile_s = {"per_block": near["compile_s"]["per_block"] * len(m.block_groups()),
                  "whole": _whole_compile_s(m.n_layers)}

@@ -58,11 +58,10 @@ def split_model(model: nn.Module, spec, mesh) -> None:
 
         apply_tensor_parallel(model, spec, mesh.tp, mesh)  # MoE layers under tp included (their plan delegates)
     elif layout.ep > 1 or layout.dp > 1:  # (dp alone: the router's statistics summed over the replicas)
-        from archspec.train.expert_parallel import apply_moe_parallel
+        from archspec.train.expert_parallel import apply_moe_parallel, moe_layers
 
-        for _, block in held_blocks(model):
-            if hasattr(block.ffn, "router"):
-                apply_moe_parallel(block.ffn, mesh)
+        for _, ffn in moe_layers(model):  # (a block another pipeline stage holds has none)
+            apply_moe_parallel(ffn, mesh)
 
 
 def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device, mp) -> nn.Module:

@@ -90,11 +90,10 @@ def parallelize(model: nn.Module, build, mesh, *, world, precision, compile_mode
     spec = build.spec
     out = Parallelized(model, model, compile_mode, mesh=mesh, fsdp=uses_fsdp(build, world))
     if mesh is not None and mesh.layout.pp > 1:
-        _cut_pipeline(out, spec, device)
+        _cut_pipeline(out, build, device)
     if mesh is not None:
         split_model(model, spec, mesh)
-        out.steps.append(f"tp {mesh.layout.tp}" if mesh.layout.tp > 1 else f"ep {mesh.layout.ep}"
-                         if mesh.layout.ep > 1 else "router statistics over dp")
+        out.steps += [f"{axis} {size}" for axis, size in (("tp", mesh.layout.tp), ("ep", mesh.layout.ep)) if size > 1]
     _checkpoint_and_compile(out, spec)
     _shard(out, world, spec.train.parallel, precision, device)
     if out.pipeline is not None:
@@ -104,10 +103,9 @@ def parallelize(model: nn.Module, build, mesh, *, world, precision, compile_mode
     return out
 
 
-def _cut_pipeline(out: Parallelized, spec, device: torch.device) -> None:
-    from archspec.train.data import has_scorer
-
-    if has_scorer(spec):
+def _cut_pipeline(out: Parallelized, build, device: torch.device) -> None:
+    spec = build.spec
+    if callable(getattr(build.data, "scorer", None)):
         raise UserError("train.data.corpus: a capability task is scored on the logits, which pipeline "
                         "parallelism holds on the last stage only: not built; use train.parallel.pp 1")
     out.pipeline = Pipeline.build(out.model, spec, out.mesh, device)
