@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.markup import escape
 
@@ -29,9 +29,11 @@ from archspec.spec import parse_spec, model_hash
 from archspec.train.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.build import Build, prepare, run_recipe
-from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash
+from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership
 from archspec.train.sinks import with_sinks
+from archspec.ablate.budgets import variant_identity
 from archspec.spec.recipe import RecipeView
+
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:
     return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
@@ -215,11 +217,6 @@ def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
     return min(indices)
 
 
-def _identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
-    """What makes a run one of a variant's seeds: its model and learning recipe (the seed is not in the recipe)."""
-    return model_hash, recipe_hash(recipe)
-
-
 def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
             only: set[str] | None = None) -> tuple[list[VariantResult], int]:
     """Every variant of a sweep with its runs, and the baseline's index, from the registry alone.
@@ -239,12 +236,12 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
     if only is not None:
         rows = [r for r in rows if r.id in only]
-    wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
+    wanted = {variant_identity(model_hash(j.spec), run_recipe(j.spec)): j
               for j in sweep.all_jobs()} if sweep else {}
     by_variant: dict[int, dict[tuple[float | None, int], Any]] = {}
     for row in rows:
         if sweep is not None:
-            job = wanted.get(_identity(row.model_hash, row.recipe))
+            job = wanted.get(variant_identity(row.model_hash, row.recipe))
             if job is None:
                 continue
             index, lr = job.variant.index, job.lr

@@ -326,7 +326,8 @@ def _quantize_phase(sweep: Sweep, outcome, registry_url, console) -> None:
 def _launcher_settings(sweep: Sweep, launch: dict, registry_url):
     """The launcher's settings (the sweep file's launcher: section under the options), checked before anything
     trains: a missing extra, no sbatch, SQLite for a multi-host launcher, options of another launcher: exit 2."""
-    from archspec.launch.base import check_detach, check_launcher, sqlite_absolute
+    from archspec.launch.base import sqlite_absolute
+    from archspec.launch.choose import check_detach, check_launcher
     from archspec.launch.options import settings_from
     from archspec.registry import default_url
 

@@ -15,7 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from archspec.launch.base import Payload, Resources, check_launcher, launch, make_launcher, submit
+from archspec.launch.base import Payload, Resources, launch, submit
+from archspec.launch.choose import check_launcher, make_launcher
 from archspec.launch.settings import LauncherSettings
 
 NO_ESTIMATE_MIN = 240  # the time limit asked for when nothing is measured and no peak is known (say --time-min)

@@ -46,6 +46,12 @@ def data_parallel_size(spec: Spec, world_size: int) -> int:
     return Layout.of(spec.train.parallel, world_size).dp
 
 
+def uses_fsdp(build, world) -> bool:
+    """Whether FSDP2 shards a run: kind fsdp over more than one data-parallel replica (tp=2 on two processes has one
+    replica: nothing to shard over)."""
+    return world.distributed and build.spec.train.parallel.kind == "fsdp" and build.view.data_parallel > 1
+
+
 @dataclass(frozen=True)
 class Build:
     """One run's derived facts, computed once."""

@@ -130,7 +130,7 @@ def requested_compile(requested: bool | str | None, build, world, layout) -> tup
     replaces train.compile (the recipe view's): True is per_block, False none (`--no-compile`)."""
     from archspec.errors import UserError, printable
     from archspec.spec.train import COMPILE_MODES
-    from archspec.train.parallelize import uses_fsdp
+    from archspec.train.build import uses_fsdp
 
     if requested is None:
         wanted = build.view.compile

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from archspec.errors import UserError
+from archspec.train.build import uses_fsdp
 from archspec.train.compile import compile_whole
 from archspec.train.distributed import wrap_ddp
 from archspec.train.parallel import apply_activation_checkpointing, shard_data_parallel, shard_fsdp, split_model
@@ -75,12 +76,6 @@ class Parallelized:
 
     def describe(self) -> str:
         return "parallelize: " + " → ".join(self.steps or ["nothing (one process, eager)"])
-
-
-def uses_fsdp(build, world) -> bool:
-    """Whether FSDP2 shards this run: kind fsdp over more than one data-parallel replica (tp=2 on two processes has
-    one replica: nothing to shard over)."""
-    return world.distributed and build.spec.train.parallel.kind == "fsdp" and build.view.data_parallel > 1
 
 
 def parallelize(model: nn.Module, build, mesh, *, world, precision, compile_mode: str,
