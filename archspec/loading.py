@@ -1,6 +1,6 @@
 """Loading a model to run it: a registry run, a checkpoint (training, weights or quantized), a run directory, or a
 bare spec with random weights, with its tokenizer (stored in the checkpoint: nothing is read from the data cache).
-One module for every reader: sampling (archspec.sample), quantization (archspec.quant.run), the capability probe
+One module for every reader: sampling (archspec.sample), quantization (archspec.quantize), the capability probe
 (archspec.ablate.probe) and the benchmarks.
 
     loaded = load_model("runs/llama-like-tiny-1a2b3c4d5e6f", device="cpu")
@@ -149,7 +149,7 @@ def _spec_tokenizer(spec: Spec) -> Tokenizer:
     if not tok.reads_corpus:  # built from nothing (the byte tokenizer)
         return tok.build(None, None)
     # A BPE tokenizer is trained on the recipe's corpus (once, then read from the cache), exactly as training does.
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import open_corpus
     from archspec.train.tokenizer import build_tokenizer
 

@@ -36,7 +36,7 @@ from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
 from archspec.spec.recipe import RecipeView
-from archspec.train.stages import StagePlan, plan_stages
+from archspec.stages import StagePlan, plan_stages
 
 GIB = 1 << 30
 CUDA_MARGIN = 0.92  # of the free device memory: the caching allocator rounds and fragments

@@ -26,7 +26,7 @@ from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.registry.query.parse import text_literal
 from archspec.spec import parse_spec, model_hash
-from archspec.train.cache import cache_dir
+from archspec.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.build import Build, prepare, run_recipe
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership

@@ -235,7 +235,7 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
 
         from archspec.ablate.estimate import measured_runs
         from archspec.registry import Registry
-        from archspec.train.cache import cache_dir
+        from archspec.cache import cache_dir
         from archspec.train.throughput import peak_flops
 
         dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")

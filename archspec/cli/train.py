@@ -184,7 +184,7 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     import torch
 
     from archspec.memory import planned, refusal
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.distributed import world_env
 
@@ -234,7 +234,7 @@ def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
     GPU, the datasheet bf16 peak."""
     import torch
 
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.distributed import resolve_device
     from archspec.train.precision import autocast_dtype
     from archspec.train.throughput import measure_ceiling, peak_flops

@@ -82,7 +82,7 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
     from archspec.ablate.runner import JobOutcome, membership
     from archspec.launch.base import exported, worker_url
     from archspec.spec import canonical_dict
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
 
     # The password, if any, goes to the jobs' environment, not the payload. `registry.url` is for messages (its
     # password shown as ***); the URL the registry connects with is its engine's.

@@ -38,7 +38,7 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
     from archspec.launch.sweeps import resources_for, scheduled_info
     from archspec.registry import Registry
     from archspec.spec import canonical_dict, load_spec
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.build import prepare
     from archspec.train.loop import with_steps

@@ -80,7 +80,7 @@ def run_payload(payload: Payload) -> WorkerResult:
     from archspec.registry import RegistryLogger
     from archspec.spec import load_spec_dict
     from archspec.train.build import prepare
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.logger import SweepMembership
     from archspec.train.loop import train

@@ -32,7 +32,7 @@ from archspec.signals import (Terminated, deferred_interrupts, install_signal_ha
 from archspec.spec import Spec
 from archspec.train import report
 from archspec.train.build import Build, prepare
-from archspec.train.cache import cache_dir, digest
+from archspec.cache import cache_dir, digest
 from archspec.train.checkpoint import CheckpointWriteError, load_weights_into, resolve, rng_state
 from archspec.train.checkpointer import AlreadyFinished, Checkpointer, TrainingState, identify, read_start
 from archspec.train.compile import requested_compile

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from archspec.train.cache import atomic_write_text
+from archspec.cache import atomic_write_text
 
 # Dense bf16 peaks (FLOP/s) from NVIDIA datasheets; first match of the device name wins, so list specific names first.
 CUDA_BF16_PEAK = [

@@ -81,7 +81,7 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
     quantization itself."""
     from archspec.loading import load_model, resolve_source
     from archspec.spec import canonical_dict
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.checkpoint import QUANTIZED_FORMAT, WEIGHTS_FORMAT, load_any, save_quantized
     from archspec.train.data import build_data
 
