@@ -75,7 +75,7 @@ class Parallelized:
         return total
 
     def describe(self) -> str:
-        return "parallelize: " + " → ".join(self.steps or ["nothing (one process, eager)"])
+        return "parallelize: " + " → ".join(self.steps or ["nothing (one process, eager)"])  # (rich: no markup)
 
 
 def parallelize(model: nn.Module, build, mesh, *, world, precision, compile_mode: str,

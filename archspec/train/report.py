@@ -55,7 +55,7 @@ def announce(t) -> None:
     elif t.par.compiled:
         log(f"compiled the whole model{' (CUDA graphs)' if t.par.compile_mode == 'cudagraphs' else ''} in "
             f"{t.compile_s:.1f} s")
-    if not t.layout.trivial or t.world.distributed:
+    if t.par.steps:  # what parallelize applied, in its order (an eager run on one process: nothing)
         log(t.par.describe())
     if t.step:
         log(f"resumed from step {t.step}")
