@@ -35,7 +35,7 @@ from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 from archspec.stages import StagePlan, plan_stages
 
 GIB = 1 << 30

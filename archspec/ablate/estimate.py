@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 
 from archspec.console import human
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 # With nothing measured: small models on a CPU reach about this share of the measured matmul peak (the llama-like-tiny
 # preset measured 15-30% on the development box); an assumption, and the table says so.

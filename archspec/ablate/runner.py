@@ -32,7 +32,7 @@ from archspec.train.build import Build, prepare, run_recipe
 from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership
 from archspec.train.sinks import with_sinks
 from archspec.ablate.budgets import variant_identity
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:

@@ -46,7 +46,7 @@ from archspec.errors import UserError
 from archspec.errors import printable
 from archspec.launch.settings import LauncherSettings
 from archspec.quant.schemes import SCHEMES
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import EVAL_POINTS, TrainSpec, auto_eval_points, auto_eval_tokens
@@ -319,7 +319,7 @@ def variant_overrides(file: SweepFile) -> list[dict[str, Any]]:
 
 def steps_for_budget(spec: Spec, budget: Budget | None) -> int:
     """Steps a budget buys one run of `spec`, at its tokens per step as one process trains them (a sweep variant's
-    identity does not depend on how many processes later run it; archspec.spec.recipe)."""
+    identity does not depend on how many processes later run it; archspec.recipe)."""
     t = spec.train
     if budget is None:
         return t.steps

@@ -16,7 +16,7 @@ from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 
 def _seeds(ctx, param, value: str | None) -> list[int] | None:

@@ -26,7 +26,7 @@ from archspec.registry.query.sql import compile_filter, compile_sort
 from archspec.registry.values import (WRITER_IDENTITY, accounting_fields, flatten, is_stale, load_json, number, run_params,
                                      writer_gone)
 from archspec.train.logger import RUNNING, SweepMembership
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -189,7 +189,7 @@ class RunRow:
     def tokens_per_step(self) -> int | None:
         """Tokens one optimizer step trained on (batch × grad_accum × seq_len × data-parallel replicas); None when
         the stored recipe does not say (a damaged row)."""
-        view = RecipeView.stored(self.recipe)  # archspec.spec.recipe: the one rule
+        view = RecipeView.stored(self.recipe)  # archspec.recipe: the one rule
         n = view.tokens_per_step if view is not None else 0
         return n if n > 0 else None
 

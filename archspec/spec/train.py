@@ -258,7 +258,7 @@ class TrainSpec(_Strict):
     @property
     def tokens_per_step(self) -> int:
         """Tokens one process trains on per optimizer step (the rule reads the recipe alone, not the world size)."""
-        from archspec.spec.recipe import RecipeView
+        from archspec.recipe import RecipeView
 
         return RecipeView.of(self).tokens_per_replica_step
 

@@ -18,7 +18,7 @@ from archspec.accounting import Accounting, account
 from archspec.kinds.base import identity_dump
 from archspec.memory import MemoryPlan, check_memory
 from archspec.spec import Spec, model_hash
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 from archspec.train.data import TrainData
 from archspec.train.logger import run_key
 
@@ -70,7 +70,7 @@ class Build:
     @property
     def view(self) -> RecipeView:
         """The recipe's derived quantities on this build's processes (tokens per step, global batch, precision,
-        compile mode): archspec.spec.recipe, their one owner."""
+        compile mode): archspec.recipe, their one owner."""
         return RecipeView.of(self.spec.train, data_parallel_size(self.spec, self.world_size))
 
     def checked(self, device: str) -> Build:

@@ -19,7 +19,7 @@ import torch
 
 from archspec.accounting import account
 from archspec.spec import Spec
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 # ── what `auto` picks, and the measurements behind it ───────────────────────────────────────────────────────────
 #

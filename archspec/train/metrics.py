@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from archspec.kinds import metric_kinds
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 from archspec.train.throughput import OUR_CONVENTION, mfu, mfu_flag, palm_train_flops_per_token
 
 

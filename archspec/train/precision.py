@@ -1,5 +1,5 @@
 """A run's numeric precision in one object: the autocast dtype, fp16's loss scaler, fp8's float8 linears, the FSDP
-mixed-precision policy, and the element sizes the memory plan counts with (archspec.spec.recipe.RecipeView).
+mixed-precision policy, and the element sizes the memory plan counts with (archspec.recipe.RecipeView).
 
     precision = Precision.of(spec.train, device, world)   # refuses what the device or layout cannot run
     precision.convert(model, spec)                         # fp8: the float8 linears, in place
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from archspec.quant.precision import check_precision, convert_fp8, loss_scaler
-from archspec.spec.recipe import RecipeView
+from archspec.recipe import RecipeView
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -76,7 +76,7 @@ class Precision:
             self.autocast_dtype = None
 
     def element_bytes(self) -> int:
-        """Element size of matmul inputs and outputs (the memory plan's rule, archspec.spec.recipe)."""
+        """Element size of matmul inputs and outputs (the memory plan's rule, archspec.recipe)."""
         return RecipeView(1, 1, 1, precision=self.name).matmul_bytes(self.device.type)
 
     # ── the loss scaler (fp16) ──

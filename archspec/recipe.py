@@ -1,4 +1,4 @@
-"""The recipe's derived quantities, owned here once: tokens per step, the global batch, the precision's element sizes
+"""The recipe's derived quantities, owned here once (this module imports nothing, so any layer may read it): tokens per step, the global batch, the precision's element sizes
 and the compile mode. The loop, the sweep runner, the estimates, the memory plan, the UI and the reports all read
 them from a `RecipeView`, so they cannot mean different things in different places.
 
