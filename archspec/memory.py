@@ -35,7 +35,8 @@ from archspec.environment import env_int
 from archspec.errors import UserError
 from archspec.spec import Spec
 from archspec.spec.model import ModelSpec
-from archspec.train.stages import StagePlan, plan_stages
+from archspec.recipe import RecipeView
+from archspec.stages import StagePlan, plan_stages
 
 GIB = 1 << 30
 CUDA_MARGIN = 0.92  # of the free device memory: the caching allocator rounds and fragments
@@ -128,8 +129,8 @@ def setup_from_spec(spec: Spec, *, device: str = "cpu", training: bool = True, w
     t = spec.train
     parallel = getattr(t, "parallel", None)
     ac = getattr(t, "activation_checkpointing", None)
-    # 16-bit activations: bf16, fp16 autocast, and fp8 (its float8 linears inside bf16 autocast)
-    bf16 = t.precision in ("bf16", "fp16", "fp8") or (t.precision == "auto" and device == "cuda")
+    # 16-bit activations: the recipe view's rule (bf16, fp16 autocast, fp8 inside bf16 autocast, auto on CUDA)
+    bf16 = RecipeView.of(t).sixteen_bit(device)
     setup = Setup(device=device, training=training, batch_size=t.batch_size, seq_len=t.seq_len or spec.model.context_length,
                   grad_accum=t.grad_accum, world_size=world_size, parallel=getattr(parallel, "kind", "ddp"),
                   tp=getattr(parallel, "tp", 1), ep=getattr(parallel, "ep", 1), pp=getattr(parallel, "pp", 1),
@@ -686,7 +687,7 @@ def cheapest_fix(spec: Spec, setup: Setup, available: int, accounting: Accountin
     smaller = [b for b in range(setup.batch_size - 1, 0, -1) if setup.batch_size % b == 0]
 
     def batch_fix(s: Setup, b: int) -> tuple[str, Setup]:
-        accum = setup.grad_accum * setup.batch_size // b
+        accum = RecipeView(setup.batch_size, setup.grad_accum, setup.seq_len).sequences_per_replica // b
         return (f"--set train.batch_size={b} --set train.grad_accum={accum}",
                 replace(s, batch_size=b, grad_accum=accum))
 
@@ -775,7 +776,7 @@ def cheapest_layout(spec: Spec, setup: Setup, available: int, accounting: Accoun
     world, recipe = setup.world_size, type(spec.train).model_fields
     if "parallel" not in recipe or world == 1:
         return None
-    total = setup.batch_size * setup.grad_accum * setup.dp
+    total = RecipeView(setup.batch_size, setup.grad_accum, setup.seq_len, setup.dp).global_batch
     explicit_m = getattr(spec.train.parallel, "microbatches", None) is not None
     candidates: list[tuple[int, int, str, Setup]] = []
     for tp in divisors(world):

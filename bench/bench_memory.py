@@ -68,7 +68,7 @@ def measure(overrides: list[str], steps: int) -> dict:
     sys.path.insert(0, str(ROOT))
     from archspec.memory import plan_memory
     from archspec.spec import load_spec
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import prepare_tokens
     from archspec.train.loop import Trainer
     from archspec.train.throughput import peak_flops

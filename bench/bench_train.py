@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from archspec.accounting import account  # noqa: E402
 from archspec.spec import load_spec  # noqa: E402
-from archspec.train.cache import cache_dir  # noqa: E402
+from archspec.cache import cache_dir  # noqa: E402
 from archspec.train.data import WindowSampler, prepare_tokens  # noqa: E402
 from archspec.train.throughput import cpu_name, measure_matmul_flops, palm_train_flops_per_token, peak_flops  # noqa: E402
 

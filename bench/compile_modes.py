@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from archspec.accounting import account  # noqa: E402
 from archspec.spec import load_spec  # noqa: E402
-from archspec.train.cache import cache_dir  # noqa: E402
+from archspec.cache import cache_dir  # noqa: E402
 from archspec.train.throughput import cpu_name, measure_matmul_flops, peak_flops  # noqa: E402
 
 # name: (preset, overrides); the training recipe (batch, seq_len) is part of each size

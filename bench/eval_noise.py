@@ -78,7 +78,7 @@ def main() -> int:
     if args.runs:
         from archspec.codegen import generate
         from archspec.spec import parse_spec
-        from archspec.train.cache import cache_dir
+        from archspec.cache import cache_dir
         from archspec.train.checkpoint import load_checkpoint
         from archspec.train.data import build_data
 

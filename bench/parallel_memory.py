@@ -84,7 +84,7 @@ def measure(spec_name: str, overrides: list[str], parallel: dict, steps: int, ou
     import torch._dynamo  # noqa: F401
 
     from archspec.spec import load_spec
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import prepare_tokens
     from archspec.train.distributed import init_world
     from archspec.train.loop import Trainer

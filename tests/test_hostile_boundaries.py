@@ -306,7 +306,7 @@ def test_inconsistent_torchrun_variables_are_refused_before_training(env, needle
 
 
 def test_an_unusable_cache_directory_is_named(tmp_path, monkeypatch):
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -328,7 +328,7 @@ def test_a_full_cache_disk_is_a_user_error_naming_the_cache(tmp_path, monkeypatc
     import errno
 
     from archspec.train import data as data_module
-    from archspec.train.cache import writing_cache
+    from archspec.cache import writing_cache
 
     with pytest.raises(UserError, match=f"cache {tmp_path}: cannot write \\(No space left on device\\)"):
         with writing_cache(tmp_path):

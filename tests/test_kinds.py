@@ -87,6 +87,47 @@ def test_no_mixer_or_its_attribute_is_named_outside_its_unit(path):
     assert {"attn", "conv"} <= _MIXER_ATTRIBUTES and "short_conv" in mixers  # the guard knows what it guards
 
 
+def _ffn_module_attributes() -> set[str]:
+    """The attributes the FFN kinds' templates give their modules (`self.router = ...`, `register_buffer("...")`),
+    less the projection names every FFN, HF mapping and TP plan shares (`up_proj`, ...) and `top_k` / `parallel`."""
+    names: set[str] = set()
+    for template in (ROOT / "archspec" / "kinds" / "ffn").glob("*.j2"):
+        text = template.read_text(encoding="utf-8")
+        names |= set(re.findall(r"\bself\.([a-z_]+) = ", text)) | set(re.findall(r'register_buffer\("([a-z_]+)"', text))
+    from archspec.runtime.protocol import HOOKS  # a Model-level hook may share a module attribute's name
+
+    return names - {"up_proj", "down_proj", "gate_proj", "top_k", "parallel"} - set(HOOKS)
+
+
+_FFN_ATTRIBUTES = _ffn_module_attributes()
+# Modules whose job is a kind's module, by design: expert parallelism and the TP plans place their styles on the
+# experts submodule, runtime/experts.py is the MoE's own kernel, testing/ counts a built module's active parameters;
+# archspec/hf speaks transformers' vocabulary (its role tables name HF's modules: `"router": "gate"`).
+_FFN_ATTRIBUTE_USERS = {"archspec/train/expert_parallel.py", "archspec/train/tensor_parallel.py",
+                        "archspec/runtime/experts.py", "archspec/testing/assertions.py"}
+
+
+@pytest.mark.parametrize("path", _OUTSIDE_UNITS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_ffn_module_attribute_is_reached_for_outside_its_unit(path):
+    """Nothing outside archspec/kinds reaches into a MoE's module by attribute name (`block.ffn.router`,
+    `getattr(ffn, "router_losses")`): a trainer calls the generated model's declared hooks
+    (archspec.runtime.protocol.TrainingHooks: auxiliary_losses, after_micro_batch, after_optimizer_step,
+    router_stats). Code tokens only: a docstring may name them."""
+    import io
+    import tokenize
+
+    rel = str(path.relative_to(ROOT))
+    if rel in _FFN_ATTRIBUTE_USERS or rel.startswith("archspec/hf/") or path.suffix != ".py":
+        return
+    tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline))
+    hits = [f"{rel}:{tok.start[0]}: {tok.string}" for prev, tok in zip(tokens, tokens[1:])
+            if not tok.line.lstrip().startswith(("from ", "import "))  # a module path (archspec.runtime.experts)
+            and (tok.type == tokenize.NAME and prev.string == "." and tok.string in _FFN_ATTRIBUTES)
+            or (tok.type == tokenize.STRING and tok.string.strip("'\"") in _FFN_ATTRIBUTES)]
+    assert not hits, f"reaches for a FFN kind's module attributes: {hits}; call the model's TrainingHooks"
+    assert {"router", "experts", "router_losses", "selection_bias"} <= _FFN_ATTRIBUTES  # the guard knows its names
+
+
 # ── one place per data kind (issue 24): corpora and tokenizers are units of archspec/data ────────────────────────
 
 _DATA_KINDS = {k for fam in data_families().values() for k in fam.members}

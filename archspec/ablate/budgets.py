@@ -23,13 +23,19 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from archspec.errors import UserError, printable
+from archspec.train.logger import recipe_hash
 
 # `--set` keys that change only how a run is observed: not part of a budget (archspec.train.logger.NOT_IDENTITY)
 _OBSERVED_PREFIX = "train."
 
+
+
+def variant_identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
+    """What makes a run one of a variant's seeds: its model and learning recipe (the seed is not in the recipe)."""
+    return model_hash, recipe_hash(recipe)
 
 def identity_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
     """The `--set` overrides that make another experiment: those of observation-only recipe keys dropped, the rest
@@ -122,11 +128,10 @@ def _member_rows(registry, name: str) -> list:
 
 
 def _wanted(sweep) -> set[tuple[str, str]]:
-    from archspec.ablate.runner import _identity
     from archspec.spec import model_hash
     from archspec.train.build import run_recipe
 
-    return {_identity(model_hash(j.spec), run_recipe(j.spec)) for j in sweep.all_jobs()}
+    return {variant_identity(model_hash(j.spec), run_recipe(j.spec)) for j in sweep.all_jobs()}
 
 
 def _derived_overrides(row, variant_spec, rates: bool = False) -> tuple[str, ...] | None:
@@ -160,9 +165,7 @@ def file_budgets(registry, path: str | Path) -> list[SweepBudget]:
 
     def take(sweep, steps, overrides) -> None:
         wanted = _wanted(sweep)
-        from archspec.ablate.runner import _identity
-
-        matched = [r for r in left.values() if _identity(r.model_hash, r.recipe) in wanted]
+        matched = [r for r in left.values() if variant_identity(r.model_hash, r.recipe) in wanted]
         if matched:
             for r in matched:
                 left.pop(r.id)

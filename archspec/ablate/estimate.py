@@ -33,6 +33,7 @@ import statistics
 from dataclasses import dataclass
 
 from archspec.console import human
+from archspec.recipe import RecipeView
 
 # With nothing measured: small models on a CPU reach about this share of the measured matmul peak (the llama-like-tiny
 # preset measured 15-30% on the development box); an assumption, and the table says so.
@@ -134,7 +135,7 @@ def work_of(spec, accounting) -> Work:
     seq_len) windows (fewer only when the split is smaller), `batch_size` windows a batch (archspec.train.data)."""
     t = spec.train
     windows = -(-max(1, t.eval_size) // t.seq_len)
-    return Work(steps=t.steps, tokens_per_step=t.batch_size * t.grad_accum * t.seq_len,
+    return Work(steps=t.steps, tokens_per_step=RecipeView.of(t).tokens_per_step,
                 flops_train_per_token=float(accounting.flops_train), flops_forward_per_token=float(accounting.flops_forward),
                 evals=eval_count(t.steps, t.eval_every), eval_batches=-(-windows // t.batch_size),
                 eval_tokens=windows * t.seq_len)

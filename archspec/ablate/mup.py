@@ -124,7 +124,7 @@ class Tokens:
     same corpus, and opening it (hashing a corpus's files) costs more than a short run."""
 
     def __init__(self, cache: str | Path | None = None) -> None:
-        from archspec.train.cache import cache_dir
+        from archspec.cache import cache_dir
 
         self.cache = cache_dir(cache)
         self._stores: dict[str, tuple] = {}

@@ -78,9 +78,9 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
               examples: int | None = None, batch_size: int = 64, device: str = "auto",
               registry_url: str | None = None, record: bool = True) -> ProbeResult:
     from archspec.registry import Registry, default_url
-    from archspec.sample import load_model
+    from archspec.loading import load_model
     from archspec.train.distributed import resolve_device
-    from archspec.train.loop import code_version
+    from archspec.train.report import code_version
 
     url = registry_url or default_url()
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():

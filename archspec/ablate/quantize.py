@@ -3,7 +3,7 @@
     quantize: [int8, int4]        # in a sweep file (archspec.ablate.sweep)
     quantize_group_size: 32       # optional: int4's group (default: what `archspec quantize` picks)
 
-The quantization is `archspec quantize`'s own (`archspec.quant.run.quantize_source`: the run's validation set, the
+The quantization is `archspec quantize`'s own (`archspec.quantize.quantize_source`: the run's validation set, the
 checkpoint beside the run's, the evaluation `quant.<scheme>` in the registry). A run that already holds an evaluation
 of that scheme (at the sweep's group size, embeddings as trained) is not quantized again: as resuming skips finished
 runs, rerunning a sweep quantizes nothing new. A sweep without a group size accepts an int4 evaluation at any group
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from archspec.quant.run import TASK_PREFIX
+from archspec.quantize import TASK_PREFIX
 
 
 def scheme_group(scheme: str, group_size: int | None) -> int | None:
@@ -40,7 +40,7 @@ def matching(evaluations: Iterable[dict[str, Any]], scheme: str, group_size: int
 def quantize_runs(run_ids: Iterable[str], schemes: list[str], group_size: int | None, registry_url: str | None, *,
                   cache=None, on_event: Callable[[str], None] = lambda line: None) -> dict[str, int]:
     """Quantize each finished run at each scheme it has no evaluation of yet; counts of `quantized` and `skipped`."""
-    from archspec.quant.run import quantize_source
+    from archspec.quantize import quantize_source
     from archspec.registry import Registry
 
     counts = {"quantized": 0, "skipped": 0}

@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.markup import escape
 
@@ -26,11 +26,14 @@ from archspec.errors import UserError, printable
 from archspec.registry import Registry, RegistryLogger, install_signal_handlers
 from archspec.registry.query.parse import text_literal
 from archspec.spec import parse_spec, model_hash
-from archspec.train.cache import cache_dir
+from archspec.cache import cache_dir
 from archspec.train.data import build_data
 from archspec.train.build import Build, prepare, run_recipe
-from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership, recipe_hash
+from archspec.train.logger import FINISHED, RUNNING, RunInfo, RunLogger, SweepMembership
 from archspec.train.sinks import with_sinks
+from archspec.ablate.budgets import variant_identity
+from archspec.recipe import RecipeView
+
 
 def membership(sweep: Sweep, job: Job) -> SweepMembership:
     return SweepMembership(sweep.name, job.variant.index, job.variant.label, sweep.sweep_hash, sweep.file.baseline)
@@ -199,7 +202,7 @@ def job_seconds(jobs: list[Job], registry: Registry, device: str, cache) -> dict
         for job in jobs:
             t = job.spec.train
             measured = by_precision.setdefault(t.precision, measured_runs(registry, dev.type, t.precision))
-            out[job.key] = estimate(model_hash(job.spec), (t.batch_size * t.grad_accum, t.seq_len),
+            out[job.key] = estimate(model_hash(job.spec), (RecipeView.of(t).sequences_per_replica, t.seq_len),
                                     work_of(job.spec, job.variant.accounting), measured, peak).seconds
         return out
     except Exception:  # an ETA is a courtesy: never the reason a sweep does not train
@@ -212,11 +215,6 @@ def recorded_baseline(rows, sweep_name: str, indices: list[int]) -> int:
         if sweep_name in row.memberships:
             return row.memberships[sweep_name].baseline
     return min(indices)
-
-
-def _identity(model_hash: str, recipe: Mapping[str, Any]) -> tuple[str, str]:
-    """What makes a run one of a variant's seeds: its model and learning recipe (the seed is not in the recipe)."""
-    return model_hash, recipe_hash(recipe)
 
 
 def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
@@ -238,12 +236,12 @@ def collect(registry: Registry, sweep_name: str, sweep: Sweep | None = None,
     rows = registry.runs(where=f"sweep = {text_literal(sweep_name)}", sort="created")
     if only is not None:
         rows = [r for r in rows if r.id in only]
-    wanted = {_identity(model_hash(j.spec), run_recipe(j.spec)): j
+    wanted = {variant_identity(model_hash(j.spec), run_recipe(j.spec)): j
               for j in sweep.all_jobs()} if sweep else {}
     by_variant: dict[int, dict[tuple[float | None, int], Any]] = {}
     for row in rows:
         if sweep is not None:
-            job = wanted.get(_identity(row.model_hash, row.recipe))
+            job = wanted.get(variant_identity(row.model_hash, row.recipe))
             if job is None:
                 continue
             index, lr = job.variant.index, job.lr

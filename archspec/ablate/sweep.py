@@ -46,6 +46,7 @@ from archspec.errors import UserError
 from archspec.errors import printable
 from archspec.launch.settings import LauncherSettings
 from archspec.quant.schemes import SCHEMES
+from archspec.recipe import RecipeView
 from archspec.spec import SLUG_RE, Spec, apply_overrides, canonical_dict, format_validation_error, parse_spec, read_yaml, set_dotted
 from archspec.spec.safe_yaml import check_structure, variant_count_text
 from archspec.spec.train import EVAL_POINTS, TrainSpec, auto_eval_points, auto_eval_tokens
@@ -316,13 +317,15 @@ def variant_overrides(file: SweepFile) -> list[dict[str, Any]]:
     return [{**g, **z} for g in grid_rows for z in zip_rows]
 
 
-def steps_for_budget(spec: Spec, budget: Budget | None, world_size: int = 1) -> int:
+def steps_for_budget(spec: Spec, budget: Budget | None) -> int:
+    """Steps a budget buys one run of `spec`, at its tokens per step as one process trains them (a sweep variant's
+    identity does not depend on how many processes later run it; archspec.recipe)."""
     t = spec.train
     if budget is None:
         return t.steps
     if budget.kind == "steps":
         return budget.steps
-    tokens_per_step = t.batch_size * t.grad_accum * t.seq_len * world_size
+    tokens_per_step = RecipeView.of(t).tokens_per_step
     if budget.kind == "tokens":
         return max(1, math.ceil(budget.tokens / tokens_per_step))
     flops_per_step = account(spec, seq_len=t.seq_len).flops_train * tokens_per_step

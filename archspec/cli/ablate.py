@@ -16,6 +16,7 @@ from archspec.launch.options import launcher_options
 from archspec.console import echo, human, make_console
 from archspec.errors import UserError, printable
 from archspec.spec.train import MAX_STEPS
+from archspec.recipe import RecipeView
 
 
 def _seeds(ctx, param, value: str | None) -> list[int] | None:
@@ -66,7 +67,8 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
     for v in sweep.variants:
         t = v.spec.train
         work = work_of(v.spec, v.accounting)
-        est = estimate(model_hash(v.spec), (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
+        est = estimate(model_hash(v.spec), (RecipeView.of(t).sequences_per_replica, t.seq_len), work, list(measured),
+                       peak)
         seconds = est.seconds
         n_jobs = sum(j.variant.index == v.index for j in jobs)
         total_s += (seconds or 0) * n_jobs
@@ -233,7 +235,7 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
 
         from archspec.ablate.estimate import measured_runs
         from archspec.registry import Registry
-        from archspec.train.cache import cache_dir
+        from archspec.cache import cache_dir
         from archspec.train.throughput import peak_flops
 
         dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
@@ -324,7 +326,8 @@ def _quantize_phase(sweep: Sweep, outcome, registry_url, console) -> None:
 def _launcher_settings(sweep: Sweep, launch: dict, registry_url):
     """The launcher's settings (the sweep file's launcher: section under the options), checked before anything
     trains: a missing extra, no sbatch, SQLite for a multi-host launcher, options of another launcher: exit 2."""
-    from archspec.launch.base import check_detach, check_launcher, sqlite_absolute
+    from archspec.launch.base import sqlite_absolute
+    from archspec.launch.choose import check_detach, check_launcher
     from archspec.launch.options import settings_from
     from archspec.registry import default_url
 

@@ -1,4 +1,4 @@
-"""`archspec quantize RUN_ID|CHECKPOINT --scheme int8|int4`: the command over archspec.quant.run."""
+"""`archspec quantize RUN_ID|CHECKPOINT --scheme int8|int4`: the command over archspec.quantize."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def quantize_cmd(source: str, scheme: str, group_size: int | None, embeddings: b
     `archspec runs list --where "quant.int4.val_loss_delta < 0.05"`. `archspec sample` reads the checkpoint; training
     (--resume, --init-from) and export-hf refuse it."""
     from archspec.console import Tracker
-    from archspec.quant.run import quantize_source
+    from archspec.quantize import quantize_source
 
     with Tracker("loading the run") as tracker:  # on stderr: --json's stdout stays one object
         result = quantize_source(source, scheme.strip().lower(), group_size=group_size, embeddings=embeddings,

@@ -184,7 +184,7 @@ def _dry_run(spec, device: str, world_size: int | None, json_out: bool) -> None:
     import torch
 
     from archspec.memory import planned, refusal
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.distributed import world_env
 
@@ -227,10 +227,8 @@ def _train(spec_path, overrides, steps, device, resume, registry_url, run_dir, n
            take_over=False, init_from=None, log_to=None):
     from archspec.train.checkpoint import resolve
     from archspec.train.distributed import world_env
-    from archspec.train.loop import (  # torch: imported when a run starts, not for --help
-        check_start,
-        train,
-    )
+    from archspec.train.checkpointer import check_start  # torch: imported when a run starts, not for --help
+    from archspec.train.loop import train
     from archspec.train.sinks import parse_log_to, resolve_sinks
 
     check_start(resume, init_from)
@@ -256,9 +254,9 @@ def peak_cmd(measure: bool, device: str, cache: str | None) -> None:
     GPU, the datasheet bf16 peak."""
     import torch
 
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.distributed import resolve_device
-    from archspec.train.loop import autocast_dtype
+    from archspec.train.precision import autocast_dtype
     from archspec.train.throughput import measure_ceiling, peak_flops
 
     dev = resolve_device(device)

@@ -58,7 +58,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
     import yaml
 
     from archspec.spec import canonical_dict, load_spec_dict, model_hash
-    from archspec.train.cache import atomic_write_text
+    from archspec.cache import atomic_write_text
     from archspec.train.checkpoint import save_weights
 
     spec_out = Path(spec_out)

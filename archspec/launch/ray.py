@@ -1,7 +1,7 @@
 """Ray: one `ray.remote` task per job, with the job's CPUs and GPUs as its resource request.
 
 `--ray-address ray://head:10001` (or `auto`) joins an existing cluster, whose workers may be other hosts (so the
-registry must be PostgreSQL: archspec.launch.base.check_launcher); without it a local cluster is started with this
+registry must be PostgreSQL: archspec.launch.choose.check_launcher); without it a local cluster is started with this
 machine's CPUs (`--max-parallel` × CPUs per task when given), and stopped at the end. Ray runs a task with as many
 threads as the CPUs it asked for (one by default), so its losses equal `--launcher local`'s within float rounding
 (1e-5), not bitwise. Ray's own retries are off (max_retries=0): archspec.launch.base.launch retries a job whose

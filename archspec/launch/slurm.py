@@ -2,7 +2,7 @@
 LocalExecutor: the same pickled payload and worker in subprocesses of this machine, a rehearsal of a SLURM sweep).
 
 `slurm` is `submitit.SlurmExecutor`, never `AutoExecutor`, which picks the local executor by itself when SLURM is
-absent: a sweep meant for a cluster must not quietly train on the login node (archspec.launch.base.check_launcher
+absent: a sweep meant for a cluster must not quietly train on the login node (archspec.launch.choose.check_launcher
 refuses a machine without sbatch first). Jobs of the same resources go out as one job array (`executor.batch()`),
 `--max-parallel` as its `%N` throttle. Each task asks for the GPUs, CPUs, memory and time of `resources_for`.
 """

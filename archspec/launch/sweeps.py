@@ -15,7 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from archspec.launch.base import Payload, Resources, check_launcher, launch, make_launcher, submit
+from archspec.launch.base import Payload, Resources, launch, submit
+from archspec.launch.choose import check_launcher, make_launcher
 from archspec.launch.settings import LauncherSettings
 
 NO_ESTIMATE_MIN = 240  # the time limit asked for when nothing is measured and no peak is known (say --time-min)
@@ -48,7 +49,7 @@ def resources_for(build, settings: LauncherSettings, device: str, measured: Sequ
         minutes = settings.time_min
     else:
         work = work_of(build.spec, build.accounting)
-        est = estimate(build.model_hash, (t.batch_size * t.grad_accum, t.seq_len), work, list(measured), peak)
+        est = estimate(build.model_hash, (build.view.sequences_per_replica, t.seq_len), work, list(measured), peak)
         minutes = (NO_ESTIMATE_MIN if est.seconds is None
                    else math.ceil(settings.time_margin * est.seconds / 60) + settings.min_time_min)
     plan_bytes = build.memory.total if build.memory is not None else 0
@@ -81,7 +82,7 @@ def launch_jobs(settings: LauncherSettings, sweep, launched: Sequence[tuple[Any,
     from archspec.ablate.runner import JobOutcome, membership
     from archspec.launch.base import exported, worker_url
     from archspec.spec import canonical_dict
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
 
     # The password, if any, goes to the jobs' environment, not the payload. `registry.url` is for messages (its
     # password shown as ***); the URL the registry connects with is its engine's.

@@ -33,12 +33,12 @@ def launch_train(settings: LauncherSettings, spec_path: str, overrides: Sequence
                  device: str, registry_url: str, no_compile: bool, detach: bool,
                  on_event: Callable[[str], None]) -> str | None:
     """Train one run through the launcher; the run's final status (None when detached). Exit-2 problems raise."""
-    from archspec.launch.base import (Payload, check_detach, check_launcher, exported, launch, make_launcher,
-                                      sqlite_absolute, submit, worker_url)
+    from archspec.launch.base import Payload, exported, launch, sqlite_absolute, submit, worker_url
+    from archspec.launch.choose import check_detach, check_launcher, make_launcher
     from archspec.launch.sweeps import resources_for, scheduled_info
     from archspec.registry import Registry
     from archspec.spec import canonical_dict, load_spec
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.build import prepare
     from archspec.train.loop import with_steps

@@ -80,10 +80,11 @@ def run_payload(payload: Payload) -> WorkerResult:
     from archspec.registry import RegistryLogger
     from archspec.spec import load_spec_dict
     from archspec.train.build import prepare
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
     from archspec.train.logger import SweepMembership
-    from archspec.train.loop import code_version, train
+    from archspec.train.loop import train
+    from archspec.train.report import code_version
     from archspec.train.sinks import with_sinks
 
     host = socket.gethostname()

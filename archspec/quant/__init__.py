@@ -1,7 +1,8 @@
 """Weight-only quantization of trained runs (`archspec quantize`, `archspec sample --quantize`): int8 through torchao
 (the `archspec[quant]` extra), int4 group-wise packed by archspec. See `archspec.quant.weights` (the schemes),
-`archspec.quant.model` (which weights: the units decide; the stored form; the bytes) and `archspec.quant.run` (the
-command: evaluate on the run's validation set, write the checkpoint, record the evaluation).
+`archspec.quant.model` (which weights: the units decide; the stored form; the bytes). The command (evaluate on the
+run's validation set, write the checkpoint, record the evaluation) is archspec.quantize, above this package: it loads
+the run (archspec.loading) and its data (archspec.train), which this package never imports.
 
 The names below are imported when first used, so that `archspec.quant.schemes` (the scheme names a sweep file is
 checked against) is read without importing torch."""

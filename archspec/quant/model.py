@@ -249,3 +249,16 @@ def weight_bytes(model: nn.Module) -> int:
         seen.add(key)
         total += t.numel() * t.element_size()
     return total
+
+
+def load_quantized_model(model: nn.Module, spec, state: dict[str, Any], where: str) -> QuantPlan:
+    """A quantized checkpoint's weights into a freshly generated Model: the recorded plan applied, then its parts
+    loaded (checked name by name, shape by shape)."""
+    plan = QuantPlan.from_json(state["quant"], where)
+    fresh = quant_plan(model, spec, plan.scheme, plan.group_size, plan.embeddings)
+    if fresh.weights != plan.weights:
+        raise UserError(f"{where}: its quantized weights are not those its spec's units quantize now",
+                        sorted(set(plan.weights) ^ set(fresh.weights))[:5])
+    apply_plan(model, plan)
+    load_quantized_state(model, state["model"], where)
+    return plan

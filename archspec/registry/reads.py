@@ -26,6 +26,7 @@ from archspec.registry.query.sql import compile_filter, compile_sort
 from archspec.registry.values import (WRITER_IDENTITY, accounting_fields, flatten, is_stale, load_json, number, run_params,
                                      writer_gone)
 from archspec.train.logger import RUNNING, SweepMembership
+from archspec.recipe import RecipeView
 
 # ── query results ────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -188,11 +189,8 @@ class RunRow:
     def tokens_per_step(self) -> int | None:
         """Tokens one optimizer step trained on (batch × grad_accum × seq_len × data-parallel replicas); None when
         the stored recipe does not say (a damaged row)."""
-        r = self.recipe
-        try:
-            n = int(r["batch_size"]) * int(r["grad_accum"]) * int(r["seq_len"]) * int(r.get("data_parallel") or 1)
-        except (KeyError, TypeError, ValueError):
-            return None
+        view = RecipeView.stored(self.recipe)  # archspec.recipe: the one rule
+        n = view.tokens_per_step if view is not None else 0
         return n if n > 0 else None
 
     @property

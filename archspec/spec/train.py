@@ -258,7 +258,9 @@ class TrainSpec(_Strict):
     @property
     def tokens_per_step(self) -> int:
         """Tokens one process trains on per optimizer step (the rule reads the recipe alone, not the world size)."""
-        return self.batch_size * self.grad_accum * (self.seq_len or 0)
+        from archspec.recipe import RecipeView
+
+        return RecipeView.of(self).tokens_per_replica_step
 
     @property
     def eval_every(self) -> int:

@@ -18,6 +18,7 @@ from archspec.accounting import Accounting, account
 from archspec.kinds.base import identity_dump
 from archspec.memory import MemoryPlan, check_memory
 from archspec.spec import Spec, model_hash
+from archspec.recipe import RecipeView
 from archspec.train.data import TrainData
 from archspec.train.logger import run_key
 
@@ -45,6 +46,12 @@ def data_parallel_size(spec: Spec, world_size: int) -> int:
     return Layout.of(spec.train.parallel, world_size).dp
 
 
+def uses_fsdp(build, world) -> bool:
+    """Whether FSDP2 shards a run: kind fsdp over more than one data-parallel replica (tp=2 on two processes has one
+    replica: nothing to shard over)."""
+    return world.distributed and build.spec.train.parallel.kind == "fsdp" and build.view.data_parallel > 1
+
+
 @dataclass(frozen=True)
 class Build:
     """One run's derived facts, computed once."""
@@ -59,6 +66,12 @@ class Build:
     experiment_id: str  # run_key(model hash, recipe, data hash, seed)
     memory: MemoryPlan | None = None  # checked for `device` (None until `checked`)
     device: str | None = None
+
+    @property
+    def view(self) -> RecipeView:
+        """The recipe's derived quantities on this build's processes (tokens per step, global batch, precision,
+        compile mode): archspec.recipe, their one owner."""
+        return RecipeView.of(self.spec.train, data_parallel_size(self.spec, self.world_size))
 
     def checked(self, device: str) -> Build:
         """This build with its memory plan checked for `device` (cpu | cuda; UserError when it cannot fit). A plan

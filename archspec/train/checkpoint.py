@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from archspec.errors import Caution, UserError, printable
-from archspec.train.cache import temp_path_beside
+from archspec.cache import temp_path_beside
 from archspec.train.tokenizer import tokenizer_state_problems
 
 FORMAT = "archspec-checkpoint/2"  # /2: with a content digest

@@ -19,6 +19,7 @@ import torch
 
 from archspec.accounting import account
 from archspec.spec import Spec
+from archspec.recipe import RecipeView
 
 # ── what `auto` picks, and the measurements behind it ───────────────────────────────────────────────────────────
 #
@@ -66,7 +67,7 @@ def _cpu_auto(spec: Spec) -> tuple[str, str]:
     t, m = spec.train, spec.model
     params = account(spec).total
     near = min(CPU_MEASURED.values(), key=lambda r: abs(math.log(max(params, 1)) - math.log(max(r["params"], 1))))
-    flops = account(spec, seq_len=t.seq_len).flops_train * t.batch_size * t.seq_len * t.grad_accum * t.steps
+    flops = account(spec, seq_len=t.seq_len).flops_train * RecipeView.of(t).tokens_per_replica_step * t.steps
     eager_s = flops / near["eager_flops"]
     compile_s = {"per_block": near["compile_s"]["per_block"] * len(m.block_groups()),
                  "whole": _whole_compile_s(m.n_layers)}
@@ -122,3 +123,26 @@ def compile_whole(model: torch.nn.Module, mode: str) -> None:
         model.compile(mode="reduce-overhead", dynamic=False)
     else:
         model.compile(dynamic=False)
+
+
+def requested_compile(requested: bool | str | None, build, world, layout) -> tuple[str, str]:
+    """The compile mode of a run and why (`resolve_compile`). `requested` (the Trainer's `compile=` argument)
+    replaces train.compile (the recipe view's): True is per_block, False none (`--no-compile`)."""
+    from archspec.errors import UserError, printable
+    from archspec.spec.train import COMPILE_MODES
+    from archspec.train.build import uses_fsdp
+
+    if requested is None:
+        wanted = build.view.compile
+    elif isinstance(requested, bool):
+        wanted = "per_block" if requested else "none"
+    elif requested not in COMPILE_MODES:
+        raise UserError(f"train.compile: expected one of {' | '.join(COMPILE_MODES)}, got "
+                        f"{printable(repr(requested), 40)}")
+    else:
+        wanted = requested
+    mode, why = resolve_compile(wanted, build.spec, world.device, fsdp=uses_fsdp(build, world), processes=world.size)
+    if mode in ("whole", "cudagraphs") and not layout.trivial:
+        return "per_block", (f"{mode} refused: a model split over a mesh ({layout.describe()}) compiles per "
+                             f"block (whole-model graphs across tp/ep are not built); per_block")
+    return mode, why

@@ -27,7 +27,7 @@ from archspec.data.base import CorpusKind, Tokenizer, task_tokenizer
 from archspec.data.base import TextSource as Corpus
 from archspec.errors import UserError
 from archspec.spec.train import DataSpec
-from archspec.train.cache import atomic_write_text, digest, writing_cache
+from archspec.cache import atomic_write_text, digest, writing_cache
 from archspec.train.sampling import EpochSampler
 from archspec.train.tokenizer import build_tokenizer
 

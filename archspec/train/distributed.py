@@ -150,3 +150,10 @@ def no_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
     if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
         model.set_requires_gradient_sync(sync)
     return nullcontext()
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a gradient norm under FSDP is a DTensor); plain tensors unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

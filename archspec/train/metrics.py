@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from archspec.kinds import metric_kinds
+from archspec.recipe import RecipeView
 from archspec.train.throughput import OUR_CONVENTION, mfu, mfu_flag, palm_train_flops_per_token
 
 
@@ -108,7 +109,7 @@ class RunMetrics:
         spec, acc = build.spec, build.accounting
         t, a = spec.train, spec.model.attention
         dp = world_size if data_parallel is None else data_parallel
-        return cls(tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * dp,
+        return cls(tokens_per_step=RecipeView.of(t, dp).tokens_per_step,
                    flops_per_token=acc.flops_train,
                    palm_flops_per_token=palm_train_flops_per_token(acc, spec.model.n_layers, a.n_heads, a.mean_head_dim),
                    peak_flops=peak[0], peak_source=peak[1], world_size=world_size, started=started)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from archspec.train.distributed import World
+from archspec.train.distributed import World, full_value  # noqa: F401  (full_value: named here by callers)
 from archspec.train.pipeline import held_blocks
 
 
@@ -47,16 +47,6 @@ def apply_activation_checkpointing(model: nn.Module, ac) -> list[int]:
     return chosen
 
 
-def fsdp_mixed_precision(device: torch.device, amp_dtype: torch.dtype | None):
-    """bf16 parameters (gathered in bf16, so matmuls run in bf16) with fp32 gradient reduction on CUDA; full fp32 on
-    CPU, where bf16 has no fast kernels."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if device.type == "cuda" and amp_dtype is not None:
-        return MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
 def split_model(model: nn.Module, spec, mesh) -> None:
     """Tensor and expert parallelism, before anything else touches the model (torchtitan's order: TP/EP, then
     checkpointing, compile, data-parallel sharding). Each unit's plan decides what is split (archspec.kinds, through
@@ -68,21 +58,20 @@ def split_model(model: nn.Module, spec, mesh) -> None:
 
         apply_tensor_parallel(model, spec, mesh.tp, mesh)  # MoE layers under tp included (their plan delegates)
     elif layout.ep > 1 or layout.dp > 1:  # (dp alone: the router's statistics summed over the replicas)
-        from archspec.train.expert_parallel import apply_moe_parallel
+        from archspec.train.expert_parallel import apply_moe_parallel, moe_layers
 
-        for _, block in held_blocks(model):
-            if hasattr(block.ffn, "router"):
-                apply_moe_parallel(block.ffn, mesh)
+        for _, ffn in moe_layers(model):  # (a block another pipeline stage holds has none)
+            apply_moe_parallel(ffn, mesh)
 
 
-def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device,
-                        amp_dtype: torch.dtype | None) -> nn.Module:
+def shard_data_parallel(model: nn.Module, mesh, parallel, device: torch.device, mp) -> nn.Module:
     """The data-parallel axis of a mesh job (tp or ep > 1): FSDP2 over `mesh.dp` (kind fsdp), or replication over it
     (kind ddp: `replicate`, DDP's semantics on FSDP2's machinery, which takes the tensor-parallel DTensors plain DDP
     cannot). The experts of MoE layers under ep are replicated over the processes that hold the same experts
     (`mesh.dp_out`, their gradients reduced by their own hooks: archspec.train.expert_parallel.shard_experts) and left
-    out of the wrapper; the rest is sharded or replicated over every data-parallel process. A data-parallel size of one leaves the model as it is. Returns the model, changed in place."""
-    mp = fsdp_mixed_precision(device, amp_dtype)
+    out of the wrapper; the rest is sharded or replicated over every data-parallel process. A data-parallel size of
+    one leaves the model as it is. `mp`: the FSDP mixed-precision policy (archspec.train.precision.Precision).
+    Returns the model, changed in place."""
     fsdp = parallel.kind == "fsdp"
     experts: set[nn.Parameter] = set()
     if mesh.layout.ep > 1:
@@ -115,13 +104,13 @@ def _data_parallel(model: nn.Module, dp_mesh, fsdp: bool, parallel, mp,
     return model
 
 
-def shard_fsdp(model: nn.Module, world: World, parallel, amp_dtype: torch.dtype | None) -> nn.Module:
+def shard_fsdp(model: nn.Module, world: World, parallel, mp) -> nn.Module:
     """FSDP2 over every process of `world` (pure data parallelism): each block is its own unit, then the root.
     Returns the model, changed in place (its parameters become sharded DTensors)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(world.device.type, (world.size,))
-    return _data_parallel(model, mesh, True, parallel, fsdp_mixed_precision(world.device, amp_dtype))
+    return _data_parallel(model, mesh, True, parallel, mp)
 
 
 def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
@@ -160,10 +149,3 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float, *, counted: list
                 if p.grad is not None:
                     p.grad.mul_(coef)
     return norm
-
-
-def full_value(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value (a gradient norm under FSDP is a DTensor); plain tensors unchanged."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -15,9 +15,11 @@ stage after each batch.
 
 Micro-batches: each replica's batch of train.batch_size rows splits into train.parallel.microbatches equal parts;
 the loss of each is scaled by 1 / (microbatches · grad_accum), so the gradient is the batch mean, as on one process.
-MoE router losses (the model's `auxiliary_losses`, averaged over all MoE layers) are computed per micro-batch on the
-stage that holds the layer and join the gradient through its output (`_WithAuxiliary`); their values are summed over
-the stages for the logs.
+Auxiliary losses (the model's declared `auxiliary_losses` hook, archspec.runtime.protocol: MoE router losses, averaged
+over the layers that have them) are computed per micro-batch on the stage that holds the layer, as that layer's share
+of the model's mean, and join the gradient through its output (`_WithAuxiliary`); their values are summed over the
+stages for the logs. Which layers have them, and their names, are learnt once before the cut from a one-token
+forward of the whole model (`_auxiliary_layers`), so no kind's attribute is named here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from archspec.runtime.protocol import hooks_of
+from archspec.train.distributed import full_value
 from archspec.train.stages import StagePlan, plan_stages
 
 
@@ -89,6 +93,18 @@ def _roles(model: nn.Module, device: torch.device) -> tuple[set[str], set[str]]:
     return embed, head
 
 
+def _auxiliary_layers(model: nn.Module, device: torch.device) -> tuple[list[int], list[str]]:
+    """The layers whose blocks give auxiliary losses, and the losses' names: one token through the whole model (no
+    gradient, the RNG forked), then the model's `auxiliary_losses` hook asked of each block alone."""
+    hooks = hooks_of(model)
+    if not hooks.defines("auxiliary_losses"):
+        return [], []
+    with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.through_blocks(model.embed(torch.zeros(1, 1, dtype=torch.long, device=device)), 1)
+    layers = [i for i in range(len(model.blocks)) if _with_blocks(model, i, i + 1, hooks.auxiliary_losses)]
+    return layers, sorted(hooks.auxiliary_losses())
+
+
 @dataclass
 class _StageState:
     """What one stage's forwards left for the step's logs: cross-entropy and router losses per micro-batch."""
@@ -116,10 +132,14 @@ class _StageView(nn.Module):
 
 class Pipeline:
     def __init__(self, model: nn.Module, plan: StagePlan, mine: list[int], mesh, device: torch.device,
-                 seq_len: int, schedule: str, microbatches: int, n_moe: int, roles: tuple[set[str], set[str]],
-                 tie_embeddings: bool = False):
+                 seq_len: int, schedule: str, microbatches: int, auxiliary: tuple[list[int], list[str]],
+                 roles: tuple[set[str], set[str]], tie_embeddings: bool = False):
         self.model, self.plan, self.mine, self.mesh, self.device = model, plan, mine, mesh, device
-        self.seq_len, self.schedule_name, self.microbatches, self.n_moe = seq_len, schedule, microbatches, n_moe
+        self.seq_len, self.schedule_name, self.microbatches = seq_len, schedule, microbatches
+        self.hooks = hooks_of(model)
+        # the layers with auxiliary losses (over the whole model) and the losses' names: every stage logs every name
+        self.aux_layers, self.aux_names = auxiliary
+        self.n_aux = len(self.aux_layers)
         self.n_stages = plan.stages
         self.first, self.last = 0 in mine, self.n_stages - 1 in mine
         self.scale = 1.0  # loss scale of one micro-batch (set per step)
@@ -143,8 +163,8 @@ class Pipeline:
         plan = plan_stages(spec, layout.pp * per_rank)
         rank = mesh.pp.get_local_rank()
         mine = [rank + k * layout.pp for k in range(per_rank)]
-        n_moe = sum(1 for b in model.blocks if hasattr(b.ffn, "router_losses"))
         embed, head = _roles(model, device)
+        auxiliary = _auxiliary_layers(model, device)
         keep_layers = {i for s in mine for i in range(*plan.ranges[s])}
         for i in range(len(model.blocks)):
             if i not in keep_layers:
@@ -157,7 +177,7 @@ class Pipeline:
             if not any(id(p) in kept_params for p in getattr(model, name).parameters()):
                 setattr(model, name, None)
         return cls(model, plan, mine, mesh, device, spec.train.seq_len or spec.model.context_length, par.schedule,
-                   par.microbatches or layout.pp, n_moe, (embed, head), bool(spec.model.tie_embeddings))
+                   par.microbatches or layout.pp, auxiliary, (embed, head), bool(spec.model.tie_embeddings))
 
     def _tied_parameters(self) -> list[nn.Parameter]:
         """Parameters the first and the last stage both hold (a tied embedding and head): those of the embedding's
@@ -222,12 +242,10 @@ class Pipeline:
         if _stage == 0:
             x = model.embed(x)
         x = _through(model, x, self.seq_len, a, b)
-        aux = self._router_losses(a, b, _record)
-        if _record and not self.evaluating and hasattr(model, "after_micro_batch"):
-            _with_blocks(model, a, b, model.after_micro_batch)
+        aux = self._auxiliary_losses(a, b, _record)
+        if _record and not self.evaluating:
+            _with_blocks(model, a, b, self.hooks.after_micro_batch)
         if _stage == self.n_stages - 1:
-            from archspec.train.parallel import full_value
-
             loss = full_value(model.head(x, targets)[1])
             if _record:
                 self.state.losses.append(loss.detach().float())
@@ -239,17 +257,15 @@ class Pipeline:
             x = _WithAuxiliary.apply(x, sum(aux.values()) * self.scale)
         return x
 
-    def _router_losses(self, a: int, b: int, record: bool) -> dict[str, torch.Tensor]:
-        """This stage's share of the model's auxiliary losses (their mean over every MoE layer of the model): the
-        sum over its MoE layers / the model's MoE layer count. Recorded (detached) for the logs."""
-        if not self.n_moe:
+    def _auxiliary_losses(self, a: int, b: int, record: bool) -> dict[str, torch.Tensor]:
+        """This stage's share of the model's auxiliary losses (each the mean over the model's layers that have it):
+        the sum over its layers a..b-1 / the model's count of such layers. Recorded (detached) for the logs."""
+        layers = [i for i in self.aux_layers if a <= i < b]
+        if not layers:
             return {}
-        losses = [blk.ffn.router_losses for blk in list(self.model.blocks)[a:b]
-                  if getattr(blk.ffn, "router_losses", None) is not None]
-        if not losses:
-            return {}
-        aux, z = (torch.stack(losses).sum(dim=0) / self.n_moe).unbind()
-        out = {"moe_aux": aux, "moe_z": z}
+        per_layer = [_with_blocks(self.model, i, i + 1, self.hooks.auxiliary_losses) for i in layers]
+        out = {name: torch.stack([losses[name] for losses in per_layer]).sum(dim=0) / self.n_aux
+               for name in self.aux_names}
         if record:
             self.state.aux.append({k: v.detach().float() for k, v in out.items()})
         return out
@@ -275,8 +291,8 @@ class Pipeline:
         zero = torch.zeros((), device=self.device)
         loss = torch.stack(self.state.losses).mean() if self.state.losses else zero
         aux: dict[str, torch.Tensor] = {}
-        if self.n_moe:
-            for name in ("moe_aux", "moe_z"):
+        if self.n_aux:
+            for name in self.aux_names:
                 values = [a[name] for a in self.state.aux]
                 aux[name] = torch.stack(values).mean() if values else zero.clone()
         return loss, aux

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from archspec.errors import redact
-from archspec.train.cache import atomic_write_text
+from archspec.cache import atomic_write_text
 from archspec.train.logger import RUNNING, RunInfo
 
 def default_run_dir(spec_name: str, run_id: str) -> Path:

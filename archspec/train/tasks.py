@@ -33,7 +33,7 @@ from archspec.data.base import (
     task_tokenizer,
 )
 from archspec.errors import UserError
-from archspec.train.cache import digest
+from archspec.cache import digest
 from archspec.train.sampling import EpochSampler
 
 _FORMAT = 1  # bump when the layout of examples for the same parameters changes
@@ -83,11 +83,6 @@ class Examples:
 
 
 _SPLITS = {"train": 0, "val": 1}
-
-
-def random_subsets(rng: np.random.Generator, n: int, population: int, size: int) -> np.ndarray:
-    """(n, size) distinct draws from range(population) per row, in random order."""
-    return np.argsort(rng.random((n, population)), axis=1)[:, :size]
 
 
 def generate(corpus: TaskCorpus, seq_len: int, split: str, n: int | None = None) -> Examples:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 
 import torch
 
-from archspec.train.cache import atomic_write_text
+from archspec.cache import atomic_write_text
 
 # Dense bf16 peaks (FLOP/s) from NVIDIA datasheets; first match of the device name wins, so list specific names first.
 CUDA_BF16_PEAK = [
@@ -188,3 +189,30 @@ def mfu_flag(value: float) -> str | None:
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_per_device: float, devices: int) -> float:
     return flops_per_token * tokens_per_s / (peak_per_device * devices)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this run's peak-memory window: a sweep trains many runs in one process, and each reports its own peak.
+    CUDA: the allocator's peak stats. Linux: writing 5 to /proc/self/clear_refs resets VmHWM (peak RSS) to the
+    current RSS. Elsewhere the process-lifetime peak is all there is (`peak_memory_bytes` then over-reports)."""
+    if device.type == "cuda":
+        torch.cuda.init()  # the allocator's stats refuse a device ("Invalid device argument") before CUDA starts
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak since `reset_peak_memory`: CUDA allocated bytes, or the process's peak RSS (VmHWM) on Linux."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB: the process's peak RSS

@@ -77,7 +77,8 @@ def _run_script(script: Path, bin_dir: Path, cwd: Path) -> None:
 def _submit(field: str, value: str, workdir: Path) -> Path | None:
     """Submit one job with `value` in `field` through the path the CLI and a sweep file take; the script written,
     None when refused (the refusal must be one line)."""
-    from archspec.launch.base import Payload, Resources, check_launcher
+    from archspec.launch.base import Payload, Resources
+    from archspec.launch.choose import check_launcher
     from archspec.launch.options import settings_from
     from archspec.launch.settings import LauncherSettings
     from archspec.launch.slurm import SubmititLauncher, torchrun_setup

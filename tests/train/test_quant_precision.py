@@ -46,7 +46,7 @@ def test_the_loss_scaler_resumes_where_it_was(make_spec, tmp_path, cache):
     trainer.train_step()
     trainer.train_step()
     trainer.scaler.update(1024.0)  # a scale no fresh scaler starts with
-    trainer.skipped_steps = 3
+    trainer.precision.skipped_steps = 3  # (the loss scaler belongs to the run's Precision)
     trainer.save()
     saved = load_checkpoint(tmp_path / "r")["grad_scaler"]
     assert saved["scale"] == 1024.0 and saved["skipped_steps"] == 3

@@ -75,7 +75,7 @@ def test_the_cache_is_per_user(monkeypatch, tmp_path):
     monkeypatch.delenv("ARCHSPEC_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
     monkeypatch.chdir(tmp_path)
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
 
     assert cache_dir() == tmp_path / "c" / "archspec"
     monkeypatch.delenv("XDG_CACHE_HOME")

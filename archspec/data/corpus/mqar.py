@@ -50,8 +50,6 @@ class MQARCorpus(TaskCorpusKind):
     def fill(self, rng, tokens, answers, seq_len):
         import numpy as np
 
-        from archspec.train.tasks import random_subsets
-
         count = len(tokens)
         rows = np.arange(count)[:, None]
         half, p, q = self.vocab // 2, self.pairs, self.n_queries
@@ -91,3 +89,10 @@ def _drawn(seq_len: int):
         return out
 
     return draw_mqar()
+
+
+def random_subsets(rng, n: int, population: int, size: int):
+    """(n, size) distinct draws from range(population) per row, in random order (a numpy Generator's draws)."""
+    import numpy as np
+
+    return np.argsort(rng.random((n, population)), axis=1)[:, :size]

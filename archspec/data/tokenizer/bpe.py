@@ -12,7 +12,7 @@ from pydantic import Field
 from archspec.data.base import TOKENIZER_PATH, TokenizerKind, register
 from archspec.data.tokenizer.common import EOS_TEXT, FORMAT, hf_files
 from archspec.errors import UserError
-from archspec.train.cache import atomic_write_text, digest, writing_cache
+from archspec.cache import atomic_write_text, digest, writing_cache
 
 BPE_MIN_VOCAB = 260  # 256 bytes + specials + merges
 

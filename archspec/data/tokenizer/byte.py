@@ -7,7 +7,7 @@ from typing import Iterable, Literal
 
 from archspec.data.base import TokenizerKind, register
 from archspec.data.tokenizer.common import EOS_TEXT, FORMAT, hf_files
-from archspec.train.cache import digest
+from archspec.cache import digest
 
 BYTE_TOKENIZER_VOCAB = 257  # 256 byte values + EOS
 

@@ -79,9 +79,9 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
                     tracker=NULL_TRACKER) -> QuantResult:
     """`tracker` (archspec.console.Tracker): the progress shown, in validation batches (two evaluations) plus the
     quantization itself."""
-    from archspec.sample import load_model, resolve_source
+    from archspec.loading import load_model, resolve_source
     from archspec.spec import canonical_dict
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.checkpoint import QUANTIZED_FORMAT, WEIGHTS_FORMAT, load_any, save_quantized
     from archspec.train.data import build_data
 
@@ -126,7 +126,7 @@ def quantize_source(source: str, scheme: str, *, group_size: int | None = None, 
 
 def _record(result: QuantResult, registry_url: str | None) -> None:
     from archspec.registry import Registry, default_url
-    from archspec.train.loop import code_version
+    from archspec.train.report import code_version
 
     if result.run_id is None:
         result.not_recorded = "the checkpoint names no run (a weights checkpoint)"
@@ -147,18 +147,3 @@ def _record(result: QuantResult, registry_url: str | None) -> None:
                                                           result.metrics(), result.checkpoint, code_version())
     finally:
         registry.close()
-
-
-def load_quantized_model(model: nn.Module, spec, state: dict[str, Any], where: str) -> QuantPlan:
-    """A quantized checkpoint's weights into a freshly generated Model: the recorded plan applied, then its parts
-    loaded (checked name by name, shape by shape)."""
-    from archspec.quant.model import load_quantized_state
-
-    plan = QuantPlan.from_json(state["quant"], where)
-    fresh = quant_plan(model, spec, plan.scheme, plan.group_size, plan.embeddings)
-    if fresh.weights != plan.weights:
-        raise UserError(f"{where}: its quantized weights are not those its spec's units quantize now",
-                        sorted(set(plan.weights) ^ set(fresh.weights))[:5])
-    apply_plan(model, plan)
-    load_quantized_state(model, state["model"], where)
-    return plan
