@@ -303,7 +303,7 @@ class MoEFeedForward(nn.Module):
         self.shared_expert.gate_proj = nn.Linear(D_MODEL, MOE_SHARED_HIDDEN, bias=False)
         self.shared_expert.up_proj = nn.Linear(D_MODEL, MOE_SHARED_HIDDEN, bias=False)
         self.shared_expert.down_proj = nn.Linear(MOE_SHARED_HIDDEN, D_MODEL, bias=False)
-        self.losses = RouterLosses()
+        self.balance = RouterLosses()  # the balancing loss and the z-loss, from the batch's router sums
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)
         self.router_losses: torch.Tensor | None = None
         self.router_stats: torch.Tensor | None = None
@@ -354,7 +354,7 @@ class MoEFeedForward(nn.Module):
             torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
                          torch.full((), float(n_tokens), device=x.device)]),
         ])
-        self.router_losses, self.router_stats = self.losses(sums, padding)
+        self.router_losses, self.router_stats = self.balance(sums, padding)
         return out.view(B, T, D_MODEL)
 
 

@@ -366,7 +366,7 @@ class FeedForward(nn.Module):
         self.router = Router(D_MODEL, MOE_N_EXPERTS, bias=False)
         self.router.bias = nn.Parameter(torch.zeros(MOE_N_EXPERTS))  # gpt-oss: a learned bias on the router's logits
         self.experts = Experts()
-        self.losses = RouterLosses()
+        self.balance = RouterLosses()  # the balancing loss and the z-loss, from the batch's router sums
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)
         self.router_losses: torch.Tensor | None = None
         self.router_stats: torch.Tensor | None = None
@@ -413,7 +413,7 @@ class FeedForward(nn.Module):
             torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
                          torch.full((), float(n_tokens), device=x.device)]),
         ])
-        self.router_losses, self.router_stats = self.losses(sums, padding)
+        self.router_losses, self.router_stats = self.balance(sums, padding)
         return out.view(B, T, D_MODEL)
 
 

@@ -93,7 +93,7 @@ def _ffn_module_attributes() -> set[str]:
     names: set[str] = set()
     for template in (ROOT / "archspec" / "kinds" / "ffn").glob("*.j2"):
         text = template.read_text(encoding="utf-8")
-        names |= set(re.findall(r"\bself\.([a-z_]+) = ", text)) | set(re.findall(r'register_buffer\("([a-z_]+)"', text))
+        names |= set(re.findall(r"\bself\.([a-z_]+)(?:: [^=\n]+)? = ", text)) | set(re.findall(r'register_buffer\("([a-z_]+)"', text))
     from archspec.runtime.protocol import HOOKS  # a Model-level hook may share a module attribute's name
 
     return names - {"up_proj", "down_proj", "gate_proj", "top_k", "parallel"} - set(HOOKS)
@@ -101,10 +101,10 @@ def _ffn_module_attributes() -> set[str]:
 
 _FFN_ATTRIBUTES = _ffn_module_attributes()
 # Modules whose job is a kind's module, by design: expert parallelism and the TP plans place their styles on the
-# experts submodule, runtime/experts.py is the MoE's own kernel, testing/ counts a built module's active parameters;
+# experts submodule, testing/ counts a built module's active parameters;
 # archspec/hf speaks transformers' vocabulary (its role tables name HF's modules: `"router": "gate"`).
 _FFN_ATTRIBUTE_USERS = {"archspec/train/expert_parallel.py", "archspec/train/tensor_parallel.py",
-                        "archspec/runtime/experts.py", "archspec/testing/assertions.py"}
+                        "archspec/testing/assertions.py"}
 
 
 @pytest.mark.parametrize("path", _OUTSIDE_UNITS, ids=lambda p: str(p.relative_to(ROOT)))

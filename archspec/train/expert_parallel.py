@@ -1,7 +1,7 @@
 """Expert parallelism (and the tensor-parallel split) of the MoE layers of a generated model, applied from outside.
 
 A generated MoE layer is single-device code: `self.experts(xs, counts)` runs rows sorted by expert through the routed
-experts, and `self.losses(sums, padding)` turns the batch's router sums into the balancing loss, the z-loss and the
+experts, and `self.balance(sums, padding)` turns the batch's router sums into the balancing loss, the z-loss and the
 statistics. Parallelism attaches to those two submodules and to the layer's boundary, with forward hooks and
 in-place changes of parameters, as torch's parallel styles do; the generated code does not change.
 
@@ -56,7 +56,7 @@ from archspec.errors import UserError
 def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(block index, FFN module) of each MoE layer of a generated model: the FFNs with routed experts."""
     return [(i, block.ffn) for i, block in enumerate(getattr(model, "blocks", ()))
-            if isinstance(getattr(block.ffn, "experts", None), nn.Module) and hasattr(block.ffn, "losses")]
+            if isinstance(getattr(block.ffn, "experts", None), nn.Module) and hasattr(block.ffn, "balance")]
 
 
 @dataclass
@@ -286,7 +286,7 @@ def apply_moe_parallel(module: nn.Module, mesh, compute_dtype: torch.dtype | Non
             sums, *rest = args
             return (_BatchSum.apply(sums, stats_group, tp), *rest)
 
-        state.hooks.append(module.losses.register_forward_pre_hook(batch_sum))
+        state.hooks.append(module.balance.register_forward_pre_hook(batch_sum))
     module._archspec_moe = state
     return module
 
