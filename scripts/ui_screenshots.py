@@ -8,6 +8,7 @@ run, compare and sweep pages.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         url = f"sqlite:///{work}/registry.db"
+        # the runs and caches in the scratch folder: a script that photographs the UI creates nothing in the user's
+        # own archspec directories (~/.local/share/archspec, ~/.cache/archspec)
+        env = {**os.environ, "ARCHSPEC_HOME": str(work / "home"), "ARCHSPEC_CACHE": str(work / "cache")}
         corpus = work / "corpus.txt"
         corpus.write_text((Path(json.__file__).parent / "decoder.py").read_text() * 4)
         (work / "base.yaml").write_text(
@@ -37,13 +41,13 @@ def main() -> None:
         (work / "sweep.yaml").write_text("name: norm-demo\nbase: base.yaml\nseeds: [0, 1]\nbudget: {steps: 60}\n"
                                          "grid:\n  model.norm:\n    - {kind: layernorm}\n    - {kind: rmsnorm}\n")
         subprocess.run([*archspec, "ablate", "sweep.yaml", "--registry", url, "--no-compile"], cwd=work, check=True,
-                       capture_output=True)
+                       capture_output=True, env=env)
         runs = json.loads(subprocess.run([*archspec, "runs", "list", "--registry", url, "--format", "json"],
-                                         cwd=work, check=True, capture_output=True, text=True).stdout)
+                                         cwd=work, check=True, capture_output=True, text=True, env=env).stdout)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = subprocess.Popen([*archspec, "ui", "--registry", url, "--port", str(port)], cwd=work)
+        server = subprocess.Popen([*archspec, "ui", "--registry", url, "--port", str(port)], cwd=work, env=env)
         try:
             for _ in range(300):  # until it listens
                 try:

@@ -16,6 +16,7 @@ from archspec.cli import main
 from archspec.codegen import generate
 from archspec.kinds.attention import past_context_refusal
 from archspec.spec import load_spec_dict
+from archspec.testing.assertions import error_problems
 from tests.test_generation import _lively, _mixed_spec, assert_cached_pieces_match_full_forward
 from tests.test_scores import bloom_slopes, reference
 from tests.tiny import tiny_spec
@@ -146,7 +147,7 @@ def test_alibi_on_an_attention_kind_that_cannot_take_a_bias_exits_2_naming_the_f
     code = main(["build", str(spec), "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    problems = [line.strip() for line in err.strip().splitlines()[1:]]
+    problems = error_problems(err)
     assert len(problems) == 1 and problems[0].startswith("model.attention.positional.kind: alibi adds a bias"), err
     monkeypatch.undo()
     assert load_spec_dict({"name": "s", "model": {"vocab_size": 61, "context_length": 16, "d_model": 32, "n_layers": 1,

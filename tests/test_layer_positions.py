@@ -10,6 +10,7 @@ import torch
 from archspec.cli import main
 from archspec.codegen import generate
 from archspec.spec import load_spec_dict, model_hash, model_json
+from archspec.testing.assertions import error_problems
 from tests.test_generation import _lively, assert_cached_pieces_match_full_forward
 
 NOPE = {"nope": {"select": {"start": 3, "step": 4}, "attention": {"positional": {"kind": "none"}}}}
@@ -90,7 +91,6 @@ def test_what_a_layer_group_may_not_do_to_positions_exits_2_at_its_path(layers, 
                                                            "n_layers": 4, "attention": att, "layers": layers}}))
     assert main(["build", str(path), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    problems = [line.strip() for line in lines[next(i for i, l in enumerate(lines) if l.startswith("error:")) + 1:]]
+    problems = error_problems(err)
     assert "Traceback" not in err and len(problems) == 1, err
     assert problems[0].startswith("model.layers.g.attention.positional") and why in problems[0], err

@@ -78,6 +78,17 @@ def _schema_kinds(owner, field) -> set[str]:
     return {defs[name]["properties"]["kind"]["const"] for name in refs}
 
 
+# Kinds the generic strategies cannot draw, each with why and where it is tested instead. A new kind is drawn or
+# listed here; nothing else.
+_NOT_DRAWN = {
+    # a block without a channel mixer exists only in the pre-norm sequential shape, and the drawn models draw any
+    # shape: tests/test_mamba2.py builds, trains and decodes it
+    "ffn": {"none": "pre-norm block only"},
+    # no spec with it trains through the shared loop yet (its rule refuses it): tests/test_flamingo.py
+    "corpus": {"media_text": "refused by the loop"},
+}
+
+
 @pytest.mark.parametrize("owner,field,table", FAMILIES, ids=[f for _, f, _ in FAMILIES])
 def test_strategy_tables_draw_every_kind_the_schema_accepts(owner, field, table):
     """A kind added to a spec union (moe, sparse attention) must be drawn by archspec.testing too: the table lists
@@ -86,6 +97,10 @@ def test_strategy_tables_draw_every_kind_the_schema_accepts(owner, field, table)
     assert set(table) == _schema_kinds(owner, field)
     path, strategy = _PLACES[field]
     for kind in table:
+        if kind in _NOT_DRAWN.get(field, {}):  # a kind with no strategy of its own, for the reason given
+            with pytest.raises(ValueError, match="no .* kind among"):
+                find(strategy([kind]), lambda d: True, settings=settings(database=None))
+            continue
         body = find(strategy([kind]), lambda d: True, settings=settings(database=None))
         raw = json.loads(json.dumps(_HOST))
         node = raw
@@ -110,6 +125,8 @@ def _reachable():
     targets = []
     for owner, field, table in FAMILIES:
         for kind in table:
+            if kind in _NOT_DRAWN.get(field, {}):  # listed, with the reason, above
+                continue
             targets.append((f"{field}={kind}", lambda s, p=where[field], k=kind: _dotted(s, p).kind == k))
     for kind, member in T.union_members(ModelSpec, "ffn").items():
         if "activation" not in member.model_fields:  # moe: its experts are mlp/glu, whose activations are above

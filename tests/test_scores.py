@@ -17,6 +17,7 @@ from archspec.cli import main
 from archspec.codegen import generate
 from archspec.runtime import sparse
 from archspec.runtime.scores import score_mod_attention
+from archspec.testing.assertions import error_problems
 from tests.test_generation import assert_cached_pieces_match_full_forward
 from tests.tiny import tiny_spec
 
@@ -215,7 +216,7 @@ def test_hostile_softcap_and_scale_exit_2_naming_the_field(field, value, capsys,
     err = capsys.readouterr().err
     assert code == 2
     assert "Traceback" not in err
-    problems = [line.strip() for line in err.strip().splitlines()[1:]]
+    problems = error_problems(err)
     assert len(problems) == 1 and problems[0].startswith(f"model.attention.{field}: "), err
 
 

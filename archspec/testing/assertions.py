@@ -36,3 +36,17 @@ def module_active_params(model) -> int:
         assert routed % n_experts == 0
         total -= routed - routed // n_experts * top_k
     return total
+
+
+def error_problems(stderr: str) -> list[str]:
+    """The problem lines of an `error: ...` message as the CLI prints a UserError (UserError.render): one problem joins
+    the message's line (`error: FILE: invalid spec: model.x: why` → ["model.x: why"]); several follow it, indented."""
+    import re
+
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("error:"))
+    rest = [line.strip() for line in lines[first + 1:]]
+    if rest:
+        return rest
+    one = re.match(r"error: .*?: invalid (?:spec|sweep|recipe)[^:]*: (.*)$", lines[first])
+    return [one.group(1)] if one else []

@@ -709,10 +709,9 @@ class MoESpec(FFNKind):
                 out["z_loss_coef"] = draw(st.sampled_from([0.0, 0.001]))
             if draw(st.booleans()):
                 out["router_bias"] = draw(st.booleans())
-            expert = out["expert"]
-            if expert.get("kind", "glu") == "glu" and expert.get("activation", "silu") == "silu" and draw(st.booleans()):
-                out["clamped_swiglu"] = draw(st.fixed_dictionaries({}, optional={
-                    "limit": st.floats(0.05, 20.0), "alpha": st.floats(0.1, 4.0)}))
+            # clamped_swiglu is not drawn here: a layer group's FFN merges onto the model-wide one, and a group that
+            # switches the experts to an MLP under a model-wide clamp is invalid (the rule's own invalid case below
+            # and tests/test_sinks.py, tests/test_hf_gpt_oss.py cover the clamp)
             return out
 
         return build()
