@@ -91,7 +91,21 @@ def _raise_terminated(signum: int, _frame) -> None:
             _force_exit(signum, "asked again")
     if _deferring[0]:
         return  # raised when deferred_interrupts() ends
+    if _importing(_frame):
+        # Inside an import (torch's, say), where C++ may be calling this Python code: an exception raised through it
+        # can end the process with std::terminate (SIGABRT, "pybind11::error_already_set"). Remembered instead, and
+        # raised at the next check (raise_if_terminated, the end of the command); the watchdog bounds the wait.
+        return
     raise Terminated(f"received {signal.Signals(signum).name}", signum)
+
+
+def _importing(frame) -> bool:
+    """Whether the interrupted frame runs inside a module import (importlib's machinery is on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextmanager
