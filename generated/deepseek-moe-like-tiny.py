@@ -38,7 +38,7 @@ SPEC_JSON = (
     'e":false,"shared_hidden_dim":64,"top_k":4,"z_loss_coef":0.0},"select":[1]}},"n_layers":2,"norm":{"ep'
     's":1e-06,"kind":"rmsnorm"},"tie_embeddings":false,"vocab_size":320}'
 )
-SPEC_HASH = 'ba68c2dfa8eea1626c922964967670c134e0060fa680ced2320aa95df875ec49'  # sha256 of SPEC_JSON
+SPEC_HASH = "ba68c2dfa8eea1626c922964967670c134e0060fa680ced2320aa95df875ec49"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -97,7 +97,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM)
+        )  # (HEAD_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
@@ -149,8 +151,9 @@ class Attention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -167,8 +170,12 @@ class Attention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
         )  # (B, N_HEADS, T, HEAD_DIM)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
@@ -265,7 +272,7 @@ class RouterLosses(nn.Module):
         router entropy (nats), padding factor] (detached)."""
         tokens = sums[-1]
         load = sums[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
-        mean_prob = sums[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
+        mean_prob = sums[MOE_N_EXPERTS : 2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
         balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
         z = sums[2 * MOE_N_EXPERTS] / tokens  # mean of logsumexp(logits)²
         losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
@@ -341,19 +348,28 @@ class MoEFeedForward(nn.Module):
         y_of, padding = self.experts(xs, counts)  # (N·K, D_MODEL) each row through its expert
         y_of = y_of * gate_of.to(y_of.dtype)[:, None]  # (N·K, D_MODEL)
         out = xf.new_zeros(n_tokens, D_MODEL).index_add(0, token_of, y_of.to(xf.dtype))  # (N, D_MODEL)
-        shared = self.shared_expert.down_proj(F.silu(self.shared_expert.gate_proj(x)) * self.shared_expert.up_proj(x))  # (B, T, D_MODEL)
+        shared = self.shared_expert.down_proj(
+            F.silu(self.shared_expert.gate_proj(x)) * self.shared_expert.up_proj(x)
+        )  # (B, T, D_MODEL)
         out = out.view(B, T, D_MODEL) + shared
 
         # Router losses (the loop adds Model.auxiliary_losses()) and statistics, kept for the caller to read: over the
         # whole batch, from its sums.
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # (N,) nats
-        sums = torch.cat([
-            counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
-            probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
-            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
-                         torch.full((), float(n_tokens), device=x.device)]),
-        ])
+        sums = torch.cat(
+            [
+                counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
+                probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
+                torch.stack(
+                    [
+                        logits.logsumexp(dim=-1).square().sum(),
+                        entropy.sum(),
+                        torch.full((), float(n_tokens), device=x.device),
+                    ]
+                ),
+            ]
+        )
         self.router_losses, self.router_stats = self.balance(sums, padding)
         return out.view(B, T, D_MODEL)
 
@@ -376,8 +392,9 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -392,10 +409,12 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            Block(Attention(), GLUFeedForward()),  # layer 0
-            Block(Attention(), MoEFeedForward()),  # layer 1
-        ])
+        self.blocks = nn.ModuleList(
+            [  # layer by layer (model.layers in the spec)
+                Block(Attention(), GLUFeedForward()),  # layer 0
+                Block(Attention(), MoEFeedForward()),  # layer 1
+            ]
+        )
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.reset_parameters()
@@ -446,8 +465,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -456,17 +476,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)
@@ -474,7 +510,9 @@ class Model(nn.Module):
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The MoE layers' router losses from the last forward, each averaged over the MoE layers (coefficients
         applied): `moe_aux` (load balancing) and `moe_z` (z-loss). The training loop adds them to the loss."""
-        losses = [block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None]
+        losses = [
+            block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None
+        ]
         if not losses:
             return {}
         aux, z = torch.stack(losses).mean(dim=0)

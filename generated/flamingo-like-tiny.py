@@ -41,7 +41,7 @@ SPEC_JSON = (
     '"head_dim":16,"max_input_tokens":32,"n_heads":4},"tokens":8,"width":64},"n_layers":4,"norm":{"eps":1'
     'e-05,"kind":"rmsnorm"},"tie_embeddings":true,"vocab_size":320}'
 )
-SPEC_HASH = '03e36c27c6eceae48aee74f6669235b6ec7f6461b45bd83087490ca42c796f21'  # sha256 of SPEC_JSON
+SPEC_HASH = "03e36c27c6eceae48aee74f6669235b6ec7f6461b45bd83087490ca42c796f21"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -106,7 +106,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM)
+        )  # (HEAD_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
@@ -158,8 +160,9 @@ class Attention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -176,8 +179,13 @@ class Attention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
+            enable_gqa=True,
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
@@ -278,18 +286,21 @@ class GatedCrossAttention(nn.Module):
         nn.init.zeros_(self.alpha_cross_attn)
         nn.init.zeros_(self.alpha_dense)
 
-    def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None,
-                  media: torch.Tensor | None = None) -> MediaCache:
+    def new_cache(
+        self, batch_size: int, max_len: int, device=None, dtype=None, media: torch.Tensor | None = None
+    ) -> MediaCache:
         """This layer's keys and values of `media` (B, S, MEDIA_WIDTH), computed here once for the whole generation."""
-        cache = MediaCache(batch_size, XATTN_HEADS, MAX_MEDIA_ITEMS, MEDIA_TOKENS, XATTN_HEAD_DIM, max_len,
-                           device=device, dtype=dtype)
+        cache = MediaCache(
+            batch_size, XATTN_HEADS, MAX_MEDIA_ITEMS, MEDIA_TOKENS, XATTN_HEAD_DIM, max_len, device=device, dtype=dtype
+        )
         if media is not None:
             k, v = self.cross_attn.media_kv(media.expand(batch_size, -1, -1))  # (B, nh, S, hs) each
             cache.fill(k, v, media.size(1) // MEDIA_TOKENS)
         return cache
 
-    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None, item: torch.Tensor | None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None, item: torch.Tensor | None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL); kv the media's keys and values (None: no media, only the dense part runs)."""
         if kv is not None:
             y = self.cross_attn(self.input_layernorm(x), *kv, item)  # (B, T, D_MODEL)
@@ -350,8 +361,9 @@ class PerceiverResampler(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.latents = nn.Parameter(torch.empty(MEDIA_TOKENS, MEDIA_WIDTH))
-        self.blocks = nn.ModuleList([nn.ModuleList([PerceiverAttention(), PerceiverMLP()])
-                                     for _ in range(RESAMPLER_DEPTH)])
+        self.blocks = nn.ModuleList(
+            [nn.ModuleList([PerceiverAttention(), PerceiverMLP()]) for _ in range(RESAMPLER_DEPTH)]
+        )
         self.layer_norm = nn.LayerNorm(MEDIA_WIDTH)
 
     def reset_parameters(self) -> None:
@@ -388,8 +400,9 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -423,16 +436,22 @@ class Model(nn.Module):
         self.resampler.reset_parameters()
         self.final_norm.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None,
-                media: torch.Tensor | None = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: list | None = None,
+        media: torch.Tensor | None = None,
+    ):
         """idx (B, T) → logits (B, T, VOCAB_SIZE) (and the loss, given targets). `media` (B or 1, items, tokens,
         MEDIA_WIDTH): the features of the media items whose places MEDIA_MARKER tokens hold in idx. With a `cache`
         (from new_cache, which takes the media), idx continues the cached sequence: its tokens sit at positions
         cache[0].length onwards, and their keys and values are added to the cache."""
         return self.head(self.hidden_states(idx, cache, media), targets)
 
-    def hidden_states(self, idx: torch.Tensor, cache: list | None = None, media: torch.Tensor | None = None
-                      ) -> torch.Tensor:
+    def hidden_states(
+        self, idx: torch.Tensor, cache: list | None = None, media: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """idx (B, T) → the last block's output (B, T, D_MODEL): everything but the head."""
         start = cache[0].length if cache else 0  # position of idx[:, 0]
         context = self.media_context(idx, cache, media)
@@ -443,8 +462,9 @@ class Model(nn.Module):
         (B, items · MEDIA_TOKENS, MEDIA_WIDTH)."""
         media = media[None] if media.dim() == 3 else media
         if media.dim() != 4 or media.size(-1) != MEDIA_WIDTH or not 1 <= media.size(1) <= MAX_MEDIA_ITEMS:
-            raise ValueError(f"media: expected (B, 1..{MAX_MEDIA_ITEMS} items, tokens, {MEDIA_WIDTH}), got "
-                             f"{tuple(media.shape)}")
+            raise ValueError(
+                f"media: expected (B, 1..{MAX_MEDIA_ITEMS} items, tokens, {MEDIA_WIDTH}), got {tuple(media.shape)}"
+            )
         B, N, M, W = media.shape
         media = media.to(self.tok_emb.weight.dtype).reshape(B * N, M, W)  # (B·N, M, MEDIA_WIDTH)
         media = self.resampler(media)  # (B·N, MEDIA_TOKENS, MEDIA_WIDTH)
@@ -456,7 +476,7 @@ class Model(nn.Module):
         if cache:
             if media is not None:
                 raise ValueError("with a cache, give the media to new_cache (its keys and values are computed once)")
-            caches = cache[len(self.blocks):]  # the cross-attention layers' MediaCaches
+            caches = cache[len(self.blocks) :]  # the cross-attention layers' MediaCaches
             item = [c.advance(idx, MEDIA_MARKER) for c in caches][0]
             return {i: c.media() if c.n_items else None for i, c in zip(XATTN_LAYERS, caches)}, item
         if media is None:
@@ -473,8 +493,9 @@ class Model(nn.Module):
         x = self.tok_emb(idx)  # (B, T, D_MODEL)
         return self.emb_drop(x)
 
-    def through_blocks(self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None,
-                       context: tuple = ({}, None)) -> torch.Tensor:
+    def through_blocks(
+        self, x: torch.Tensor, T: int, start: int = 0, cache: list | None = None, context: tuple = ({}, None)
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL), positions start onwards, through every block → (B, T, D_MODEL), a gated
         cross-attention layer in front of each block of XATTN_LAYERS (`context`: media_context's)."""
         cos, sin = self.rope(T, start)  # (T, HEAD_DIM) each
@@ -496,8 +517,14 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0, media: torch.Tensor | None = None) -> list:
+    def new_cache(
+        self,
+        batch_size: int = 1,
+        max_len: int = CONTEXT_LENGTH,
+        dtype: torch.dtype | None = None,
+        rollback: int = 0,
+        media: torch.Tensor | None = None,
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -507,21 +534,49 @@ class Model(nn.Module):
         caches = [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
         # then each cross-attention layer's keys and values of the media (`media`: as forward takes it), made once
         tokens = self.media_tokens(media).to(dtype) if media is not None else None
-        media_caches = [layer.new_cache(batch_size, max_len, weight.device, dtype, tokens) for layer in self.xattn.values()]
+        media_caches = [
+            layer.new_cache(batch_size, max_len, weight.device, dtype, tokens) for layer in self.xattn.values()
+        ]
         return caches + media_caches
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None,
-               media: torch.Tensor | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        media: torch.Tensor | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH, media=media)
+        return stream(
+            self,
+            idx,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            eos_id,
+            generator,
+            context_length=CONTEXT_LENGTH,
+            media=media,
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None, media: torch.Tensor | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        media: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, media=media))
         return torch.cat([idx, *new], dim=1)

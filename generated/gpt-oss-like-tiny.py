@@ -49,7 +49,7 @@ SPEC_JSON = (
     'rue,"sinks":true,"sparsity":{"kind":"dense"}},"select":[1]}},"n_layers":2,"norm":{"eps":1e-05,"kind"'
     ':"rmsnorm"},"tie_embeddings":false,"vocab_size":320}'
 )
-SPEC_HASH = 'dabd64f706f5de892fa530a295ed788910ef7ca364bd17f72a775f2dab12507f'  # sha256 of SPEC_JSON
+SPEC_HASH = "dabd64f706f5de892fa530a295ed788910ef7ca364bd17f72a775f2dab12507f"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -108,7 +108,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM)
+        )  # (HEAD_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
@@ -173,10 +175,13 @@ class WindowAttention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(
+            SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype
+        )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -187,9 +192,13 @@ class WindowAttention(nn.Module):
         v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
-            y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0, sinks=self.sinks)  # (B, N_HEADS, T, HEAD_DIM)
+            y = sparse_attention(
+                q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0, sinks=self.sinks
+            )  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
-            y = cache.attend(q, k, v, sinks=self.sinks)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
+            y = cache.attend(
+                q, k, v, sinks=self.sinks
+            )  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
 
@@ -218,8 +227,9 @@ class DenseAttention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -286,8 +296,9 @@ class Experts(nn.Module):
     def grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Through grouped_mm: one GEMM per expert's slice of the rows, no padding → (M, D_MODEL)."""
         offs = counts.cumsum(0).to(torch.int32)  # (E,) where each expert's rows end
-        expert_of = torch.repeat_interleave(torch.arange(counts.numel(), device=xs.device), counts,
-                                            output_size=xs.shape[0])  # (M,) each row's expert
+        expert_of = torch.repeat_interleave(
+            torch.arange(counts.numel(), device=xs.device), counts, output_size=xs.shape[0]
+        )  # (M,) each row's expert
         h = grouped_mm(xs, self.up_proj.to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
         h = h + self.up_bias.to(xs.dtype).index_select(0, expert_of)
         h_gate = grouped_mm(xs, self.gate_proj.to(xs.dtype).transpose(-2, -1), offs)  # (M, MOE_HIDDEN)
@@ -328,7 +339,7 @@ class RouterLosses(nn.Module):
         router entropy (nats), padding factor] (detached)."""
         tokens = sums[-1]
         load = sums[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
-        mean_prob = sums[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
+        mean_prob = sums[MOE_N_EXPERTS : 2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
         balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
         z = sums[2 * MOE_N_EXPERTS] / tokens  # mean of logsumexp(logits)²
         losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
@@ -407,12 +418,19 @@ class FeedForward(nn.Module):
         # whole batch, from its sums.
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # (N,) nats
-        sums = torch.cat([
-            counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
-            probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
-            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
-                         torch.full((), float(n_tokens), device=x.device)]),
-        ])
+        sums = torch.cat(
+            [
+                counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
+                probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
+                torch.stack(
+                    [
+                        logits.logsumexp(dim=-1).square().sum(),
+                        entropy.sum(),
+                        torch.full((), float(n_tokens), device=x.device),
+                    ]
+                ),
+            ]
+        )
         self.router_losses, self.router_stats = self.balance(sums, padding)
         return out.view(B, T, D_MODEL)
 
@@ -435,8 +453,9 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | KVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -451,10 +470,12 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            Block(WindowAttention(), FeedForward()),  # layer 0
-            Block(DenseAttention(), FeedForward()),  # layer 1
-        ])
+        self.blocks = nn.ModuleList(
+            [  # layer by layer (model.layers in the spec)
+                Block(WindowAttention(), FeedForward()),  # layer 0
+                Block(DenseAttention(), FeedForward()),  # layer 1
+            ]
+        )
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.reset_parameters()
@@ -505,8 +526,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -515,17 +537,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)
@@ -533,7 +571,9 @@ class Model(nn.Module):
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The MoE layers' router losses from the last forward, each averaged over the MoE layers (coefficients
         applied): `moe_aux` (load balancing) and `moe_z` (z-loss). The training loop adds them to the loss."""
-        losses = [block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None]
+        losses = [
+            block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None
+        ]
         if not losses:
             return {}
         aux, z = torch.stack(losses).mean(dim=0)

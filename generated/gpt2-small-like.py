@@ -36,7 +36,7 @@ SPEC_JSON = (
     'im":3072,"kind":"mlp"},"n_layers":12,"norm":{"bias":true,"eps":1e-05,"kind":"layernorm"},"tie_embedd'
     'ings":true,"vocab_size":50304}'
 )
-SPEC_HASH = '546b439d82486835d736e778bf289825ec928cf3be085276d571f5b7d7fb4d2a'  # sha256 of SPEC_JSON
+SPEC_HASH = "546b439d82486835d736e778bf289825ec928cf3be085276d571f5b7d7fb4d2a"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 50304
@@ -117,8 +117,7 @@ class Attention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -134,8 +133,12 @@ class Attention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
         )  # (B, N_HEADS, T, HEAD_DIM)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
@@ -182,8 +185,7 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -250,8 +252,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -260,17 +263,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

@@ -37,7 +37,7 @@ SPEC_JSON = (
     '":32}},"select":[1,3]}},"n_layers":4,"norm":{"bias":true,"eps":1e-05,"kind":"layernorm"},"tie_embedd'
     'ings":true,"vocab_size":320}'
 )
-SPEC_HASH = '5b7f47217b2e961e1fc7d7bd11a40c781ea47e1b1cb2f0e07b04560729f860d6'  # sha256 of SPEC_JSON
+SPEC_HASH = "5b7f47217b2e961e1fc7d7bd11a40c781ea47e1b1cb2f0e07b04560729f860d6"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -128,8 +128,7 @@ class DenseAttention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -145,8 +144,12 @@ class DenseAttention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
         )  # (B, N_HEADS, T, HEAD_DIM)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
@@ -172,10 +175,11 @@ class WindowAttention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(
+            SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype
+        )
 
-    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -185,7 +189,9 @@ class WindowAttention(nn.Module):
         k = k.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         if cache is None:  # the whole sequence at once (training, evaluation)
-            y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
+            y = sparse_attention(
+                q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0
+            )  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
@@ -233,8 +239,7 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cache: KVCache | RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | RollingKVCache | None = None) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -249,12 +254,14 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.positions = Positions()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            Block(DenseAttention(), FeedForward()),  # layer 0
-            Block(WindowAttention(), FeedForward()),  # layer 1
-            Block(DenseAttention(), FeedForward()),  # layer 2
-            Block(WindowAttention(), FeedForward()),  # layer 3
-        ])
+        self.blocks = nn.ModuleList(
+            [  # layer by layer (model.layers in the spec)
+                Block(DenseAttention(), FeedForward()),  # layer 0
+                Block(WindowAttention(), FeedForward()),  # layer 1
+                Block(DenseAttention(), FeedForward()),  # layer 2
+                Block(WindowAttention(), FeedForward()),  # layer 3
+            ]
+        )
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
@@ -306,8 +313,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -316,17 +324,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

@@ -36,7 +36,7 @@ SPEC_JSON = (
     '":3,"bias":false,"kind":"short_conv"},"select":[0,1,3]}},"n_layers":4,"norm":{"eps":1e-05,"kind":"rm'
     'snorm"},"tie_embeddings":true,"vocab_size":320}'
 )
-SPEC_HASH = 'c0dee9d1c4c65f2529fd94420fc2e122055f8ff822817a2e491ab7526ca2100f'  # sha256 of SPEC_JSON
+SPEC_HASH = "c0dee9d1c4c65f2529fd94420fc2e122055f8ff822817a2e491ab7526ca2100f"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -92,7 +92,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM)
+        )  # (HEAD_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
@@ -149,8 +151,9 @@ class Attention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -168,8 +171,13 @@ class Attention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
+            enable_gqa=True,
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         return self.o_proj(y)  # (B, T, D_MODEL)
@@ -253,8 +261,9 @@ class ShortConvBlock(nn.Module):
         for module in (self.conv_norm, self.conv, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ConvCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ConvCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.conv(self.conv_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -280,8 +289,9 @@ class AttentionBlock(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -296,11 +306,13 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            *(ShortConvBlock(ShortConv(), FeedForward()) for _ in range(2)),  # layers 0-1
-            AttentionBlock(Attention(), FeedForward()),  # layer 2
-            ShortConvBlock(ShortConv(), FeedForward()),  # layer 3
-        ])
+        self.blocks = nn.ModuleList(
+            [  # layer by layer (model.layers in the spec)
+                *(ShortConvBlock(ShortConv(), FeedForward()) for _ in range(2)),  # layers 0-1
+                AttentionBlock(Attention(), FeedForward()),  # layer 2
+                ShortConvBlock(ShortConv(), FeedForward()),  # layer 3
+            ]
+        )
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one matrix embeds tokens and scores them
@@ -351,8 +363,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty decoding state for `batch_size` sequences of up to `max_len` positions: one per layer, on the
         model's device, in its dtype unless told; an attention layer keeps its keys and values, a conv layer the last
         inputs its kernel reads (a fixed size). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions
@@ -361,17 +374,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.mixer.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

@@ -36,7 +36,7 @@ SPEC_JSON = (
     ':"gelu","bias":true,"hidden_dim":512,"kind":"mlp"},"n_layers":2,"norm":{"bias":true,"eps":1e-05,"kin'
     'd":"layernorm"},"tie_embeddings":true,"vocab_size":320}'
 )
-SPEC_HASH = '4b76735b05e96c6bfd9299ca6863977ce90f15bd64f5cde78c2ef1895379b11f'  # sha256 of SPEC_JSON
+SPEC_HASH = "4b76735b05e96c6bfd9299ca6863977ce90f15bd64f5cde78c2ef1895379b11f"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -105,7 +105,9 @@ def global_local_mask(b, h, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.
 
 
 # A chunk of 16 queries gathers the N_GLOBAL keys and the band reaching LOCAL_WINDOW - 1 positions back.
-GLOBAL_LOCAL = SparsePattern(global_local_mask, n_global=N_GLOBAL, lookback=LOCAL_WINDOW - 1, chunk=16, reach=LOCAL_WINDOW)
+GLOBAL_LOCAL = SparsePattern(
+    global_local_mask, n_global=N_GLOBAL, lookback=LOCAL_WINDOW - 1, chunk=16, reach=LOCAL_WINDOW
+)
 
 
 class Attention(nn.Module):
@@ -128,10 +130,11 @@ class Attention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the N_GLOBAL first positions and the last LOCAL_WINDOW (a ring buffer), however long the sequence
-        return RollingKVCache(GLOBAL_LOCAL, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(
+            GLOBAL_LOCAL, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype
+        )
 
-    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -189,8 +192,7 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: RollingKVCache | None = None) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -257,8 +259,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -267,17 +270,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

@@ -35,7 +35,7 @@ SPEC_JSON = (
     '_dim":64,"kind":"mamba2","n_groups":1,"norm_eps":1e-05},"n_layers":16,"norm":{"eps":1e-05,"kind":"rm'
     'snorm"},"tie_embeddings":true,"vocab_size":8192}'
 )
-SPEC_HASH = '67774ef8294ca3f8cf08db4307edd1012f8d109e308c8fa63b89d02464ec63fd'  # sha256 of SPEC_JSON
+SPEC_HASH = "67774ef8294ca3f8cf08db4307edd1012f8d109e308c8fa63b89d02464ec63fd"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 8192
@@ -113,8 +113,17 @@ class Mamba2(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0) -> SSMCache:
         """This layer's decoding state: the conv's last SSM_CONV - 1 inputs and the scan's state, whatever `max_len`."""
-        return SSMCache(batch_size, self.conv_dim, SSM_CONV, SSM_HEADS, SSM_HEAD_DIM, SSM_STATE, device=device,
-                        dtype=dtype, rollback=rollback)
+        return SSMCache(
+            batch_size,
+            self.conv_dim,
+            SSM_CONV,
+            SSM_HEADS,
+            SSM_HEAD_DIM,
+            SSM_STATE,
+            device=device,
+            dtype=dtype,
+            rollback=rollback,
+        )
 
     def forward(self, x: torch.Tensor, cache: SSMCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already seen."""
@@ -125,8 +134,16 @@ class Mamba2(nn.Module):
         xs, b, c = xbc.split([SSM_D_INNER, SSM_GROUPS * SSM_STATE, SSM_GROUPS * SSM_STATE], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, SSM_HEADS): each head's step, > 0
         A = -torch.exp(self.A_log.float())  # (SSM_HEADS,)
-        y = ssd(xs.view(B, T, SSM_HEADS, SSM_HEAD_DIM), dt, A, b.view(B, T, SSM_GROUPS, SSM_STATE),
-                c.view(B, T, SSM_GROUPS, SSM_STATE), self.D, SSM_CHUNK, cache)  # (B, T, SSM_HEADS, SSM_HEAD_DIM)
+        y = ssd(
+            xs.view(B, T, SSM_HEADS, SSM_HEAD_DIM),
+            dt,
+            A,
+            b.view(B, T, SSM_GROUPS, SSM_STATE),
+            c.view(B, T, SSM_GROUPS, SSM_STATE),
+            self.D,
+            SSM_CHUNK,
+            cache,
+        )  # (B, T, SSM_HEADS, SSM_HEAD_DIM)
         y = self.norm(y.reshape(B, T, SSM_D_INNER), z)  # (B, T, SSM_D_INNER): × silu(z), then normalised per group
         return self.out_proj(y)  # (B, T, D_MODEL)
 
@@ -152,8 +169,7 @@ class Block(nn.Module):
         for module in (self.ssm_norm, self.ssm):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cache: SSMCache | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: SSMCache | None = None) -> torch.Tensor:
         return x + self.resid_drop(self.ssm(self.ssm_norm(x), cache))  # (B, T, D_MODEL)
 
 
@@ -215,8 +231,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty decoding state for `batch_size` sequences of up to `max_len` positions: one per layer, on the
         model's device, in its dtype unless told; an attention layer keeps its keys and values, a conv layer the last
         inputs its kernel reads (a fixed size). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions
@@ -225,17 +242,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.mixer.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

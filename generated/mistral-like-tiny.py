@@ -36,7 +36,7 @@ SPEC_JSON = (
     ',"ffn":{"activation":"silu","bias":false,"hidden_dim":352,"kind":"glu"},"n_layers":2,"norm":{"eps":1'
     'e-05,"kind":"rmsnorm"},"tie_embeddings":true,"vocab_size":320}'
 )
-SPEC_HASH = '45ba5198ca145452abd1ff31296e37cef48ed3ad79e687d8b1f7576f590546c6'  # sha256 of SPEC_JSON
+SPEC_HASH = "45ba5198ca145452abd1ff31296e37cef48ed3ad79e687d8b1f7576f590546c6"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 320
@@ -90,7 +90,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, HEAD_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))  # (HEAD_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM)
+        )  # (HEAD_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, HEAD_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, HEAD_DIM)
@@ -150,10 +152,13 @@ class Attention(nn.Module):
         """This layer's key/value cache for generation: N_KV_HEADS heads (not N_HEADS), up to `max_len` positions,
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         # the last WINDOW positions (a ring buffer), however long the sequence
-        return RollingKVCache(SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype)
+        return RollingKVCache(
+            SLIDING_WINDOW, batch_size, N_KV_HEADS, max_len, HEAD_DIM, rollback, device=device, dtype=dtype
+        )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): the q heads, then k's, then v's
@@ -164,7 +169,9 @@ class Attention(nn.Module):
         v = v.view(B, T, -1, HEAD_DIM).transpose(1, 2)  # (B, N_KV_HEADS, T, HEAD_DIM)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:  # the whole sequence at once (training, evaluation)
-            y = sparse_attention(q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0)  # (B, N_HEADS, T, HEAD_DIM)
+            y = sparse_attention(
+                q, k, v, SLIDING_WINDOW, DROPOUT if self.training else 0.0
+            )  # (B, N_HEADS, T, HEAD_DIM)
         else:  # generation: this step's T positions against what the cache can still show them
             y = cache.attend(q, k, v)  # (B, N_HEADS, T, HEAD_DIM): stores k, v; only the slots the pattern can see
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
@@ -212,8 +219,9 @@ class Block(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: RollingKVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -279,8 +287,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions: one per layer, on the model's
         device, in its dtype unless told; each layer keeps what its attention pattern can still see (a window layer:
         its window). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions `truncate` may take back
@@ -289,17 +298,31 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.attn.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=None)
+        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=None)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)

@@ -51,7 +51,7 @@ SPEC_JSON = (
     '6]}},"n_layers":8,"norm":{"eps":1e-06,"kind":"rmsnorm","unit_offset":true},"tie_embeddings":false,"v'
     'ocab_size":8192}'
 )
-SPEC_HASH = '20d73fd27ab86a27f75636ba9a56bf9d600ba620242b3794f99878291b0bc625'  # sha256 of SPEC_JSON
+SPEC_HASH = "20d73fd27ab86a27f75636ba9a56bf9d600ba620242b3794f99878291b0bc625"  # sha256 of SPEC_JSON
 
 # ── hyperparameters ─────────────────────────────────────────────────────────────────────────────────────────
 VOCAB_SIZE = 8192
@@ -118,7 +118,9 @@ class Rotary(nn.Module):
     @staticmethod
     def tables(device: torch.device, start: int = 0, end: int = CONTEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the angles of positions start .. end - 1, (end - start, ROTARY_DIM) each."""
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, ROTARY_DIM, 2, dtype=torch.float32, device=device) / ROTARY_DIM))  # (ROTARY_DIM / 2,)
+        inv_freq = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, ROTARY_DIM, 2, dtype=torch.float32, device=device) / ROTARY_DIM)
+        )  # (ROTARY_DIM / 2,)
         positions = torch.arange(start, end, dtype=torch.float32, device=device)
         angles = torch.outer(positions, inv_freq)  # (end - start, ROTARY_DIM / 2)
         angles = torch.cat([angles, angles], dim=-1)  # (end - start, ROTARY_DIM)
@@ -179,8 +181,9 @@ class Attention(nn.Module):
         of which it keeps what the attention pattern can still see; `rollback`: positions `truncate` may take back."""
         return KVCache(batch_size, N_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already cached."""
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (2·N_HEADS + 2·N_KV_HEADS)·HEAD_DIM): q and gate rows by head, then k, v
@@ -199,8 +202,13 @@ class Attention(nn.Module):
         # Query i sits at position start + i and sees keys 0 .. start + i. SDPA's is_causal aligns its mask
         # top-left: right only with nothing cached before (start 0, as in training, when no T×T mask is built).
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, start + T, x.device) if start else None,
-            dropout_p=DROPOUT if self.training else 0.0, is_causal=not start, enable_gqa=True
+            q,
+            k,
+            v,
+            attn_mask=causal_mask(T, start + T, x.device) if start else None,
+            dropout_p=DROPOUT if self.training else 0.0,
+            is_causal=not start,
+            enable_gqa=True,
         )  # (B, N_HEADS, T, HEAD_DIM); GQA: each K/V head serves N_HEADS // N_KV_HEADS query heads, not copied
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, N_HEADS·HEAD_DIM)
         y = y * torch.sigmoid(gate)  # gated attention: each head's output scaled by its gate, in (0, 1)
@@ -241,8 +249,17 @@ class GatedDeltaNet(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int, device=None, dtype=None, rollback: int = 0) -> DeltaRuleCache:
         """This layer's decoding state: the conv's last GDN_CONV - 1 inputs and S (float32), whatever `max_len`."""
-        return DeltaRuleCache(batch_size, self.conv1d.in_channels, GDN_CONV, GDN_HEADS, GDN_K_DIM, GDN_V_DIM,
-                              device=device, dtype=dtype, rollback=rollback)
+        return DeltaRuleCache(
+            batch_size,
+            self.conv1d.in_channels,
+            GDN_CONV,
+            GDN_HEADS,
+            GDN_K_DIM,
+            GDN_V_DIM,
+            device=device,
+            dtype=dtype,
+            rollback=rollback,
+        )
 
     def forward(self, x: torch.Tensor, cache: DeltaRuleCache | None = None) -> torch.Tensor:
         """x (B, T, D_MODEL). With a `cache` (generation), x holds the T positions after those already seen."""
@@ -254,8 +271,9 @@ class GatedDeltaNet(nn.Module):
         qkv = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], dim=-1)  # (B, T, conv_dim)
         conv_state = None if cache is None else cache.conv  # generation: the conv's last inputs
         qkv = F.silu(causal_conv1d(qkv.transpose(1, 2), self.conv1d.weight, None, conv_state))  # (B, conv_dim, T)
-        q, k, v = qkv.transpose(1, 2).split([GDN_K_HEADS * GDN_K_DIM, GDN_K_HEADS * GDN_K_DIM, GDN_HEADS * GDN_V_DIM],
-                                            dim=-1)
+        q, k, v = qkv.transpose(1, 2).split(
+            [GDN_K_HEADS * GDN_K_DIM, GDN_K_HEADS * GDN_K_DIM, GDN_HEADS * GDN_V_DIM], dim=-1
+        )
         # unit-length queries and keys (queries then scaled by 1/sqrt(GDN_K_DIM)), each serving its value heads
         q = l2_normalize(q.reshape(B, T, GDN_K_HEADS, GDN_K_DIM).float()) / math.sqrt(GDN_K_DIM)
         k = l2_normalize(k.reshape(B, T, GDN_K_HEADS, GDN_K_DIM).float())
@@ -342,7 +360,7 @@ class RouterLosses(nn.Module):
         router entropy (nats), padding factor] (detached)."""
         tokens = sums[-1]
         load = sums[:MOE_N_EXPERTS] / (tokens * MOE_TOP_K)  # f_i: fraction of routed assignments sent to expert i
-        mean_prob = sums[MOE_N_EXPERTS:2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
+        mean_prob = sums[MOE_N_EXPERTS : 2 * MOE_N_EXPERTS] / tokens  # P_i: mean router probability of expert i
         balance = MOE_N_EXPERTS * (load * mean_prob).sum()  # n · Σ f_i P_i, 1 when uniform
         z = sums[2 * MOE_N_EXPERTS] / tokens  # mean of logsumexp(logits)²
         losses = torch.stack([MOE_AUX_LOSS_COEF * balance, MOE_Z_LOSS_COEF * z])
@@ -380,7 +398,9 @@ class FeedForward(nn.Module):
         self.shared_expert.gate_proj = nn.Linear(D_MODEL, MOE_SHARED_HIDDEN, bias=False)
         self.shared_expert.up_proj = nn.Linear(D_MODEL, MOE_SHARED_HIDDEN, bias=False)
         self.shared_expert.down_proj = nn.Linear(MOE_SHARED_HIDDEN, D_MODEL, bias=False)
-        self.shared_expert_gate = nn.Linear(D_MODEL, 1, bias=False)  # Qwen2-MoE: sigmoid(x · w) scales the shared expert
+        self.shared_expert_gate = nn.Linear(
+            D_MODEL, 1, bias=False
+        )  # Qwen2-MoE: sigmoid(x · w) scales the shared expert
         self.balance = RouterLosses()  # the balancing loss and the z-loss, from the batch's router sums
         self.top_k = MOE_TOP_K  # experts per token (accounting checks read it)
         self.router_losses: torch.Tensor | None = None
@@ -420,7 +440,9 @@ class FeedForward(nn.Module):
         y_of, padding = self.experts(xs, counts)  # (N·K, D_MODEL) each row through its expert
         y_of = y_of * gate_of.to(y_of.dtype)[:, None]  # (N·K, D_MODEL)
         out = xf.new_zeros(n_tokens, D_MODEL).index_add(0, token_of, y_of.to(xf.dtype))  # (N, D_MODEL)
-        shared = self.shared_expert.down_proj(F.silu(self.shared_expert.gate_proj(x)) * self.shared_expert.up_proj(x))  # (B, T, D_MODEL)
+        shared = self.shared_expert.down_proj(
+            F.silu(self.shared_expert.gate_proj(x)) * self.shared_expert.up_proj(x)
+        )  # (B, T, D_MODEL)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
         out = out.view(B, T, D_MODEL) + shared
 
@@ -428,12 +450,19 @@ class FeedForward(nn.Module):
         # whole batch, from its sums.
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)  # (N,) nats
-        sums = torch.cat([
-            counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
-            probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
-            torch.stack([logits.logsumexp(dim=-1).square().sum(), entropy.sum(),
-                         torch.full((), float(n_tokens), device=x.device)]),
-        ])
+        sums = torch.cat(
+            [
+                counts.float(),  # (MOE_N_EXPERTS,) assignments per expert, before drops
+                probs.sum(dim=0),  # (MOE_N_EXPERTS,) router probability per expert
+                torch.stack(
+                    [
+                        logits.logsumexp(dim=-1).square().sum(),
+                        entropy.sum(),
+                        torch.full((), float(n_tokens), device=x.device),
+                    ]
+                ),
+            ]
+        )
         self.router_losses, self.router_stats = self.balance(sums, padding)
         return out.view(B, T, D_MODEL)
 
@@ -461,8 +490,9 @@ class GatedDeltaNetBlock(nn.Module):
         for module in (self.linear_attn_norm, self.linear_attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DeltaRuleCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DeltaRuleCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.linear_attn(self.linear_attn_norm(x), cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -488,8 +518,9 @@ class AttentionBlock(nn.Module):
         for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         x = x + self.resid_drop(self.attn(self.attn_norm(x), cos, sin, cache))  # (B, T, D_MODEL)
         x = x + self.resid_drop(self.ffn(self.ffn_norm(x)))  # (B, T, D_MODEL)
         return x
@@ -504,12 +535,14 @@ class Model(nn.Module):
         self.tok_emb = nn.Embedding(VOCAB_SIZE, D_MODEL)
         self.rope = Rotary()
         self.emb_drop = nn.Dropout(DROPOUT)
-        self.blocks = nn.ModuleList([  # layer by layer (model.layers in the spec)
-            *(GatedDeltaNetBlock(GatedDeltaNet(), FeedForward()) for _ in range(3)),  # layers 0-2
-            AttentionBlock(Attention(), FeedForward()),  # layer 3
-            *(GatedDeltaNetBlock(GatedDeltaNet(), FeedForward()) for _ in range(3)),  # layers 4-6
-            AttentionBlock(Attention(), FeedForward()),  # layer 7
-        ])
+        self.blocks = nn.ModuleList(
+            [  # layer by layer (model.layers in the spec)
+                *(GatedDeltaNetBlock(GatedDeltaNet(), FeedForward()) for _ in range(3)),  # layers 0-2
+                AttentionBlock(Attention(), FeedForward()),  # layer 3
+                *(GatedDeltaNetBlock(GatedDeltaNet(), FeedForward()) for _ in range(3)),  # layers 4-6
+                AttentionBlock(Attention(), FeedForward()),  # layer 7
+            ]
+        )
         self.final_norm = Norm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB_SIZE, bias=False)
         self.reset_parameters()
@@ -560,8 +593,9 @@ class Model(nn.Module):
 
     # ── generation ──
 
-    def new_cache(self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None,
-                  rollback: int = 0) -> list:
+    def new_cache(
+        self, batch_size: int = 1, max_len: int = CONTEXT_LENGTH, dtype: torch.dtype | None = None, rollback: int = 0
+    ) -> list:
         """An empty decoding state for `batch_size` sequences of up to `max_len` positions: one per layer, on the
         model's device, in its dtype unless told; an attention layer keeps its keys and values, a conv layer the last
         inputs its kernel reads (a fixed size). Its size: sum(c.nbytes for c in cache). `rollback`: how many positions
@@ -570,17 +604,33 @@ class Model(nn.Module):
         dtype = dtype or weight.dtype
         return [block.mixer.new_cache(batch_size, max_len, weight.device, dtype, rollback) for block in self.blocks]
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_id: int | None = None, generator: torch.Generator | None = None):
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ):
         """Continue idx (B, T) by up to max_new_tokens tokens, yielding each (B, 1) as soon as it is chosen: a
         KV-cached prefill, then one position per step (archspec.runtime.stream). Call model.eval() first."""
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                      context_length=CONTEXT_LENGTH)
+        return stream(
+            self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator, context_length=CONTEXT_LENGTH
+        )
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) followed by up to max_new_tokens generated tokens (B, T + n); see `stream`."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
         return torch.cat([idx, *new], dim=1)
@@ -588,7 +638,9 @@ class Model(nn.Module):
     def auxiliary_losses(self) -> dict[str, torch.Tensor]:
         """The MoE layers' router losses from the last forward, each averaged over the MoE layers (coefficients
         applied): `moe_aux` (load balancing) and `moe_z` (z-loss). The training loop adds them to the loss."""
-        losses = [block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None]
+        losses = [
+            block.ffn.router_losses for block in self.blocks if getattr(block.ffn, "router_losses", None) is not None
+        ]
         if not losses:
             return {}
         aux, z = torch.stack(losses).mean(dim=0)

@@ -180,3 +180,35 @@ def test_tiny_presets_learn_a_step(path):
     opt.step()
     _, second = model(idx[:, :-1], idx[:, 1:], **media)
     assert second < first
+
+
+def test_every_rendered_file_goes_through_the_pinned_formatter(tmp_path, monkeypatch):
+    """One layout for every file: what render returns is ruff's output at the pinned version and settings, and a
+    ruff configuration in the user's working directory changes nothing (the same spec gives the same bytes)."""
+    from archspec.codegen import formatter
+    ruff = formatter._ruff()
+    text = render(load_spec_dict(TINY))
+    again = subprocess.run([ruff, *formatter.ARGS], input=text, capture_output=True, text=True, check=True).stdout
+    assert again == text  # a fixed point of the formatter
+    assert max(map(len, text.splitlines())) <= formatter.LINE_LENGTH
+    # a user's narrower line length and single quotes would re-lay the file if ruff read them
+    (tmp_path / "ruff.toml").write_text('line-length = 40\n[format]\nquote-style = "single"\n')
+    monkeypatch.chdir(tmp_path)
+    formatter.format_source.cache_clear()
+    assert render(load_spec_dict(TINY)) == text
+
+
+def test_another_ruff_version_is_refused_with_the_pin(monkeypatch):
+    import importlib.metadata
+
+    from archspec.codegen import formatter
+    from archspec.errors import UserError
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.0" if name == "ruff" else real(name))
+    formatter._ruff.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"ruff 0\.17\.5 .*this environment has ruff 0\.1\.0: pip install ruff==0\.17\.5"):
+            formatter._ruff()
+    finally:
+        monkeypatch.undo()
+        formatter._ruff.cache_clear()

@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 
 from archspec.accounting import account
+from archspec.codegen.formatter import format_source
 from archspec.errors import UserError
 from archspec.kinds import Const, family, lit_float, lit_int
 from archspec.kinds.attention import past_context_refusal
@@ -619,9 +620,7 @@ def _runtime_import(text: str) -> tuple[str, str]:
     if not used:
         return "", ""
     used.sort(key=lambda n: (not n.isupper(), not n[:1].isupper(), n.lower()))  # constants, classes, functions
-    line = "from archspec.runtime import " + ", ".join(used)
-    if len(line) > 120:
-        line = "from archspec.runtime import (\n" + "".join(f"    {n},\n" for n in used) + ")"
+    line = "from archspec.runtime import " + ", ".join(used)  # the formatter wraps a long one
     kernels = "".join(f", {_KERNELS[n]}" for n in used if n in _KERNELS)
     return line, kernels
 
@@ -633,13 +632,7 @@ def render(spec: Spec, source: str | None = None) -> str:
                                                    runtime_import=_IMPORT_MARK, runtime_kernels="<kernels>")
     line, kernels = _runtime_import(text)
     text = text.replace(_IMPORT_MARK, line).replace("<kernels>", kernels)
-    # Normalise blank lines the includes leave behind (at most two in a row, as black would).
-    lines, blank = [], 0
-    for line in text.splitlines():
-        blank = blank + 1 if not line.strip() else 0
-        if blank <= 2:
-            lines.append(line.rstrip())
-    return "\n".join(lines).rstrip() + "\n"
+    return format_source(text)  # one layout for every file: blank lines the includes leave, widths, quotes
 
 
 def source_label(path: str | Path | None) -> str | None:
