@@ -204,9 +204,10 @@ class IdeficsMedia:
         if media.resampler is None and _square_plus_one(media.tokens) is None:
             raise HFUnsupported(f"model.media.tokens: {media.tokens} cannot be expressed as idefics without a resampler "
                                 "(its vision encoder gives (image_size / patch_size)² + 1 features per image)")
-        if m.ffn.kind != "glu" or getattr(m.ffn, "activation", None) != "silu":
-            raise HFUnsupported(f"model.ffn: {m.ffn.kind} ({getattr(m.ffn, 'activation', '')}) cannot be expressed as "
-                                "idefics (its MLPs, the cross-attention layers' included, are SwiGLU: glu silu)")
+        act = getattr(m.ffn, "activation", None)
+        if m.ffn.hf_block == "gated_mlp" and act != "silu":  # another FFN block: the language model's check says so
+            raise HFUnsupported(f"model.ffn.activation: {act} cannot be expressed as idefics (its hidden_act is also "
+                                "its cross-attention layers', whose dense part is SwiGLU in archspec)")
 
     def to_hf(self, m: Any, out: dict[str, Any]) -> None:
         media, x, r = m.media, m.media.cross_attention, m.media.resampler
