@@ -104,6 +104,11 @@ def test_idefics_import_export_round_trip(case, tmp_path, capsys):
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
     # the media matter: without them transformers' logits differ (the test would pass for a text-only import else)
     assert (_hf_logits(hf, idx, torch.zeros_like(media), m.media.marker_id) - want).abs().max() > 1e-2
+    # no media: transformers with an image_attention_mask of zeros (every token sees none; the dense parts still run)
+    with torch.no_grad():
+        none = hf(input_ids=idx, image_encoder_embeddings=media, use_cache=False,
+                  image_attention_mask=torch.zeros(2, C, 2, dtype=torch.long)).logits
+    torch.testing.assert_close(ours(idx), none, atol=ATOL, rtol=0)
 
     out = tmp_path / "exported"
     assert main(["export-hf", str(ckpt), "-o", str(out)]) == 0, capsys.readouterr().err
