@@ -161,8 +161,10 @@ def test_the_image_a_token_sees_is_idefics_processors_without_an_eos_after_an_im
     """IDEFICS' processor (image_attention_mask_for_packed_input_ids, then one-hot over the images given) and
     archspec's rule agree on every text, except after an end-of-document token that follows an image: the processor
     then hides every image until the next marker, archspec does not (docs/flamingo.md, IDEFICS)."""
-    from transformers.models.idefics.processing_idefics import (image_attention_mask_for_packed_input_ids,
-                                                                incremental_to_binary_attention_mask)
+    from transformers.models.idefics.processing_idefics import (
+        image_attention_mask_for_packed_input_ids,
+        incremental_to_binary_attention_mask,
+    )
 
     from archspec.hf.idefics import hf_inputs
 
@@ -262,8 +264,8 @@ def test_the_image_token_comes_from_the_tokenizer_beside_the_config(tmp_path, ca
     """IDEFICS' config does not say which token is <image>; its tokenizer.json does, and the import reads it there
     (else the vocabulary's last id, said)."""
     data = _config("resampled").to_dict()
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 60, "content": "<fake_token_around_image>"},
-                                                                          {"id": 61, "content": "<image>"}]}))
+    added = [{"id": 60, "content": "<fake_token_around_image>"}, {"id": 61, "content": "<image>"}]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
     data["additional_vocab_size"] = 3  # the last id is 62, not the <image>
     out = tmp_path / "out.yaml"
     assert main(["import-hf", _write(tmp_path, data), "-o", str(out)]) == 0

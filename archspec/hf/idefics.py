@@ -51,7 +51,7 @@ _NESTED_INERT = frozenset({"model_type", "transformers_version", "_name_or_path"
                            "id2label", "label2id", "problem_type", "tie_word_embeddings", "chunk_size_feed_forward",
                            "is_encoder_decoder", "add_cross_attention", "tokenizer_class", "prefix",
                            "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-                           "task_specific_params", "finetuning_task", "architectures", "_commit_hash",
+                           "task_specific_params", "finetuning_task", "_commit_hash",
                            "_attn_implementation_autoset", "pruned_heads", "torchscript", "tf_legacy_loss",
                            "initializer_range", "initializer_factor", "is_decoder", "cross_attention_hidden_size",
                            "tie_encoder_decoder", "use_cache", "output_scores", "return_dict_in_generate"})
@@ -63,10 +63,11 @@ def _nested(cfg: HFConfig, key: str, defaults: dict[str, Any]) -> dict[str, Any]
     return {**defaults, **(value or {})}
 
 
-def _number(cfg: HFConfig, where: str, value: Any, kind: type = int, low: int = 1) -> Any:
-    """A value of a nested config, type-checked and bounded, refused as `where` (perceiver_config.resampler_depth)."""
-    if isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value < low):
-        raise cfg.refuse(where, f"{printable(repr(value), 60)}: expected {'an integer ≥ ' + str(low) if kind is int else kind.__name__}")
+def _number(cfg: HFConfig, where: str, value: Any) -> int:
+    """A count or size of a nested config: an integer ≥ 1, bounded, else refused as `where`
+    (perceiver_config.resampler_depth)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise cfg.refuse(where, f"{printable(repr(value), 60)}: expected an integer ≥ 1")
     return bounded(cfg, where, value)
 
 
@@ -118,8 +119,8 @@ class IdeficsMedia:
     def from_hf(self, cfg: HFConfig, model: dict[str, Any]) -> None:
         alpha = cfg.take("alpha_type", str)
         if alpha != "float":
-            raise cfg.refuse("alpha_type", f"{printable(repr(alpha), 40)}: a tanh gate per channel (1, 1, hidden_size); "
-                             "archspec's gated cross-attention has one number per gate ('float')")
+            raise cfg.refuse("alpha_type", f"{printable(repr(alpha), 40)}: a tanh gate per channel (1, 1, "
+                             "hidden_size); archspec's gated cross-attention has one number per gate ('float')")
         if cfg.take("qk_layer_norms", bool):
             raise cfg.refuse("qk_layer_norms", "true: RMSNorm on the cross-attention's queries and keys, which "
                              "archspec's gated cross-attention does not have")
@@ -130,8 +131,8 @@ class IdeficsMedia:
         n_layers, every = cfg.take("n_layers", int), cfg.take("cross_layer_interval", int)
         if every < 1 or n_layers % every:
             raise cfg.refuse("cross_layer_interval", f"{every}: must divide num_hidden_layers ({n_layers}); "
-                             "transformers' IdeficsModel builds num_hidden_layers // cross_layer_interval cross-attention "
-                             "layers and indexes past them otherwise")
+                             "transformers' IdeficsModel builds num_hidden_layers // cross_layer_interval "
+                             "cross-attention layers and indexes past them otherwise")
         extra = cfg.take("additional_vocab_size", int)
         vocab = model["vocab_size"] + extra  # the decoupled rows follow the regular ones: one vocabulary of both
         model["vocab_size"] = vocab
@@ -153,9 +154,9 @@ class IdeficsMedia:
         resampler = None
         if resampled:
             if perceiver["qk_layer_norms_perceiver"] is not False:
-                raise cfg.refuse("perceiver_config.qk_layer_norms_perceiver", f"{perceiver['qk_layer_norms_perceiver']!r}"
-                                 ": LayerNorm on the resampler's queries and keys, which archspec's resampler does "
-                                 "not have")
+                raise cfg.refuse("perceiver_config.qk_layer_norms_perceiver",
+                                 f"{printable(repr(perceiver['qk_layer_norms_perceiver']), 40)}: LayerNorm on the "
+                                 "resampler's queries and keys, which archspec's resampler does not have")
             resampler = {key: _number(cfg, f"perceiver_config.resampler_{name}", perceiver[f"resampler_{name}"])
                          for key, name in (("depth", "depth"), ("n_heads", "n_heads"), ("head_dim", "head_dim"))}
             resampler["max_input_tokens"] = features
@@ -171,8 +172,8 @@ class IdeficsMedia:
         warnings.warn(Caution(
             f"{cfg.source}: IDEFICS' vision encoder (vision_config, the tensors model.vision_model.*) is left out: its "
             f"output features ({features} per image, {width} wide) are the media input (`media=`, what transformers "
-            f"takes as image_encoder_embeddings){', through the resampler' if resampled else ''}; model.media.max_items "
-            f"= {MAX_ITEMS} (IDEFICS has no limit)" + (f"; {guessed}" if guessed else "")))
+            f"takes as image_encoder_embeddings){', through the resampler' if resampled else ''}; "
+            f"model.media.max_items = {MAX_ITEMS} (IDEFICS has no limit)" + (f"; {guessed}" if guessed else "")))
 
     # ── spec → config ──
     def check(self, m: Any) -> None:
@@ -202,8 +203,8 @@ class IdeficsMedia:
                                 f"idefics (its cross-attention layers' MLP is the language model's, intermediate_size "
                                 f"= {hidden})")
         if media.resampler is None and _square_plus_one(media.tokens) is None:
-            raise HFUnsupported(f"model.media.tokens: {media.tokens} cannot be expressed as idefics without a resampler "
-                                "(its vision encoder gives (image_size / patch_size)² + 1 features per image)")
+            raise HFUnsupported(f"model.media.tokens: {media.tokens} cannot be expressed as idefics without a "
+                                "resampler (its vision encoder gives (image_size / patch_size)² + 1 features an image)")
         act = getattr(m.ffn, "activation", None)
         if m.ffn.hf_block == "gated_mlp" and act != "silu":  # another FFN block: the language model's check says so
             raise HFUnsupported(f"model.ffn.activation: {act} cannot be expressed as idefics (its hidden_act is also "
