@@ -136,9 +136,9 @@ def test_idefics_greedy_generation_equals_transformers(tmp_path, capsys):
     idx, media = _inputs(marker, 5, seed=3)
     prompt, media = idx[:1, :6], media[:1]  # a marker at 2: the prompt's tail and every new token see item 0
     want = hf.generate(input_ids=prompt, image_encoder_embeddings=media,
-                       image_attention_mask=hf_inputs(prompt, marker, 2), max_new_tokens=20, min_new_tokens=20,
+                       image_attention_mask=hf_inputs(prompt, marker, 2), max_new_tokens=12, min_new_tokens=12,
                        do_sample=False)
-    got = ours.eval().generate(prompt, 20, temperature=0, media=media)
+    got = ours.eval().generate(prompt, 12, temperature=0, media=media)
     assert marker not in want[0, 6:].tolist()  # transformers would not switch image on a generated marker (docs)
     assert len(set(want[0, 6:].tolist())) > 3
     assert got.tolist() == want.tolist()
@@ -248,6 +248,8 @@ def test_idefics_switches_map_or_are_refused_by_key(tmp_path_factory, refused, r
     ("vision_config", {**VISION, "embed_dim": "wide"}, "vision_config.embed_dim"),
     ("vision_config", {**VISION, "image_size": 4}, "vision_config.image_size"),
     ("image_token_id", 99, "image_token_id"),
+    ("vision_config", "clip", "vision_config"),
+    ("perceiver_config", [3], "perceiver_config"),
     ("additional_vocab_size", -1, "additional_vocab_size"),
 ])
 def test_bad_idefics_values_are_refused_by_key(key, value, said, tmp_path, capsys):
