@@ -313,6 +313,10 @@ def test_export_refuses_what_idefics_cannot_say_by_field(change, field):
 def test_export_writes_blocks_0_n_2n_given_as_a_list():
     from archspec.hf.convert import config_from_spec
 
+    for every in (4, 9):  # one layer, at block 0: IDEFICS' interval is the number of layers
+        one = load_spec_dict({"name": "x", "model": {**LM, "media": {
+            **MEDIA, "cross_attention": {"every": every, "n_heads": 4, "ffn_hidden": 40}}}})
+        assert config_from_spec(one)[1]["cross_layer_interval"] == 4
     spec = load_spec_dict({"name": "x", "model": {**LM, "media": {
         **MEDIA, "cross_attention": {"every": None, "layers": [0, 2], "n_heads": 4, "ffn_hidden": 40}}}})
     hf, config = config_from_spec(spec)

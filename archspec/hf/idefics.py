@@ -180,16 +180,13 @@ class IdeficsMedia:
         """What IDEFICS cannot say about a media model, by field (before the language model's own checks)."""
         media, x = m.media, m.media.cross_attention
         n_heads = m.attention.n_heads
-        every = x.every
-        if x.layers is not None:  # a list of blocks is IDEFICS' only when it is blocks 0, N, 2N, ...
-            at = x.positions(m.n_layers)
-            every = at[1] - at[0] if len(at) > 1 else m.n_layers
-            if at != list(range(0, m.n_layers, every)):
-                raise HFUnsupported(f"model.media.cross_attention.layers: {at} cannot be expressed as idefics (its "
-                                    "cross-attention layers sit in front of blocks 0, N, 2N, ... every "
-                                    "cross_layer_interval)")
+        at, every = x.positions(m.n_layers), _interval(m)
+        if x.layers is not None and at != list(range(0, m.n_layers, every)):
+            raise HFUnsupported(f"model.media.cross_attention.layers: {at} cannot be expressed as idefics (its "
+                                "cross-attention layers sit in front of blocks 0, N, 2N, ... every "
+                                "cross_layer_interval)")
         if m.n_layers % every:
-            raise HFUnsupported(f"model.media.cross_attention.every: {every} cannot be expressed as idefics (its "
+            raise HFUnsupported(f"model.media.cross_attention.every: {x.every} cannot be expressed as idefics (its "
                                 f"cross_layer_interval must divide num_hidden_layers, {m.n_layers})")
         if x.n_heads != n_heads:
             raise HFUnsupported(f"model.media.cross_attention.n_heads: {x.n_heads} cannot be expressed as idefics (its "
@@ -212,7 +209,7 @@ class IdeficsMedia:
 
     def to_hf(self, m: Any, out: dict[str, Any]) -> None:
         media, x, r = m.media, m.media.cross_attention, m.media.resampler
-        every = x.every if x.layers is None else (x.positions(m.n_layers) + [m.n_layers])[1]
+        every = _interval(m)
         features = r.max_input_tokens if r is not None else media.tokens
         side = _square_plus_one(features)
         if side is None:  # the resampler takes any number of features: the smallest image that gives at least them
@@ -276,6 +273,13 @@ class IdeficsMedia:
                                         f"{tuple(a.shape)}")
                 out[regular] = torch.cat([a, b.to(a.dtype)], dim=0)
         return out
+
+
+def _interval(m: Any) -> int:
+    """IDEFICS' cross_layer_interval for the blocks the layers sit in front of: the step between the first two, or
+    n_layers for one layer (at block 0: `every` past the last block is the same model)."""
+    at = m.media.positions(m)
+    return at[1] - at[0] if len(at) > 1 else m.n_layers
 
 
 def _square_plus_one(n: int) -> int | None:
