@@ -208,7 +208,7 @@ class IdeficsMedia:
                                 "its cross-attention layers', whose dense part is SwiGLU in archspec)")
 
     def to_hf(self, m: Any, out: dict[str, Any]) -> None:
-        media, x, r = m.media, m.media.cross_attention, m.media.resampler
+        media, r = m.media, m.media.resampler
         every = _interval(m)
         features = r.max_input_tokens if r is not None else media.tokens
         side = _square_plus_one(features)
