@@ -103,6 +103,8 @@ def spec_from_config(data: Any, source: str, name: str) -> dict[str, Any]:
     groups.update(mixer_groups)
     model.update(_model_options(cfg))
     model.update(_mtp_from_hf(cfg))
+    if hf.media is not None:  # a type with media beside the text (idefics): its own mapping says model.media
+        hf.media.from_hf(cfg, model)
     if cfg.fact("embedding_norm"):  # BLOOM's word_embeddings_layernorm
         model["embedding_norm"] = True
     if groups:
@@ -260,9 +262,6 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
         if block.attention.positional.model_dump() != m.attention.positional.model_dump():
             raise HFUnsupported(f"{_named(m, ('model', 'attention'), i)}: positions switched off for some layers: "
                                 "no transformers model type archspec writes does that")
-    if m.media is not None:
-        raise HFUnsupported("model.media: gated cross-attention to media is not exported yet (transformers' IDEFICS "
-                            "holds it, with its vision encoder and decoupled embeddings; no mapping is written)")
     if m.parametrization != "standard":
         raise HFUnsupported(f"model.parametrization: {m.parametrization}: transformers' models have no output "
                             "multiplier or 1/head_dim attention scale (µP); train it standard to export")
@@ -271,8 +270,11 @@ def config_from_spec(spec: Spec) -> tuple[HFType, dict[str, Any]]:
             if unit.hf_block is None:
                 raise HFUnsupported(f"{_named(m, path, i, '.kind')}: {unit.kind!r} has no transformers "
                                     "equivalent")
+    candidates = tuple(t for t in EXPORT_ORDER if (t.media is not None) == (m.media is not None))
+    if m.media is not None and len(candidates) == 1:  # one type reads media (idefics): its own reason, by field
+        return candidates[0], _config_as(spec, candidates[0])
     reasons = []
-    for hf in EXPORT_ORDER:
+    for hf in candidates:
         with warnings.catch_warnings(record=True) as notes:  # what a type leaves out: said only for the one chosen
             warnings.simplefilter("always", Caution)
             try:
@@ -387,6 +389,11 @@ def _mixers_to_hf(m: ModelSpec, hf: HFType, out: dict[str, Any]) -> None:
 
 def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
     m = spec.model
+    if (m.media is None) != (hf.media is None):
+        raise HFUnsupported(f"model.media: {hf.model_type} " + ("has no media input" if hf.media is None else
+                                                                "reads media beside the text; this model has none"))
+    if hf.media is not None:  # its media settings first: the reason a media model cannot be written, by field
+        hf.media.check(m)
     if m.attention.hf_block != _attention_block(hf):
         raise HFUnsupported(f"model.attention.kind: {m.attention.kind!r} is HF's {m.attention.hf_block!r}; "
                             f"{hf.model_type} has {_attention_block(hf)!r}")
@@ -449,6 +456,8 @@ def _config_as(spec: Spec, hf: HFType) -> dict[str, Any]:
                               "them; the logits are the same)"))
     if hf.rewrite is not None and hf.rewrite[1] is not None:
         hf.rewrite[1](m, out)
+    if hf.media is not None:
+        hf.media.to_hf(m, out)
     return out
 
 
@@ -491,6 +500,8 @@ def weight_map(m: ModelSpec, hf: HFType) -> list[HFWeight]:
             out += _prefixed(m.norm.hf_weights(m, hf), f"{ours}{our_name}.", f"{theirs}{their_name}.")
         out.append(HFWeight(f"{ours}proj.weight", (f"{theirs}eh_proj.weight",)))  # [enorm(emb); hnorm(h)] → d
         out += _block_weights(m, hf, m.blocks()[-1], f"{ours}block.", theirs)
+    if hf.media is not None:  # the cross-attention layers and the resampler (idefics)
+        out += hf.media.weights(m, hf)
     return out
 
 
@@ -551,6 +562,8 @@ def state_from_hf(m: ModelSpec, hf: HFType, tensors: dict[str, torch.Tensor], so
     """HF tensors → the generated module's state_dict (fp32). Every HF tensor must be used (save known buffers and
     the tensors of `skip_layers`, layers the type's model leaves out), every parameter found, every shape the
     generated module's (`expected`, from the module on the meta device)."""
+    if hf.media is not None:  # what the type's model holds besides (idefics: its vision encoder, its extra vocabulary)
+        tensors = hf.media.prepare(tensors, source)
     if skip_layers:
         base = f"{hf.names.get('base', 'model')}.{hf.names.get('layers', 'layers')}."
         tensors = {k: v for k, v in tensors.items()

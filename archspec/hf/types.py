@@ -11,6 +11,7 @@ Qwen2-MoE's dense layers), its `pick` reads the per-layer words (transformers' o
 from __future__ import annotations
 
 from archspec.errors import printable
+from archspec.hf.idefics import IdeficsMedia
 from archspec.kinds.hf import HFConfig, HFType, HFUnsupported
 
 # Keys of every transformers config that do not change the function the model computes: ids, labels, generation
@@ -1125,11 +1126,31 @@ QWEN3_NEXT = HFType(
     check=(_common_checks,),
 )
 
+# ── IDEFICS (transformers' open Flamingo): a LLaMA-shaped decoder, with gated cross-attention layers and a Perceiver
+# resampler beside it (model.media, archspec.hf.idefics); its vision encoder is left out (its features are the media)
+
+IDEFICS = HFType(
+    model_type="idefics", architecture="IdeficsForVisionText2Text", blocks=_LLAMA_BLOCKS,
+    keys={k: v for k, v in _LLAMA_KEYS.items() if k not in ("n_kv_heads", "head_dim")},  # MHA, hidden // heads wide
+    # IdeficsConfig's defaults (idefics-9b's)
+    defaults={**_LLAMA_DEFAULTS, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048, "dropout": 0.0,
+              "additional_vocab_size": 0, "alpha_type": "float", "cross_layer_interval": 1, "qk_layer_norms": False,
+              "use_resampler": False},
+    names=_LLAMA_NAMES,
+    dropout_keys=("dropout",),
+    # which parameters train (freeze_*), how the gates were drawn (weights are loaded, not drawn)
+    inert=frozenset({"freeze_text_layers", "freeze_text_module_exceptions", "freeze_lm_head", "freeze_vision_layers",
+                     "freeze_vision_module_exceptions", "alpha_initializer", "alphas_initializer_range"}),
+    media=IdeficsMedia(),
+    check=(_common_checks,),
+)
+
 TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
                                                               GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2,
-                                                              QWEN3_NEXT, GPT_OSS)}
+                                                              QWEN3_NEXT, GPT_OSS, IDEFICS)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -1138,7 +1159,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                 GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
-                MAMBA2, QWEN3_NEXT, GPT_OSS)
+                MAMBA2, QWEN3_NEXT, GPT_OSS, IDEFICS)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {

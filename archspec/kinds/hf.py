@@ -99,6 +99,10 @@ class HFType:
     mtp_layers: str | None = None
     # (read, write), either None: this type's own spellings (GPT-J's rotary_dim; MPT's nested attn_config)
     rewrite: tuple[Callable[["HFConfig"], None] | None, Callable[[Any, dict[str, Any]], None] | None] | None = None
+    # the mapping of a type whose model reads media beside the text (IDEFICS: archspec.hf.idefics.IdeficsMedia): it
+    # reads and writes model.media (`from_hf(cfg, model)`, `check(m)`, `to_hf(m, out)`), names its weights
+    # (`weights(m, hf)`) and prepares the files' tensors (`prepare(tensors, source)`: what it leaves out or merges)
+    media: Any = None
 
 
 class HFConfig:
