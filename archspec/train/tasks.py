@@ -1,7 +1,8 @@
-"""Capability tasks as corpora: multi-query associative recall (MQAR) and passkey retrieval.
+"""Capability tasks as corpora: multi-query associative recall (MQAR), passkey retrieval, media recall.
 
-    data = task_data(spec)                        # when spec.train.data.corpus.kind is mqar or passkey
+    data = task_data(spec)                        # when spec.train.data.corpus is a task (TaskCorpusKind)
     x, y = data.sampler.next_batch()              # (B, T) inputs; targets are -100 except at the answer positions
+                                                  # (a media task, for a model with media input: x, y, media)
     scorer = Scorer(); scorer.add(logits, y, buckets); scorer.metrics()  # {"probe.accuracy": ..., ...}
 
 Each example is one window of `seq_len + 1` tokens written in the byte tokenizer's ids (so checkpoints, `sample` and
@@ -10,9 +11,9 @@ parameters give the same examples on every machine, and every training seed of a
 order follows train.seed). The targets of every position but the answers are -100, so the loss, the validation loss
 and the accuracy are all over the answer positions only.
 
-Ids: 0 pad, 1 the passkey marker, 2 the question marker, symbols from 4 (archspec.data.base). Each task is a unit
-of archspec.data (archspec/data/corpus/mqar.py, passkey.py): its layout, its rules, its accuracy buckets and its
-chance live there; this module holds what every task shares (examples, scorer, samplers, the data hash).
+Ids: 0 pad, 1 the passkey marker, 2 the question marker, 3 a media item's place, symbols from 4 (archspec.data.base).
+Each task is a unit of archspec.data (archspec/data/corpus/mqar.py, passkey.py, media_recall.py): its layout, its
+rules, its accuracy buckets, its chance and (a media task) its media live there; this module holds what every task shares (examples, scorer, samplers, the data hash).
 """
 
 from __future__ import annotations
