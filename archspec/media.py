@@ -124,11 +124,12 @@ def load_media(path: str | Path, m: Any) -> torch.Tensor:
     return check_media(tensors["media"], m, where)
 
 
-def encode_with_markers(encode, text: str, marker_id: int) -> list[int]:
-    """Token ids of `text`, each MARKER_TEXT a `marker_id` token; `encode(str) -> list[int]` the tokenizer's."""
+def encode_with_markers(encode, text: str, marker_id: int | None) -> list[int]:
+    """Token ids of `text`, each MARKER_TEXT a `marker_id` token (None: left out, the text between them encoded as
+    it is either way); `encode(str) -> list[int]` the tokenizer's."""
     ids: list[int] = []
     for i, piece in enumerate(text.split(MARKER_TEXT)):
-        if i:
+        if i and marker_id is not None:
             ids.append(marker_id)
         if piece:
             ids.extend(encode(piece))

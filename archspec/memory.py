@@ -321,6 +321,8 @@ def _activation_walk(m: ModelSpec, s: Setup, layers: list[int] | None = None, fi
                     for i in layers]
     kept = [boundary if c else saved for c, saved in zip(checkpointed, per_block)]
     head = ((embedding_saved_per_token(m) if first else 0) + (loss_saved_per_token(m, s.bf16) if last else 0)) * tokens
+    if first and m.media is not None:  # the media tokens, their keys and values, the resampler: per sequence
+        head += sum(m.media.saved_bytes_per_sequence(m, 2 if s.bf16 else 4).values()) * s.batch_size
     if first and last:  # the multi-token prediction modules (model.mtp) run after the head, on the whole model
         head += mtp_saved_per_token(m, s.seq_len, s.device, s.bf16) * tokens
     widest = max(block_backward_transient_per_token(m, s.bf16, b) for b in blocks)

@@ -60,8 +60,8 @@ def val_loss(model: nn.Module, batches, tracker=NULL_TRACKER) -> float:
     """The loop's validation loss (archspec.train.loop.Trainer.evaluate): the mean over the fixed windows."""
     model.eval()
     loss_sum, windows = 0.0, 0
-    for inputs, targets in batches:
-        _, loss = model(inputs, targets)
+    for inputs, targets, *media in batches:  # a media corpus's batches carry their media (archspec.train.step)
+        _, loss = model(inputs, targets, **({"media": media[0]} if media else {}))
         loss_sum += loss.item() * len(inputs)
         windows += len(inputs)
         tracker.update(advance=1)

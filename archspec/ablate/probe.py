@@ -55,16 +55,18 @@ def task_corpus(task: str, run_corpus: dict | None, overrides: dict[str, Any]):
 
 
 def evaluate(model: torch.nn.Module, corpus, seq_len: int, n_examples: int | None, batch_size: int,
-             device: torch.device) -> dict[str, float]:
-    """Exact match of the model's argmax on the answer positions of the task's validation examples."""
+             device: torch.device, marker_id: int | None = None) -> dict[str, float]:
+    """Exact match of the model's argmax on the answer positions of the task's validation examples. `marker_id`: a
+    model with media input's (model.media.marker_id): it is given a media task's media (a text-only model reads the
+    text only)."""
     examples = generate(corpus, seq_len, "val", n_examples)
     scorer = task_scorer(corpus)
     model.eval()
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             index = torch.arange(start, min(start + batch_size, len(examples))).numpy()
-            inputs, targets = examples.batch(index)
-            logits = model(inputs.to(device))
+            inputs, targets, *media = examples.batch(index, marker_id)
+            logits = model(inputs.to(device), **({"media": media[0].to(device)} if media else {}))
             logits = logits[0] if isinstance(logits, tuple) else logits
             scorer.add(logits.float().cpu(), targets, torch.from_numpy(examples.buckets[index]))
     out = scorer.metrics(prefix="")
@@ -106,7 +108,12 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
             raise UserError(f"--seq-len: must be at most the run's model.context_length ({m.context_length}), got "
                             f"{length}")
         check_task(corpus, length, where=(task,), length_name="seq_len")
-        metrics = evaluate(loaded.model, corpus, length, examples, batch_size, dev)
+        unreadable = corpus.model_problems(m)
+        if unreadable:
+            path, message, _ = unreadable[0]
+            raise UserError(f"run {run.id}: {'.'.join(map(str, path))}: {message}")
+        metrics = evaluate(loaded.model, corpus, length, examples, batch_size, dev,
+                           m.media.marker_id if m.media is not None else None)
         params = {**corpus.model_dump(mode="json"), "seq_len": length, "examples": int(metrics["examples"])}
         evaluation_id = None
         if record:

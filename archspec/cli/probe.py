@@ -1,4 +1,4 @@
-"""`archspec probe RUN --task mqar|passkey`: the command over archspec.ablate.probe."""
+"""`archspec probe RUN --task TASK` (every registered capability task): the command over archspec.ablate.probe."""
 
 from __future__ import annotations
 
@@ -29,12 +29,15 @@ def _distances(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--task", type=click.Choice(tuple(task_kinds())), required=True,
               help="; ".join(f"{k}: {c.probe_help}" for k, c in task_kinds().items()) + ".")
 @click.option("--vocab", type=int, default=None, help="Task symbols (mqar: keys and values; passkey: passkey symbols).")
-@click.option("--pairs", type=int, default=None, help="mqar: key-value pairs per example.")
+@click.option("--pairs", type=int, default=None, help="mqar, media_recall: key-value pairs per example.")
 @click.option("--queries", type=int, default=None, help="mqar: keys queried per example (default: pairs).")
 @click.option("--distances", callback=_distances, default=None, metavar="D,D,...",
               help="passkey: tokens from the passkey to the question, e.g. 16,64,120.")
 @click.option("--key-len", type=int, default=None, help="passkey: tokens per passkey.")
 @click.option("--filler", type=int, default=None, help="passkey: filler symbols.")
+@click.option("--keys", type=int, default=None, help="media_recall: key symbols.")
+@click.option("--values", type=int, default=None, help="media_recall: value symbols (chance 1/values).")
+@click.option("--width", type=int, default=None, help="media_recall: the media's width (the model's model.media.width).")
 @click.option("--seed", "task_seed", type=int, default=None, help="The task's data seed.")
 @click.option("--examples", type=click.IntRange(1, 100_000), default=None,
               help="Examples to evaluate [default: the task's val_examples].")
@@ -46,14 +49,14 @@ def _distances(ctx, param, value: str | None) -> list[int] | None:
 @registry_option
 @click.option("--no-record", is_flag=True, help="Print the result only; record no evaluation.")
 @click.option("--json", "json_out", is_flag=True, help="Print the result as one JSON object.")
-def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len, filler, task_seed, examples,
-              seq_len, batch_size, device, registry_url, no_record, json_out) -> None:
+def probe_cmd(run_id: str, task: str, vocab, pairs, queries, distances, key_len, filler, keys, values, width,
+              task_seed, examples, seq_len, batch_size, device, registry_url, no_record, json_out) -> None:
     """Evaluate a trained run on a capability task without training it: exact-match accuracy on the answer positions
     (passkey: also per distance). Parameters default to the run's own task when it trained on this one. The result
     is recorded as an evaluation of the run (the run's own record is not changed): `archspec runs list --where
     "probe.accuracy > 0.5"`, `archspec runs show RUN`."""
     overrides = {"vocab": vocab, "pairs": pairs, "queries": queries, "distances": distances, "key_len": key_len,
-                 "filler": filler, "seed": task_seed}
+                 "filler": filler, "keys": keys, "values": values, "width": width, "seed": task_seed}
     task_class = task_kinds()[task]
     inapplicable = [k for k, v in overrides.items() if v is not None and k not in task_class.model_fields]
     if inapplicable:

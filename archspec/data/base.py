@@ -88,6 +88,7 @@ class CorpusKind(DataKind):
 
     family: ClassVar[str] = "corpus"
     task: ClassVar[bool] = False  # capability task: examples generated in the task tokenizer's ids, not text
+    carries_media: ClassVar[bool] = False  # its documents carry media (Flamingo): its source's `media_examples`
 
     def open(self) -> TextSource:
         raise NotImplementedError
@@ -95,8 +96,9 @@ class CorpusKind(DataKind):
 
 # Capability tasks (archspec.train.tasks): synthetic examples written in the byte tokenizer's ids (ids below),
 # generated from their own `seed` (the data, the same for every training seed), each exactly train.seq_len + 1
-# tokens, with loss and accuracy on the answer positions only.
-PAD, KEY_MARK, QUESTION, FIRST_SYMBOL = 0, 1, 2, 4
+# tokens, with loss and accuracy on the answer positions only. MEDIA_MARK stands where a media task's item sits; a
+# model with media input reads its own model.media.marker_id there (archspec.train.tasks.Examples.batch).
+PAD, KEY_MARK, QUESTION, MEDIA_MARK, FIRST_SYMBOL = 0, 1, 2, 3, 4
 
 
 class TaskCorpusKind(CorpusKind):
@@ -120,6 +122,16 @@ class TaskCorpusKind(CorpusKind):
         (n, seq_len); return each example's bucket (n,) int64 (-1: none)."""
         raise NotImplementedError
 
+    def model_problems(self, m: "ModelSpec") -> list[Problem]:
+        """Why model `m` cannot read this task's examples (a media task: the media's width and tokens per item), at
+        paths under `model`; the spec's rules and `archspec probe` both ask."""
+        return []
+
+    def media(self, rng: "np.random.Generator", tokens: "np.ndarray") -> "np.ndarray | None":
+        """A task whose answers lie in media: each example's items (n, items, tokens per item, width) float32, drawn
+        after `fill` from the same stream and placed at its MEDIA_MARK tokens; None (the default): a text task."""
+        return None
+
     def buckets(self) -> list[int]:
         """The accuracy buckets every scorer of this task starts with (so counts from several processes line up)."""
         return []
@@ -139,7 +151,7 @@ class TaskCorpusKind(CorpusKind):
                         f"tokenizer's ids; use {{kind: {ids.kind_name()}}}, got {tok.kind!r}", tok.kind))
         if t.seq_len is not None:
             out += self.fit_problems(t.seq_len, CORPUS_PATH, "train.seq_len")
-        return out
+        return out + self.model_problems(spec.model)
 
 
 # ── tokenizers ───────────────────────────────────────────────────────────────────────────────────────────────────

@@ -192,19 +192,24 @@ class WindowSampler(EpochSampler):
         return _gather(self.tokens, self.my_items(), self.seq_len)
 
 
+def val_windows(n_tokens: int, seq_len: int, eval_tokens: int, rank: int = 0, world: int = 1) -> np.ndarray:
+    """The fixed validation windows of a split of `n_tokens` tokens this rank evaluates (val_batches' rule)."""
+    n_windows = window_count(n_tokens, seq_len)
+    if n_windows < world:
+        raise UserError(f"the validation split holds {n_tokens} tokens, fewer than {world} window(s) of "
+                        f"train.seq_len + 1 = {seq_len + 1}; raise train.data.val_fraction or use a larger corpus")
+    wanted = -(-max(1, eval_tokens) // seq_len)
+    count = min(n_windows // world, -(-wanted // world)) * world
+    return (np.arange(count) * n_windows // count)[rank::world]
+
+
 def val_batches(tokens: np.ndarray, seq_len: int, batch_size: int, eval_tokens: int, rank: int = 0,
                 world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed validation set of ceil(eval_tokens / seq_len) windows (at most the split's), spread evenly over the
     split: the same for every seed and every batch size, so every variant of a sweep is evaluated on the same tokens
     when they share seq_len. The count is a multiple of `world` (every process evaluates as many windows: a sharded
     model's forward is collective), and rank r evaluates every world-th window, `batch_size` at a time."""
-    n_windows = window_count(len(tokens), seq_len)
-    if n_windows < world:
-        raise UserError(f"the validation split holds {len(tokens)} tokens, fewer than {world} window(s) of "
-                        f"train.seq_len + 1 = {seq_len + 1}; raise train.data.val_fraction or use a larger corpus")
-    wanted = -(-max(1, eval_tokens) // seq_len)
-    count = min(n_windows // world, -(-wanted // world)) * world
-    windows = (np.arange(count) * n_windows // count)[rank::world]
+    windows = val_windows(len(tokens), seq_len, eval_tokens, rank, world)
     return [_gather(tokens, windows[i: i + batch_size], seq_len) for i in range(0, len(windows), batch_size)]
 
 
@@ -252,6 +257,10 @@ def build_data(spec, cache: Path, *, rank: int = 0, world: int = 1) -> TrainData
 
         check_vocab(task_tokenizer()().build(None, None), spec.model.vocab_size)
         return task_data(spec, rank=rank, world=world)  # type: ignore[return-value]  # TrainData's interface
+    if t.data.corpus.carries_media:  # documents with media beside them: windows that carry their items
+        from archspec.train.media_data import media_data
+
+        return media_data(spec, cache, rank=rank, world=world)  # type: ignore[return-value]  # TrainData's interface
     corpus, tokenizer, store = prepare_tokens(t.data, spec.model.vocab_size, cache)
     sampler = WindowSampler(store.train, t.seq_len, t.batch_size, t.seed, rank, world)
     val = val_batches(store.val, t.seq_len, t.batch_size, t.eval_size, rank, world)

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import torch
 
 from archspec.train.metrics import STABILITY_PREFIX, KindStats
+from archspec.train.step import split_batch
 
 
 def graphed_eval(par, spec) -> bool:
@@ -38,13 +39,13 @@ def evaluate(trainer) -> dict[str, float]:
     # Capability tasks (archspec.train.tasks): exact match on the answer positions, overall and per bucket.
     scorer = data.scorer() if callable(getattr(data, "scorer", None)) else None
     for i, batch in enumerate(data.val_batches):
-        inputs, targets = t.to_device(batch)
+        inputs, targets, media = split_batch(t.to_device(batch))
         # the first batch (the same windows at every evaluation) also records the per-layer stability figures
         probe = t.stability is not None and i == 0
         # hooks (the probe) or another shape would make a compiled forward compile again: those batches run eager
         through_graph = graphed and not probe and len(inputs) == t.recipe.batch_size
         logits, loss = t.stepper.evaluate(inputs, targets, through_graph,
-                                          t.stability.recording if probe else nullcontext)
+                                          t.stability.recording if probe else nullcontext, media=media)
         if loss is None:  # a pipeline stage without the head
             continue
         if scorer is not None:  # (under tp the logits are sharded by vocabulary: gathered for a task's answers)
@@ -65,7 +66,7 @@ def _metrics(t, loss_sum: float, windows: int, scorer, kind_stats: KindStats) ->
     out = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
     if scorer is not None:  # every rank holds every bucket (the same distances): the counts line up
         out.update(scorer.metrics([int(c) for c in t.world.sum(scorer.counts())]))
-    out.update(kind_stats.metrics(t.world, sum(len(x) for x, _ in t.data.val_batches)))
+    out.update(kind_stats.metrics(t.world, sum(len(b[0]) for b in t.data.val_batches)))
     if t.stability is not None:
         out.update(t.stability.eval_metrics(t.world))
         out[STABILITY_PREFIX + "loss_spikes"] = float(t.spikes.count)

@@ -47,7 +47,7 @@ from archspec.train.parallelize import parallelize
 from archspec.train.precision import Precision
 from archspec.train.progress import ProgressBar, SweepPosition, eval_line
 from archspec.train.result import NonFiniteLoss, TrainResult, with_steps  # noqa: F401
-from archspec.train.step import step_for, warm_up
+from archspec.train.step import split_batch, step_for, warm_up
 from archspec.train.throughput import peak_flops, peak_memory_bytes, reset_peak_memory
 
 HEARTBEAT_S = 10.0  # seconds between heartbeats (each one also flushes buffered metrics)
@@ -79,7 +79,7 @@ class Trainer:
             build = prepare(spec, self._build_data(), world_size=self.world.size, init_digest=self.start.init_digest)
         self.build, self.data = build, build.data
         # target tokens in the validation set, over every process (each holds as many windows)
-        self.eval_tokens = sum(len(x) for x, _ in self.data.val_batches) * self.layout.dp * self.recipe.seq_len
+        self.eval_tokens = sum(len(b[0]) for b in self.data.val_batches) * self.layout.dp * self.recipe.seq_len
         self.experiment_id = build.experiment_id
         self.run_id, self.repeat, self.run_dir = identify(spec, build, self.start, self.logger, run_dir)
         self.generated, self.model = self._build_model()
@@ -156,16 +156,17 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def to_device(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_device(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """A batch's tensors on the device: (inputs, targets), and a media batch's media."""
         if self.device.type == "cpu":
             return batch
-        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in batch)  # type: ignore[return-value]
+        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in batch)
 
     def _forward_backward(self, accum: int, sync: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One batch of the step through the layout's step (archspec.train.step): a micro-batch, or under pipeline
         parallelism a replica batch through the schedule. Gradients synchronise only when `sync` (the last)."""
-        inputs, targets = self.to_device(self.data.sampler.next_batch())
-        return self.stepper.batch(inputs, targets, accum, sync)
+        inputs, targets, media = split_batch(self.to_device(self.data.sampler.next_batch()))
+        return self.stepper.batch(inputs, targets, accum, sync, media=media)
 
     def train_step(self) -> StepStats:
         """One optimizer step over `grad_accum` batches. Raises NonFiniteLoss before applying a bad update."""

@@ -4,12 +4,16 @@ tp/ep) and `PipelineStep` (pp > 1: the batch goes through the pipeline's schedul
 
     loss, aux = step.batch(inputs, targets, accum, sync)   # forward + backward of one micro-batch (a pipeline: of one
                                                            # replica batch, its micro-batches through the schedule)
+                                                           # (media=: a batch's media, for a model with media input)
     loss_sum, aux_sums = step.reduce(loss_sum, aux_sums)   # the pipeline: summed over its stages
     grad_norm = step.clip(max_norm)                        # the global norm over every shard and stage
     logits, loss = step.evaluate(inputs, targets, ...)     # forward only; (None, None) on a stage without the loss
 
 Auxiliary losses and the after-micro-batch hook are the generated model's declared hooks
-(archspec.runtime.protocol.TrainingHooks), never attribute names.
+(archspec.runtime.protocol.TrainingHooks), never attribute names. A batch of a media corpus carries its media
+(B, items, tokens, width) as a third tensor; `batch` and `evaluate` take it as `media=` and give it to the model
+(`model(inputs, targets, media=media)`); a text batch gives the model nothing more, so a text-only model's call is
+what it always was.
 """
 
 from __future__ import annotations
@@ -22,6 +26,16 @@ import torch
 from archspec.runtime.protocol import hooks_of
 from archspec.train.distributed import full_value, no_sync
 from archspec.train.parallel import clip_gradients
+
+
+def model_inputs(media: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The keyword inputs of the model's forward beside (idx, targets): the batch's media, when it has any."""
+    return {} if media is None else {"media": media}
+
+
+def split_batch(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A batch as (inputs, targets, media or None): a text batch is (inputs, targets), a media batch adds its media."""
+    return batch[0], batch[1], (batch[2] if len(batch) > 2 else None)
 
 
 def mark_step(compile_mode: str) -> None:
@@ -38,14 +52,15 @@ class LocalStep:
         self.par, self.precision = par, precision  # archspec.train.parallelize.Parallelized, .precision.Precision
         self.model, self.hooks = par.model, hooks_of(par.model)
 
-    def batch(self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, sync: bool
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def batch(self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, sync: bool,
+              media: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch: forward, plus the model's auxiliary losses, backward of their sum scaled by 1/accum.
         DDP all-reduces the gradients only when `sync` (the last micro-batch of a step)."""
         with no_sync(self.par.wrapped, sync), self.par.loss_context():
             mark_step(self.par.compile_mode)
             with self.precision.autocast():
-                loss = self.par.wrapped(inputs, targets)[1]  # logits dropped now, not kept through backward
+                # logits dropped now, not kept through backward
+                loss = self.par.wrapped(inputs, targets, **model_inputs(media))[1]
                 # under tp a replicated DTensor: its value (differentiably), so the plain auxiliary losses add to it
                 loss = full_value(loss)
                 aux = self.hooks.auxiliary_losses()
@@ -76,13 +91,13 @@ class LocalStep:
                 loss = self.model(dummy, dummy.clone())[1]
             full_value(loss).backward()
 
-    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, through_graph: bool, recording=nullcontext
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, through_graph: bool, recording=nullcontext,
+                 media: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Forward only: (logits, loss), detached (under tp the loss a replicated DTensor's value; the logits stay
         sharded by vocabulary). `through_graph`: with grad enabled, through the training's compiled graphs."""
         with (torch.enable_grad() if through_graph else torch.compiler.set_stance("force_eager")):
             with self.precision.autocast(), recording(), self.par.loss_context():
-                logits, loss = self.model(inputs, targets)
+                logits, loss = self.model(inputs, targets, **model_inputs(media))
         return logits.detach(), full_value(loss.detach())
 
 
@@ -93,10 +108,11 @@ class PipelineStep:
         self.par, self.precision, self.pipeline = par, precision, par.pipeline
         self.model = par.model
 
-    def batch(self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, sync: bool
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def batch(self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, sync: bool,
+              media: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One replica batch through the pipeline's schedule (its micro-batches' forwards and backwards); every stage
         draws the batch, so every stage's data position stays the same. The stages count their micro-batches."""
+        _no_media(media)
         mark_step(self.par.compile_mode)
         with self.precision.autocast():
             return self.pipeline.train_batch(inputs, targets, accum, self.par.loss_context)
@@ -121,12 +137,18 @@ class PipelineStep:
         with self.precision.autocast():
             self.pipeline.train_batch(dummy, dummy.clone(), 1, self.par.loss_context)
 
-    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, through_graph: bool, recording=nullcontext
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, through_graph: bool, recording=nullcontext,
+                 media: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Stage to stage; the loss on the last stage only (no logits: a capability task is refused under pp)."""
+        _no_media(media)
         with self.precision.autocast():
             loss = self.pipeline.eval_batch(inputs, targets, self.par.loss_context)
         return None, loss
+
+
+def _no_media(media: torch.Tensor | None) -> None:
+    if media is not None:  # the spec's rules refuse pp > 1 with model.media before any process starts
+        raise ValueError("a pipeline does not carry media: a model with media input is not split into stages")
 
 
 def step_for(par, precision) -> LocalStep | PipelineStep:

@@ -1,7 +1,8 @@
-"""Capability tasks as corpora: multi-query associative recall (MQAR) and passkey retrieval.
+"""Capability tasks as corpora: multi-query associative recall (MQAR), passkey retrieval, media recall.
 
-    data = task_data(spec)                        # when spec.train.data.corpus.kind is mqar or passkey
+    data = task_data(spec)                        # when spec.train.data.corpus is a task (TaskCorpusKind)
     x, y = data.sampler.next_batch()              # (B, T) inputs; targets are -100 except at the answer positions
+                                                  # (a media task, for a model with media input: x, y, media)
     scorer = Scorer(); scorer.add(logits, y, buckets); scorer.metrics()  # {"probe.accuracy": ..., ...}
 
 Each example is one window of `seq_len + 1` tokens written in the byte tokenizer's ids (so checkpoints, `sample` and
@@ -10,9 +11,9 @@ parameters give the same examples on every machine, and every training seed of a
 order follows train.seed). The targets of every position but the answers are -100, so the loss, the validation loss
 and the accuracy are all over the answer positions only.
 
-Ids: 0 pad, 1 the passkey marker, 2 the question marker, symbols from 4 (archspec.data.base). Each task is a unit
-of archspec.data (archspec/data/corpus/mqar.py, passkey.py): its layout, its rules, its accuracy buckets and its
-chance live there; this module holds what every task shares (examples, scorer, samplers, the data hash).
+Ids: 0 pad, 1 the passkey marker, 2 the question marker, 3 a media item's place, symbols from 4 (archspec.data.base).
+Each task is a unit of archspec.data (archspec/data/corpus/mqar.py, passkey.py, media_recall.py): its layout, its
+rules, its accuracy buckets, its chance and (a media task) its media live there; this module holds what every task shares (examples, scorer, samplers, the data hash).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from archspec.data.base import (
     FIRST_SYMBOL,
     KEY_MARK,
+    MEDIA_MARK,
     PAD,
     QUESTION,
     TaskCorpusKind,
@@ -37,8 +39,8 @@ from archspec.cache import digest
 from archspec.train.sampling import EpochSampler
 
 _FORMAT = 1  # bump when the layout of examples for the same parameters changes
-__all__ = ["FIRST_SYMBOL", "KEY_MARK", "PAD", "QUESTION", "IGNORE", "Examples", "Scorer", "TaskData", "check_task",
-           "generate", "task_problems", "task_scorer", "describe_task", "task_hash", "task_data", "task_kinds"]
+__all__ = ["FIRST_SYMBOL", "KEY_MARK", "MEDIA_MARK", "PAD", "QUESTION", "IGNORE", "Examples", "Scorer", "TaskData",
+           "check_task", "generate", "task_problems", "task_scorer", "describe_task", "task_hash", "task_data", "task_kinds"]
 IGNORE = -100  # the generated model's ignore_index
 METRIC_PREFIX = "probe."  # training-time metrics: metrics.probe.accuracy, metrics.probe.accuracy.d<distance>
 
@@ -71,15 +73,23 @@ class Examples:
     tokens: np.ndarray  # (n, seq_len + 1) uint8 byte ids: inputs are [:, :-1], next tokens [:, 1:]
     answers: np.ndarray  # (n, seq_len) bool: the target positions that are answers
     buckets: np.ndarray  # (n,) int64: the passkey distance of each example; -1 for MQAR
+    media: np.ndarray | None = None  # (n, items, tokens, width) float32: a media task's items (TaskCorpusKind.media)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def batch(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, index: np.ndarray, marker_id: int | None = None) -> tuple[torch.Tensor, ...]:
+        """(inputs (B, T), targets (B, T)); with `marker_id` (a model with media input: its model.media.marker_id)
+        and a media task, also the media (B, items, tokens, width), and the inputs hold `marker_id` where each item
+        sits (MEDIA_MARK in the examples). Without: the text alone, as a text-only model reads it."""
         tokens = torch.from_numpy(self.tokens[index].astype(np.int64))
         targets = tokens[:, 1:].clone()
         targets[~torch.from_numpy(self.answers[index])] = IGNORE
-        return tokens[:, :-1].contiguous(), targets
+        inputs = tokens[:, :-1].contiguous()
+        if marker_id is None or self.media is None:
+            return inputs, targets
+        inputs = inputs.masked_fill(inputs == MEDIA_MARK, marker_id)
+        return inputs, targets, torch.from_numpy(self.media[index])
 
 
 _SPLITS = {"train": 0, "val": 1}
@@ -95,7 +105,7 @@ def generate(corpus: TaskCorpus, seq_len: int, split: str, n: int | None = None)
     tokens = np.zeros((count, length), dtype=np.uint8)
     answers = np.zeros((count, seq_len), dtype=bool)
     buckets = corpus.fill(rng, tokens, answers, seq_len)
-    return Examples(tokens, answers, buckets)
+    return Examples(tokens, answers, buckets, corpus.media(rng, tokens))  # a text task draws nothing more
 
 
 # ── scoring: exact match on the answer positions ─────────────────────────────────────────────────────────────────
@@ -148,28 +158,29 @@ def task_scorer(corpus: TaskCorpus) -> Scorer:
 class ExampleSampler(EpochSampler):
     """Whole examples, in the order of archspec.train.sampling (each example is one window)."""
 
-    def __init__(self, examples: Examples, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+    def __init__(self, examples: Examples, batch_size: int, seed: int, rank: int = 0, world: int = 1,
+                 marker_id: int | None = None):
         super().__init__(batch_size, seed, rank, world)
-        self.examples = examples
+        self.examples, self.marker_id = examples, marker_id
         self.n_examples = self.n_windows = len(examples)
         self.seq_len = examples.tokens.shape[1] - 1
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.examples.batch(self.my_items())
+    def next_batch(self) -> tuple[torch.Tensor, ...]:
+        return self.examples.batch(self.my_items(), self.marker_id)
 
 
 def describe_task(corpus: TaskCorpus) -> str:
     return corpus.describe()
 
 
-def val_batches(examples: Examples, batch_size: int, rank: int = 0, world: int = 1
-                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
+def val_batches(examples: Examples, batch_size: int, rank: int = 0, world: int = 1, marker_id: int | None = None
+                ) -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     """Every example once, rank r taking every world-th; with each batch, its examples' buckets."""
     mine = np.arange(len(examples))[rank::world]
     batches, buckets = [], []
     for i in range(0, len(mine), batch_size):
         index = mine[i: i + batch_size]
-        batches.append(examples.batch(index))
+        batches.append(examples.batch(index, marker_id))
         buckets.append(torch.from_numpy(examples.buckets[index]))
     return batches, buckets
 
@@ -178,13 +189,16 @@ class TaskData:
     """A task's training data: what the loop reads from `TrainData` (sampler, val_batches, tokenizer, data_hash,
     describe), plus `val_buckets` and `scorer()` for the accuracy on the answer positions."""
 
-    def __init__(self, corpus: TaskCorpus, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+    def __init__(self, corpus: TaskCorpus, seq_len: int, batch_size: int, seed: int, rank: int = 0, world: int = 1,
+                 marker_id: int | None = None):
+        """marker_id: a model with media input's model.media.marker_id (its batches then carry a media task's
+        media); None: a text-only model, which reads the text only."""
         self.corpus, self.seq_len = corpus, seq_len
         self.tokenizer = task_tokenizer()().build(None, None)  # the ids the examples are written in
         self.train = generate(corpus, seq_len, "train")
         self.val = generate(corpus, seq_len, "val")
-        self.sampler = ExampleSampler(self.train, batch_size, seed, rank, world)
-        self.val_batches, self.val_buckets = val_batches(self.val, batch_size, rank, world)
+        self.sampler = ExampleSampler(self.train, batch_size, seed, rank, world, marker_id)
+        self.val_batches, self.val_buckets = val_batches(self.val, batch_size, rank, world, marker_id)
 
     @property
     def data_hash(self) -> str:
@@ -206,5 +220,6 @@ def task_hash(corpus: TaskCorpus, seq_len: int) -> str:
 
 
 def task_data(spec, *, rank: int = 0, world: int = 1) -> TaskData:
-    t = spec.train
-    return TaskData(t.data.corpus, t.seq_len, t.batch_size, t.seed, rank, world)
+    t, media = spec.train, spec.model.media
+    return TaskData(t.data.corpus, t.seq_len, t.batch_size, t.seed, rank, world,
+                    media.marker_id if media is not None else None)

@@ -6,3 +6,4 @@ from archspec.data.corpus import files  # noqa: F401
 from archspec.data.corpus import mqar  # noqa: F401
 from archspec.data.corpus import passkey  # noqa: F401
 from archspec.data.corpus import media  # noqa: F401
+from archspec.data.corpus import media_recall  # noqa: F401

@@ -8,10 +8,9 @@ tokenised, each becomes the model's `media.marker_id` token.
       0001.safetensors    media: (2, 16, 64)
 
 The data hash covers the text and the media's bytes. `examples` reads every document (checked against model.media:
-width, items, tokens, finite values); `windows` batches them one document per window, padded.
-
-The shared training loop (archspec.train) passes no media to the model yet, so `archspec train` refuses this corpus
-with that reason (its rules); the examples and windows are the API a loop that does will call.
+width, items, tokens, finite values); the shared training loop packs them into windows that carry their items
+(archspec.train.media_data). A text-only model (no model.media) reads the text only: the markers are dropped and
+the media never read.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
-from archspec.data.base import CORPUS_PATH, CorpusKind, TextSource, register
+from archspec.data.base import CorpusKind, TextSource, register
 from archspec.errors import UserError, printable
 
 
@@ -35,15 +34,11 @@ class MediaCorpus(CorpusKind):
     def open(self) -> "MediaSource":
         return MediaSource(self.path)
 
-    def problems(self, spec: Any) -> list:
-        if spec.model.media is None:
-            return [(CORPUS_PATH + ("kind",), "the media corpus needs a model that takes media (model.media)", "media_text")]
-        return [(CORPUS_PATH + ("kind",), "the shared training loop does not pass media to the model yet; train on "
-                 "media + text through archspec.data.corpus.media (examples, windows) in your own loop", "media_text")]
+    carries_media = True
 
     @classmethod
     def strategy(cls, bound: int):
-        return None  # no spec with it trains (its rules), so property tests draw none
+        return None  # a directory of documents and media files must exist: property tests draw none
 
 
 class MediaSource(TextSource):
@@ -62,6 +57,13 @@ class MediaSource(TextSource):
         self.description = f"{len(self.texts)} media documents in {path}"
 
     def documents(self) -> Iterator[str]:
+        """Each document's text with its markers left out (what a tokenizer learns from: a marker is not text)."""
+        from archspec.media import MARKER_TEXT
+
+        for text in self.texts_with_markers():
+            yield text.replace(MARKER_TEXT, "")
+
+    def texts_with_markers(self) -> Iterator[str]:
         for path in self.texts:
             try:
                 yield path.read_text(encoding="utf-8")
@@ -78,48 +80,28 @@ class MediaSource(TextSource):
         return h.hexdigest()
 
     def examples(self, encode, m: Any) -> list[tuple[list[int], Any]]:
-        """Each document as (token ids with a marker per item, its media (items, tokens, width) checked against the
-        model `m`); `encode(str) -> list[int]` is the tokenizer's."""
+        """Each document as (token ids, its media (items, tokens, width) checked against the model `m`): a marker
+        token (m.media.marker_id) where each item sits. For a text-only model (`m.media` None): the text's ids alone
+        (markers dropped) and None, the media not read. `encode(str) -> list[int]` is the tokenizer's."""
         from archspec.media import MARKER_TEXT, check_media, encode_with_markers, read_safetensors
 
         out = []
-        for path, text in zip(self.texts, self.documents()):
+        marker = m.media.marker_id if m.media is not None else None
+        for path, text in zip(self.texts, self.texts_with_markers()):
+            ids = encode_with_markers(encode, text, marker)
+            if marker is None:
+                out.append((ids, None))
+                continue
             media_path = path.with_suffix(".safetensors")
             tensors = read_safetensors(media_path)
             if "media" not in tensors:
                 raise UserError(f"{printable(str(media_path))}: no tensor named 'media'")
             media = check_media(tensors["media"], m, printable(str(media_path)))
-            ids = encode_with_markers(encode, text, m.media.marker_id)
-            if ids.count(m.media.marker_id) != media.size(0):
-                raise UserError(f"{printable(str(path))}: {ids.count(m.media.marker_id)} {MARKER_TEXT} markers, its "
+            if ids.count(marker) != media.size(0):
+                raise UserError(f"{printable(str(path))}: {ids.count(marker)} {MARKER_TEXT} markers, its "
                                 f"media holds {media.size(0)} items; one marker per item")
             out.append((ids, media))
         return out
-
-
-def windows(examples: list, seq_len: int, batch_size: int, pad_id: int, generator=None):
-    """Batches of whole documents, one per row: (idx (B, seq_len), targets (B, seq_len), media (B, items, tokens,
-    width)); a document longer than seq_len + 1 tokens is cut (an item whose marker is cut off is then never seen),
-    a shorter one padded with `pad_id` (targets -100), rows with fewer items padded with zero items that no marker
-    names. Every item of the corpus must have the same number of tokens (one tensor per batch)."""
-    import torch
-
-    tokens = {media.size(1) for _, media in examples}
-    if len(tokens) > 1:
-        raise UserError(f"media corpus: items have {sorted(tokens)} tokens; a batch needs one count")
-    order = torch.randperm(len(examples), generator=generator).tolist()
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-        rows = [examples[i] for i in order[start : start + batch_size]]
-        n_items = max(media.size(0) for _, media in rows)
-        seq = torch.full((batch_size, seq_len + 1), pad_id, dtype=torch.long)
-        targets = torch.full((batch_size, seq_len), -100, dtype=torch.long)
-        media = torch.zeros(batch_size, n_items, *rows[0][1].shape[1:])
-        for r, (ids, feats) in enumerate(rows):
-            ids = ids[: seq_len + 1]
-            seq[r, : len(ids)] = torch.tensor(ids)
-            targets[r, : len(ids) - 1] = seq[r, 1 : len(ids)]
-            media[r, : feats.size(0)] = feats
-        yield seq[:, :-1], targets, media
 
 
 def write_example(directory: str | Path, documents: int = 4, width: int = 64, tokens: int = 16, seed: int = 0) -> Path:

@@ -150,6 +150,17 @@ class ResamplerSpec(Strict):
         mlp = 2 * 2 * width * 4 * width * tokens
         return self.depth * (attn + mlp)
 
+    def saved_bytes_per_item(self, width: int, tokens: int, inputs: int, mm: int) -> int:
+        """Activations one item keeps for backward at `inputs` features, `mm` bytes per element (the norms' per-row
+        statistics left out): the item's features once; per layer the concatenation [normed features; normed
+        latents] (k and v's input), the normed latents (q's), q, k and v, the attention's output and its log-sum-exp,
+        the latents (the norm's input; the first layer's are the parameter), the MLP norm's input and output and its
+        ReLU output; then the final norm's input. Checked against the tensors autograd saves (tests/test_media_training.py)."""
+        inner, keys = self.n_heads * self.head_dim, inputs + tokens
+        layer = (keys * width + inner * (2 * tokens + 2 * keys) + self.n_heads * tokens + 8 * tokens * width)
+        # the first layer's latents (the parameter) are not an activation; the final norm's input is: they cancel
+        return (inputs * width + self.depth * layer) * mm
+
 
 class MediaSpec(Strict):
     """`model.media`: what the model reads besides text. Features precomputed per item (items × tokens × width)."""
@@ -194,6 +205,17 @@ class MediaSpec(Strict):
 
     def state_bytes_per_sequence(self, m: Any, seq_len: int, element_bytes: int) -> int:
         return len(self.positions(m)) * self.cross_attention.state_bytes_per_sequence(m, seq_len, element_bytes)
+
+    def saved_bytes_per_sequence(self, m: Any, mm: int) -> dict[str, int]:
+        """Activations one sequence's media keep for backward, whatever the text's length, at `mm` bytes per element
+        and max_items items: `media` (the media tokens, and each cross-attention layer's keys and values of them)
+        and `resampler` (its layers' tensors per item at max_input_tokens features; absent without one)."""
+        s = self.max_items * self.tokens
+        out = {"media": (s * self.width + len(self.positions(m)) * 2 * self.cross_attention.inner * s) * mm}
+        if self.resampler is not None:
+            out["resampler"] = self.max_items * self.resampler.saved_bytes_per_item(
+                self.width, self.tokens, self.resampler.max_input_tokens, mm)
+        return out
 
     def constants(self, m: Any) -> list[Const]:
         r = self.resampler
