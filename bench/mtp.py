@@ -67,6 +67,43 @@ def decode(model, prompt: torch.Tensor, tokens: int, repeats: int) -> dict[str, 
             "self_speculative_s": min(spec_s), "speedup": min(plain_s) / min(spec_s)}
 
 
+SUMMARY_METRICS = ("val_loss", "next_token_accuracy", "mtp1_accuracy", "acceptance_rate", "tokens_per_forward", "speedup")
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per variant (its `mtp` setting and step count): each metric's mean, std and seeds, and its difference from the
+    λ = 0 variant at the same steps with the Welch 95% interval (archspec.ablate.stats, what `ablate`'s report uses)."""
+    from statistics import fmean, stdev
+
+    from archspec.ablate.stats import welch
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((json.dumps(r["mtp"], sort_keys=True), r["steps"]), []).append(r)
+
+    def is_baseline(key: tuple) -> bool:
+        mtp = json.loads(key[0])
+        return mtp is None or mtp.get("weight") == 0.0
+
+    out = []
+    for key, group in groups.items():
+        base = next((g for k, g in groups.items() if k[1] == key[1] and is_baseline(k)), None)
+        entry = {"mtp": json.loads(key[0]), "steps": key[1], "seeds": sorted(r["seed"] for r in group)}
+        for metric in SUMMARY_METRICS:
+            values = [r[metric] for r in group if metric in r]
+            if not values:
+                continue
+            stat = {"mean": fmean(values), "std": stdev(values) if len(values) > 1 else None, "n": len(values)}
+            base_values = [r[metric] for r in base if metric in r] if base is not None and base is not group else []
+            if base_values:
+                iv = welch(values, base_values)
+                stat["delta"] = iv.estimate
+                stat["ci95"] = [iv.low, iv.high] if iv.known else None
+            entry[metric] = stat
+        out.append(entry)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", default="mtp")
@@ -82,7 +119,7 @@ def main() -> None:
 
     from archspec.registry import Registry, default_url
     from archspec.sample import load_model
-    from archspec.train.cache import cache_dir
+    from archspec.cache import cache_dir
     from archspec.train.data import build_data
 
     torch.set_num_threads(args.threads)
@@ -95,13 +132,14 @@ def main() -> None:
         spec = loaded.spec
         data = build_data(spec, cache_dir(None))
         row = {"run": run.id, "mtp": spec.model.mtp.model_dump() if spec.model.mtp else None, "seed": spec.train.seed,
-               **evaluate(loaded.model, data.val_batches)}
+               "steps": spec.train.steps, **evaluate(loaded.model, data.val_batches)}
         if spec.model.mtp is not None:
             prompt = data.val_batches[0][0][:1, : args.prompt_tokens]
             row.update(decode(loaded.model, prompt, args.tokens, args.repeats))
         rows.append(row)
+    summary = summarize(rows)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"runs": rows, "summary": summary}, indent=1))
         return
     for r in rows:
         line = (f"{r['run']}  mtp={r['mtp']}  seed {r['seed']}  val_loss {r['val_loss']:.4f}  next-token acc "
@@ -113,6 +151,17 @@ def main() -> None:
                      f"{r['tokens_per_forward']:.2f} tokens/forward, {r['greedy_s']:.3f} s → {r['self_speculative_s']:.3f} s "
                      f"(×{r['speedup']:.2f})")
         print(line)
+    for entry in summary:
+        print(f"mtp={entry['mtp']}  {entry['steps']} steps  seeds {entry['seeds']}")
+        for metric in SUMMARY_METRICS:
+            if metric not in entry:
+                continue
+            st = entry[metric]
+            line = f"  {metric:20s} {st['mean']:.4f}" + (f" ± {st['std']:.4f}" if st["std"] is not None else "")
+            if "delta" in st:
+                ci = st["ci95"]
+                line += f"   Δ {st['delta']:+.4f}" + (f"  95% CI [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "  (no interval)")
+            print(line)
 
 
 if __name__ == "__main__":

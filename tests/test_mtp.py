@@ -440,3 +440,51 @@ def test_sample_draft_mtp_refuses_a_model_without_mtp_and_sampling(tmp_path, cap
                  "--prompt", "ab"])
     err = capsys.readouterr().err
     assert code == 0 and "MTP draft acceptance" in err, err
+
+
+# ── bench/mtp.py: the ablation's figures (docs/mtp.md) ──
+
+
+def _bench_mtp():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "mtp.py"
+    spec = importlib.util.spec_from_file_location("bench_mtp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mtp_bench_runs_against_a_registry(tmp_path, monkeypatch, capsys):
+    """Its imports are inside main(): a module archspec moved (archspec.train.cache → archspec.cache) broke it
+    without any test noticing until the ablation was measured."""
+    import json
+
+    bench = _bench_mtp()
+    monkeypatch.setenv("ARCHSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("sys.argv", ["mtp.py", "--registry", f"sqlite:///{tmp_path / 'r.db'}", "--json"])
+    bench.main()
+    assert json.loads(capsys.readouterr().out) == {"runs": [], "summary": []}
+
+
+def test_the_mtp_bench_summary_is_welchs_interval_against_lambda_zero():
+    from scipy import stats
+
+    bench = _bench_mtp()
+    base = [2.80, 2.85, 2.79]
+    mtp = [2.72, 2.70, 2.76]
+    rows = [{"mtp": {"depth": 1, "weight": 0.0}, "steps": 100, "seed": s, "val_loss": v} for s, v in enumerate(base)]
+    rows += [{"mtp": {"depth": 1, "weight": 0.3}, "steps": 100, "seed": s, "val_loss": v, "acceptance_rate": 0.9}
+             for s, v in enumerate(mtp)]
+    rows += [{"mtp": {"depth": 1, "weight": 0.3}, "steps": 50, "seed": 0, "val_loss": 3.0}]  # another budget: apart
+    summary = {(json_key["mtp"]["weight"], json_key["steps"]): json_key for json_key in bench.summarize(rows)}
+    assert set(summary) == {(0.0, 100), (0.3, 100), (0.3, 50)}
+    got = summary[(0.3, 100)]["val_loss"]
+    want = stats.ttest_ind(mtp, base, equal_var=False).confidence_interval(0.95)
+    assert got["mean"] == pytest.approx(sum(mtp) / 3)
+    assert got["delta"] == pytest.approx(sum(mtp) / 3 - sum(base) / 3)
+    assert got["ci95"] == pytest.approx([want.low, want.high])
+    assert "delta" not in summary[(0.0, 100)]["val_loss"]  # the baseline is not compared with itself
+    assert "delta" not in summary[(0.3, 50)]["val_loss"]  # no λ = 0 run at 50 steps
+    assert "delta" not in summary[(0.3, 100)]["acceptance_rate"]  # the baseline has no such figure

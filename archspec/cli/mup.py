@@ -59,8 +59,9 @@ def mup_check_cmd(spec_path: Path, overrides: tuple[str, ...], widths: list[int]
     own = spec.model.parametrization
     order = [own] + ([("standard" if own == "mup" else "mup")] if both else [])
     if "mup" in order and spec.train.optimizer.kind == "muon":  # (a muon spec with mup itself is refused at load)
-        raise UserError("--both: µP (model.parametrization: mup) is not built with train.optimizer muon, whose "
-                        "orthogonalized update is already width-independent; drop --both, or use optimizer adamw")
+        raise UserError("--both: µP (model.parametrization: mup) is not built with train.optimizer muon, which "
+                        "scales each matrix's update by its own rule (adjust_lr_fn); drop --both, or use optimizer "
+                        "adamw")
     for p in order:  # every width of every run checked before any trains
         for w in widths:
             widened(spec, w, p)

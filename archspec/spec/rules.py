@@ -193,9 +193,10 @@ def _optimizer_problems(spec) -> list[Problem]:
     out: list[Problem] = []
     where = ("train", "optimizer", "kind")
     if m.parametrization == "mup":
-        out.append((where, "muon with model.parametrization: mup is not built: µP divides the hidden matrices' Adam "
-                    "rate by the width multiplier, while Muon's orthogonalized update is already width-independent in "
-                    "spectral norm, so the two would scale it twice; use adamw, or parametrization standard", "muon"))
+        out.append((where, "muon with model.parametrization: mup is not built: Muon scales each matrix's update "
+                    "itself (adjust_lr_fn original: already µP's spectral scaling, so µP would scale it twice; "
+                    "match_rms_adamw, the default: AdamW's RMS, never composed with µP's rates); use adamw, or "
+                    "parametrization standard", "muon"))
     par = t.parallel
     if par.kind == "fsdp":
         out.append((where, "muon under train.parallel.kind fsdp is not built: FSDP shards each matrix over the "

@@ -186,6 +186,40 @@ def test_what_is_not_valid_or_not_built_is_refused_at_load_in_one_line(tmp_path,
     assert message in err and "Traceback" not in err, err
 
 
+def _muon_step_spectral_norm(width: int, adjust_lr_fn: str) -> float:
+    """The spectral norm of one torch.optim.Muon step (lr 0.01, no decay) on a square width × width matrix."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.zeros(width, width))
+    w.grad = torch.randn(width, width)
+    torch.optim.Muon([w], lr=0.01, weight_decay=0.0, adjust_lr_fn=adjust_lr_fn).step()
+    return torch.linalg.matrix_norm(w.detach(), ord=2).item()
+
+
+def test_the_mup_refusal_states_how_muons_update_scales_with_width(tmp_path, capsys):
+    """The reason the refusal gives is the one torch's Muon has: under adjust_lr_fn original the step's spectral norm
+    does not move with the width (µP's own condition, so µP would scale it twice); under match_rms_adamw, the default,
+    it grows as sqrt(width) (AdamW's RMS), so "already width-independent" (the message until 2026-12-05) was wrong for
+    the default, and the message names the rule instead."""
+    original = [_muon_step_spectral_norm(w, "original") for w in (32, 128)]
+    rms = [_muon_step_spectral_norm(w, "match_rms_adamw") for w in (32, 128)]
+    assert original[1] / original[0] == pytest.approx(1.0, rel=0.1)
+    assert rms[1] / rms[0] == pytest.approx(2.0, rel=0.1)  # sqrt(128 / 32)
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "s", "model": {"vocab_size": 320, "context_length": 32,
+                                                                 "d_model": 32, "n_layers": 2,
+                                                                 "attention": {"n_heads": 2}}}))
+    code, err = _run(capsys, spec_file, "train.optimizer={kind: muon}", "model.parametrization=mup")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "adjust_lr_fn original: already µP's spectral scaling" in err, err
+    assert "match_rms_adamw, the default: AdamW's RMS, never composed with µP's rates" in err, err
+    assert err.rstrip().endswith("use adamw, or parametrization standard"), err  # whole, not cut at 300 characters
+    assert "already width-independent in spectral norm" not in err, err
+    assert main(["mup-check", str(spec_file), "--set", "train.optimizer={kind: muon}", "--widths", "32,64",
+                 "--both"]) == 2
+    err = capsys.readouterr().err
+    assert "adjust_lr_fn" in err and "already width-independent" not in err, err
+
+
 def test_lr_sweep_with_muons_own_rate_is_refused_and_without_it_is_accepted(tmp_path):
     from archspec.ablate.sweep import load_sweep
     from archspec.errors import UserError
