@@ -47,6 +47,8 @@ def announce(t) -> None:
     if t.precision.amp_dtype == torch.bfloat16 and t.device.type == "cpu":
         log("[yellow]bf16 autocast on CPU: most CPUs have no native bf16 and run it far slower than fp32; "
             "train.precision=auto picks fp32 here[/]")
+    if t.device.type == "cpu" and (note := contention_note(torch.get_num_threads())):
+        log(f"[yellow]{note}[/]")
     log(f"compile: {t.par.compile_mode} ({shown(t.compile_reason)})")
     if t.par.compile_mode == "per_block":
         classes = len({type(b) for b in t.model.blocks})  # one graph per distinct block class, not per layer
@@ -62,6 +64,21 @@ def announce(t) -> None:
     plan = t.memory_plan
     log(f"memory plan: {plan.total / 2**30:.2f} GiB per device at the peak of a step"
         + (f" of {plan.available / 2**30:.1f} GiB available" if plan.available else ""))
+
+
+def contention_note(threads: int) -> str | None:
+    """What to say when this CPU is already busier than its cores and torch would run several threads: threads that
+    wait on one another spin, and a small model then trains many times slower (seen: 20× at load 18 on 2 cores)."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform
+        return None
+    if threads <= 1 or load < 1.5 * cores:
+        return None
+    return (f"load average {load:.1f} on {cores} cores: torch's {threads} threads compete with other work and can "
+            f"run many times slower; OMP_NUM_THREADS=1 may train faster, and this run's tok/s will not compare "
+            f"with a quiet machine's")
 
 
 def eval_share(t) -> float:

@@ -369,3 +369,21 @@ def test_ctrl_c_prints_the_resume_command_and_it_resumes(tmp_path, capsys, corpu
     assert main(command[at:] + ["--no-compile", "-q", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["status"] == "FINISHED" and result["step"] == 4
+
+
+@pytest.mark.parametrize("load,threads,said", [(18.0, 2, True), (18.0, 1, False), (0.5, 2, False)])
+def test_a_busy_cpu_is_named_at_the_start_with_the_thread_fix(make_spec, tmp_path, cache, capsys, monkeypatch,
+                                                               load, threads, said):
+    """Oversubscribed threads made a tiny run ~20× slower under load: the start says so, and what helps."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        train(make_spec(steps=3), run_dir=tmp_path / "r", cache=cache, device="cpu", progress=True)
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err
+    assert ("load average 18.0 on 2 cores: torch's 2 threads compete" in err and "OMP_NUM_THREADS=1" in err) == said
