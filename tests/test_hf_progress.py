@@ -7,7 +7,6 @@ import io
 import json
 
 import pytest
-import torch
 from rich.console import Console
 
 from archspec.cli import main

@@ -47,7 +47,8 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from itertools import pairwise
 
 from archspec.console import human
 from archspec.recipe import RecipeView
@@ -245,7 +246,7 @@ def _process_started(tags: dict, clock: tuple[str, float] | None) -> float | Non
 def _epoch(t: datetime | None) -> float | None:
     if t is None:
         return None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def measured_runs(registry, device_type: str, precision: str, clock: tuple[str, float] | None = None) -> list[Measured]:
@@ -266,7 +267,7 @@ def measured_runs(registry, device_type: str, precision: str, clock: tuple[str, 
     start: dict[str, float] = {}
     for key, runs in by_process.items():
         runs.sort(key=lambda r: _epoch(r.started))
-        for before, after in zip(runs, runs[1:]):
+        for before, after in pairwise(runs):
             if before.ended is not None:
                 gap[after.id] = max(0.0, _epoch(after.started) - _epoch(before.ended))
         began = _process_started(runs[0].tags, clock) if key[0] == host else None

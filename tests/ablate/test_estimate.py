@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from archspec.ablate.estimate import ASSUMED_MFU, Measured, Work, cost_model, estimate, measured_runs
+from archspec.ablate import estimate as estimate_module
+from archspec.ablate.estimate import (
+    ASSUMED_MFU,
+    MIN_LOO,
+    Measured,
+    Work,
+    accuracy,
+    accuracy_text,
+    caption,
+    cost_model,
+    estimate,
+    measured_runs,
+    sweep_start,
+)
 from archspec.cli import main
 from archspec.registry import Registry
 from tests.registry.helpers import make_info, make_spec, record_run
@@ -78,8 +94,6 @@ def test_dry_run_uses_measured_runs_of_the_same_device_kind(tmp_path, capsys, mo
 def test_each_run_pays_the_cheapest_setup_measured():
     """A run's data, module and model are made before it is recorded (outside started → ended): the estimate adds the
     cheapest setup its measured runs paid (a dearer one also paid once-only costs, such as a first tokenising)."""
-    from dataclasses import replace
-
     base = measured(1e6, 1024 / 0.02)
     timed = [replace(base, wall_s=100 * 0.02 + 1.0, steps=100, setup_s=s) for s in (9.0, 2.5)]
     untimed_setup = cost_model([replace(t, setup_s=None) for t in timed], peak=None)
@@ -91,14 +105,6 @@ def test_each_run_pays_the_cheapest_setup_measured():
 
 
 # ── learned from the registry's runs, with their error (issue 49) ─────────────────────────────────────────────────
-
-from dataclasses import replace  # noqa: E402
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from archspec.ablate import estimate as estimate_module  # noqa: E402
-from archspec.ablate.estimate import MIN_LOO, accuracy, accuracy_text, caption, sweep_start  # noqa: E402
 
 TOKENS = 8 * 128  # tokens a step at batch (8, 128)
 
