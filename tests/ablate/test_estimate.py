@@ -232,3 +232,41 @@ def test_gaps_and_the_start_come_from_the_writer_tags(tmp_path, monkeypatch):
     # another boot: its processes cannot be placed in time, so no start; the gaps still hold
     other = measured_runs(reg, "cpu", "auto", clock=("b2", began))
     assert all(m.start_s is None for m in other) and sum(m.gap_s is not None for m in other) == 1
+
+
+def test_the_dry_run_total_counts_the_sweeps_start_once_when_this_boot_measured_it(tmp_path, capsys, monkeypatch):
+    """The sweep's start (process start → its first run's record, from the writer tags) is added once to the total and
+    named; with no process of this boot (another boot id) the caption says it is not counted."""
+    import os
+    import re
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(estimate_module.socket, "gethostname", lambda: "testhost")
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    reg = Registry(url)
+    writer = {"device": "cpu", "precision": "float32", "world_size": "1", "boot_id": "b1", "pid": "7",
+              "pid_start": "100"}
+    for seed in (0, 1, 2):
+        record_run(reg, make_info(make_spec("small", d_model=32), seed=seed, tags=writer), {"val_loss": [(1, 3.0)]},
+                   summary={"val_loss": 3.0, "tokens_per_s": 20_000.0, "time_to_first_step_s": 0.1})
+    first = min(r.started for r in reg.runs()).timestamp()
+    sweep = {"name": "est", "base": {"name": "b", "model": make_spec("b").model.model_dump(mode="json"),
+                                     "train": {"steps": 10, "warmup_steps": 2, "batch_size": 2, "seq_len": 16}},
+             "seeds": [0, 1], "grid": {"model.d_model": [32, 64]}}
+    path = tmp_path / "est.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+
+    def total(boot: str) -> tuple[float, str]:
+        # this boot began so that the writer process started 30 s before its first run's record
+        monkeypatch.setattr(estimate_module, "boot_clock", lambda: (boot, first - 30.0 - 100 / os.sysconf("SC_CLK_TCK")))
+        assert main(["ablate", str(path), "--registry", url, "--dry-run", "--device", "cpu"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        return float(re.search(r"estimated total (\d+) s", out).group(1)), out
+
+    with_start, said = total("b1")
+    without, unsaid = total("b2")
+    assert "s the sweep's start)" in said
+    assert re.search(r"the sweep's start (29\.\d|30\.0) s \(median of 1 process\(es\) of this boot", said)
+    assert "the sweep's start and the report at the end not counted (no process of this boot timed)" in unsaid
+    assert with_start - without == pytest.approx(30.0, abs=2.5)  # once, not per run (4 runs), less one gap, rounded
+    assert "leave-one-out" in said  # three timed runs: an error is shown
