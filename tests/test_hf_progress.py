@@ -11,7 +11,7 @@ from rich.console import Console
 
 from archspec.cli import main
 from archspec.codegen import generate
-from archspec.console import Tracker
+from archspec.console import Tracker, byte_size
 from archspec.hf import export_hf, import_hf
 from archspec.spec import canonical_dict, load_spec_dict, model_hash
 from archspec.train.checkpoint import save_weights
@@ -87,6 +87,11 @@ def test_export_and_import_show_each_tensor_and_shard_and_write_the_same_files(w
     assert shown.descriptions[-1].startswith(f"writing model.safetensors ({tensors} tensors, ")
     screen = shown.out.getvalue()
     assert "━" in screen and f"{tensors}/{tensors}" in screen and "writing model.safetensors" in screen
+
+    with Recording() as single:  # one file: named with its size
+        import_hf(tmp_path / "shown", tmp_path / "one.yaml", tmp_path / "one.pt", tracker=single)
+    size = (tmp_path / "shown" / "model.safetensors").stat().st_size
+    assert single.advanced == tensors and f"reading model.safetensors ({byte_size(size)})" in single.descriptions
 
     shards = _shard(tmp_path / "shown", tmp_path / "sharded")
     (tmp_path / "A").mkdir()

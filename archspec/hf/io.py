@@ -78,8 +78,8 @@ def read_tensors(directory: Path, tracker: Tracker = NULL_TRACKER) -> dict[str, 
                 names = f.keys()
                 if weight_map is None:
                     tracker.update(total=len(names))
-                tracker.update(f"reading {printable(shard, 60)}" + (f" (shard {i} of {len(shards)}" if len(shards) > 1
-                                                                     else " (") + f", {byte_size(path.stat().st_size)})")
+                which = f"shard {i} of {len(shards)}, " if len(shards) > 1 else ""
+                tracker.update(f"reading {printable(shard, 60)} ({which}{byte_size(path.stat().st_size)})")
                 for name in names:
                     if name in tensors:
                         raise UserError(f"{printable(path)}: tensor {printable(name, 120)} also in another shard")
