@@ -49,7 +49,7 @@ def _out_option(f):
 def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_type: str = "cpu") -> Table:
     """The variant table; times from the registry's measured throughput (`measured`, archspec.ablate.estimate), else
     from the stated assumption on `peak`."""
-    from archspec.ablate.estimate import caption, estimate, work_of
+    from archspec.ablate.estimate import caption, estimate, sweep_start, work_of
     from archspec.spec import model_hash
 
     if sweep.rates:
@@ -82,8 +82,11 @@ def dry_run_table(sweep: Sweep, jobs, peak: float | None, measured=(), device_ty
                       f"{v.accounting.total:,}", f"{v.accounting.active:,}", human(v.accounting.flops_train),
                       f"{v.accounting.kv_cache_bytes_per_token:,}", f"{t.steps:,}", human(work.steps * work.tokens_per_step),
                       f"{work.evals} × {human(work.eval_tokens)}", share, time_text)
+    start_s = sweep_start(list(measured), peak) if jobs else None  # once per sweep, when this boot measured it
+    total_s += start_s or 0.0
     total = f"{total_s:.0f} s" if total_s < 600 else f"{total_s / 60:.1f} min"  # short sweeps to the second
-    evaluation = f" ({eval_total_s / total_s:.0%} of it evaluation)" if total_s else ""
+    evaluation = (f" ({eval_total_s / total_s:.0%} of it evaluation" + (f", {start_s:.0f} s the sweep's start"
+                                                                         if start_s else "") + ")") if total_s else ""
     table.caption = (f"estimated total {total}{evaluation} for this shard's {len(jobs)} runs; "
                      + caption(list(measured), peak, device_type))
     table.caption_justify = "left"

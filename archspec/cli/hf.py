@@ -64,9 +64,12 @@ def import_hf_cmd(path: str, spec_out: str, checkpoint_out: str | None, name: st
 
     Every config field that changes the architecture is mapped or refused by name (exit 2, nothing written).
     Model types: {types}."""
+    from archspec.console import NULL_TRACKER, Tracker
     from archspec.hf import import_hf
 
-    out = import_hf(path, spec_out, checkpoint_out, name)
+    # the weights' read and write on stderr (--json's stdout stays one object); nothing shown when not a terminal
+    with (Tracker("reading the weights") if checkpoint_out else NULL_TRACKER) as tracker:
+        out = import_hf(path, spec_out, checkpoint_out, name, tracker=tracker)
     if json_out:
         echo(json.dumps(out, sort_keys=True))
     else:
@@ -85,9 +88,11 @@ def export_hf_cmd(source: str, out_dir: str, registry_url: str | None, json_out:
     `AutoModelForCausalLM.from_pretrained(DIR)` loads it and computes the same logits. What no transformers model
     type expresses (sinusoidal or no positions, global_local/block_sparse, capacity-limited MoE, a per-layer mix no
     type has, ...) is refused by name."""
+    from archspec.console import Tracker
     from archspec.hf import export_hf
 
-    out = export_hf(source, out_dir, registry_url)
+    with Tracker("reading the checkpoint") as tracker:  # on stderr; nothing shown when not a terminal
+        out = export_hf(source, out_dir, registry_url, tracker=tracker)
     if json_out:
         echo(json.dumps(out, sort_keys=True))
     else:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from archspec.console import NULL_TRACKER, Tracker, byte_size
 from archspec.errors import Caution, UserError, printable
 from archspec.hf import io
 from archspec.hf.convert import (config_from_spec, hf_type, left_out_layers, mtp_prefixes, spec_from_config,
@@ -52,9 +53,10 @@ def _refuse_existing(path: Path | None, what: str) -> Path | None:
 
 
 def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_out: str | os.PathLike | None = None,
-              name: str | None = None) -> dict[str, Any]:
+              name: str | None = None, tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     """Write SPEC.yaml (and a weights checkpoint) from a transformers config.json or model directory. Nothing is
-    written unless everything maps. Returns a summary: name, model_type, spec path, checkpoint path, params."""
+    written unless everything maps. Returns a summary: name, model_type, spec path, checkpoint path, params.
+    `tracker` (archspec.console.Tracker): the tensors read, shard by shard, then the checkpoint's write."""
     import yaml
 
     from archspec.spec import canonical_dict, load_spec_dict, model_hash
@@ -81,7 +83,7 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
         from archspec.memory import check_memory
 
         check_memory(spec)
-        tensors = io.read_tensors(cfg_path.parent)
+        tensors = io.read_tensors(cfg_path.parent, tracker)
         hf = hf_type(data.get("model_type"), printable(cfg_path), data)
         if spec.model.mtp is not None and not any(k.startswith(p) for p in mtp_prefixes(spec.model, hf)
                                                   for k in tensors):
@@ -94,6 +96,8 @@ def import_hf(path: str | os.PathLike, spec_out: str | os.PathLike, checkpoint_o
         state = state_from_hf(spec.model, hf, tensors, printable(cfg_path.parent), expected_shapes(spec),
                               skip_layers=left_out_layers(hf, data))
         tokenizer = io.read_tokenizer(cfg_path.parent)
+        size = sum(t.numel() * t.element_size() for t in {id(t): t for t in state.values()}.values())
+        tracker.update(f"writing {printable(checkpoint_out.name, 60)} ({len(state):,} tensors, {byte_size(size)})")
         _refuse_existing(checkpoint_out, "checkpoint")  # again, at the moment of writing
         save_weights(checkpoint_out, canonical_dict(spec), model_hash(spec), state, tokenizer,
                      source=str(cfg_path.parent))
@@ -144,16 +148,22 @@ def _run_checkpoint(run_id: str, registry_url: str | None) -> Path:
         return reg.run_checkpoint(run_id, "export")[1]
 
 
-def export_hf(source: str, out_dir: str | os.PathLike, registry_url: str | None = None) -> dict[str, Any]:
+def export_hf(source: str, out_dir: str | os.PathLike, registry_url: str | None = None,
+              tracker: Tracker = NULL_TRACKER) -> dict[str, Any]:
     """Write a transformers model directory (config.json, model.safetensors, generation_config.json and the
     tokenizer files) that AutoModelForCausalLM.from_pretrained loads with the same logits and AutoTokenizer /
     pipeline("text-generation") load with archspec's own ids. Refuses what no transformers model type expresses, by
-    field."""
+    field. `tracker` (archspec.console.Tracker): the checkpoint's read, the tensors converted, then the write."""
+    where = Path(source)
+    tracker.update(f"reading {printable(where.name or source, 60)}"
+                   + (f" ({byte_size(where.stat().st_size)})" if where.is_file() else ""))
     spec, weights, path = load_source(source, registry_url)
     hf, config = config_from_spec(spec)
+    tracker.update(f"converting to {hf.model_type}")
     tensors = state_to_hf(spec.model, hf, weights["model"])
     tokenizer, generation = _tokenizer_files(spec, weights, path)
-    io.write_model_dir(Path(out_dir), config, tensors, tokenizer, generation)
+    tracker.update(f"preparing {len(tensors):,} tensors", total=len(tensors))
+    io.write_model_dir(Path(out_dir), config, tensors, tokenizer, generation, tracker)
     return {"name": spec.name, "model_type": hf.model_type, "dir": str(out_dir), "source": str(path),
             "tokenizer": bool(tokenizer), "params": sum(t.numel() for t in tensors.values())}
 

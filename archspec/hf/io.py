@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from archspec.console import NULL_TRACKER, Tracker, byte_size
 from archspec.errors import UserError, printable
 
 CONFIG = "config.json"
@@ -47,8 +48,9 @@ def config_path(path: str | os.PathLike) -> Path:
     return p / CONFIG if p.is_dir() else p
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of model.safetensors, or of the shards model.safetensors.index.json lists."""
+def read_tensors(directory: Path, tracker: Tracker = NULL_TRACKER) -> dict[str, torch.Tensor]:
+    """Every tensor of model.safetensors, or of the shards model.safetensors.index.json lists. `tracker`
+    (archspec.console.Tracker) advances by one a tensor read, its description naming the shard."""
     from safetensors import SafetensorError, safe_open
 
     index = directory / INDEX
@@ -68,17 +70,24 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
         hint = f" ({', '.join(bins[:3])} are pickled PyTorch files, which archspec does not load)" if bins else ""
         raise UserError(f"{printable(directory)}: no {WEIGHTS} or {INDEX}{hint}")
     tensors: dict[str, torch.Tensor] = {}
-    for shard in shards:
+    tracker.update(total=len(weight_map) if weight_map is not None else None)
+    for i, shard in enumerate(shards, 1):
         path = _regular(directory / shard, "a safetensors shard")
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
+                names = f.keys()
+                if weight_map is None:
+                    tracker.update(total=len(names))
+                which = f"shard {i} of {len(shards)}, " if len(shards) > 1 else ""
+                tracker.update(f"reading {printable(shard, 60)} ({which}{byte_size(path.stat().st_size)})")
+                for name in names:
                     if name in tensors:
                         raise UserError(f"{printable(path)}: tensor {printable(name, 120)} also in another shard")
                     if weight_map is not None and weight_map.get(name) != shard:
                         raise UserError(f"{printable(path)}: tensor {printable(name, 120)} is not listed for this "
                                         f"shard in {INDEX}")
                     tensors[name] = f.get_tensor(name)
+                    tracker.update(advance=1)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise UserError(f"{printable(path)}: not a readable safetensors file ({printable(str(e), 160)})") from None
     if weight_map is not None:
@@ -125,10 +134,12 @@ def readable_like_normal_files(directory: Path) -> None:
 
 
 def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                    tokenizer: dict[str, str], generation: dict[str, Any] | None = None) -> None:
+                    tokenizer: dict[str, str], generation: dict[str, Any] | None = None,
+                    tracker: Tracker = NULL_TRACKER) -> None:
     """config.json, model.safetensors, the tokenizer files and generation_config.json (when `generation` is given),
     into `out_dir`, which must not exist or be empty.
-    Written into a temporary directory beside it and renamed: the directory appears complete or not at all."""
+    Written into a temporary directory beside it and renamed: the directory appears complete or not at all.
+    `tracker` (archspec.console.Tracker) advances by one a tensor made ready to write, then names the write."""
     from safetensors.torch import save_file
 
     from archspec.paths import new_output
@@ -145,7 +156,13 @@ def write_model_dir(out_dir: Path, config: dict[str, Any], tensors: dict[str, to
         raise UserError(f"{printable(out_dir)}: cannot create it: {e.strerror or e}") from None
     try:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        ready = {}
+        for k, v in tensors.items():
+            ready[k] = v.contiguous()
+            tracker.update(advance=1)
+        size = sum(v.numel() * v.element_size() for v in ready.values())
+        tracker.update(f"writing {WEIGHTS} ({len(ready):,} tensors, {byte_size(size)})")
+        save_file(ready, str(tmp / WEIGHTS), metadata={"format": "pt"})
         if generation is not None:
             (tmp / GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         for name, text in tokenizer.items():
