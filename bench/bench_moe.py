@@ -205,6 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--compile", action="store_true", help="archspec MoE vs dense only, both compiled per block")
     ap.add_argument("--skip-before", action="store_true", help="without the bincount (before issue 48) variant")
+    ap.add_argument("--padded-only", action="store_true", help="eager: of the other dispatch candidates, padded only")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--size", default=None, choices=list(SIZES), help="dims [default: the device's]")
     ap.add_argument("--skip-hf", action="store_true")
@@ -233,8 +234,8 @@ def main(argv=None) -> int:
     if args.compile:
         variants["archspec MoE dispatch: padded (compiled)"] = archspec_step(MOE, "padded", compile_blocks=True)[0]
     else:
-        names = ["padded", "segment"] + (["all-experts"] if DEVICE == "cpu" else []) \
-            + (["per-token"] if args.per_token else [])
+        names = ["padded"] + ([] if args.padded_only else ["segment"] + (["all-experts"] if DEVICE == "cpu" else [])
+                              + (["per-token"] if args.per_token else []))
         for name in names:
             variants[f"archspec MoE dispatch: {name}"] = archspec_step(MOE, name)[0]
     if not args.skip_hf:
