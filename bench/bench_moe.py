@@ -14,22 +14,27 @@ else equal. `--size gpu`: d_model 1024, 8 layers, 16 heads of 64 (4 K/V heads), 
 autocast (fp32 weights) on CUDA.
 
 Variants of archspec's MoE dispatch (same module; routing, gates, scatter-back and losses shared): `generated`
-(the generated code: sorted rows through torch._grouped_mm, on CPU via archspec's op wrapper so it compiles),
-`padded` (the fallback: one batched matmul per projection over a buffer padded to the busiest expert), `segment`
-(split the sorted rows per expert and loop over the experts: E matmuls), and two anchors: `all-experts` (every expert
-on every token, then the chosen rows picked) and `per-token` (the tests' naive reference: a Python loop over
-assignments). HF: MixtralForCausalLM with each `experts_implementation`, its default named, and HF's dense model of
+(the generated code: sorted rows through F.grouped_mm, on CPU via archspec's op wrapper so it compiles; each
+expert's count on the device), `bincount` (the same file with the dispatch as it was before issue 48: the counts by
+torch.bincount, whose length torch reads on the host), `padded` (the fallback: one batched matmul per projection
+over a buffer padded to the busiest expert), `segment` (split the sorted rows per expert and loop over the experts:
+E matmuls), and two anchors: `all-experts` (every expert on every sorted row, then each row's own picked) and
+`per-token` (the tests' naive reference: a Python loop over assignments). The candidates replace the experts'
+forward (`Experts.forward(xs, counts)`: rows sorted by expert → their outputs and the padding factor). HF: MixtralForCausalLM with each `experts_implementation`, its default named, and HF's dense model of
 the same active FFN (MistralForCausalLM, intermediate = 2 experts' hidden) as the anchor that bounds what any MoE
 of these dims can reach.
 
 Protocol: every variant is built once, warmed by one step, then the variants take turns (`--rounds` rounds of
-`--steps` timed steps each) and each reports its median step. Interleaving spreads load from other work evenly.
+`--steps` timed steps each, each round starting one variant later) and each reports its median step. Interleaving
+spreads load from other work evenly. The JSON (and the table's heading) carries the load average at the start and
+the end: on a shared machine read the ratios, and compare only figures of one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -77,35 +82,48 @@ MOE = {"kind": "moe", "n_experts": E, "top_k": K, "expert": {"kind": "glu", "hid
        "aux_loss_coef": 0.02}
 DENSE = {"kind": "glu", "hidden_dim": K * H}
 DENSE_NAME, OURS = "archspec dense-active", "archspec MoE (generated: grouped_mm)"
+BEFORE = "archspec MoE, issue 48's before: counts by bincount"
 
 
-# ── dispatch candidates: drop-in replacements of FeedForward._padded (dropless, SwiGLU, no bias) ───────────────
+# ── dispatch candidates: drop-in replacements of Experts.forward (dropless, SwiGLU, no bias) ─────────────────────
 
 
-def _segment(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
-    xs, ex = xf[token_of], self.experts
+def _expert_of(counts, rows: int):
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts, output_size=rows)
+
+
+def _segment(self, xs, counts):
     outs = [(F.silu(xe @ g.T) * (xe @ u.T)) @ d.T
-            for xe, g, u, d in zip(xs.split(counts.tolist()), ex.gate_proj.unbind(0), ex.up_proj.unbind(0),
-                                   ex.down_proj.unbind(0))]
-    return torch.cat(outs), torch.ones((), device=xf.device)
+            for xe, g, u, d in zip(xs.split(counts.tolist()), self.gate_proj.unbind(0), self.up_proj.unbind(0),
+                                   self.down_proj.unbind(0))]
+    return torch.cat(outs), torch.ones((), device=xs.device)
 
 
-def _all_experts(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
-    ex = self.experts
-    h = F.silu(torch.einsum("nd,ehd->enh", xf, ex.gate_proj)) * torch.einsum("nd,ehd->enh", xf, ex.up_proj)
-    y = torch.einsum("enh,edh->end", h, ex.down_proj)  # (E, N, D): every expert on every token
-    return y[expert_of, token_of], torch.full((), float(E) / K, device=xf.device)
+def _all_experts(self, xs, counts):
+    h = F.silu(torch.einsum("md,ehd->emh", xs, self.gate_proj)) * torch.einsum("md,ehd->emh", xs, self.up_proj)
+    y = torch.einsum("emh,edh->emd", h, self.down_proj)  # (E, M, D): every expert on every sorted row
+    rows = xs.shape[0]
+    return y[_expert_of(counts, rows), torch.arange(rows, device=xs.device)], torch.full((), float(E), device=xs.device)
 
 
-def _per_token(self, xf, token_of, expert_of, rank, counts, cap, keep=None):
-    ex = self.experts
-    rows = [(F.silu(ex.gate_proj[e] @ xf[t]) * (ex.up_proj[e] @ xf[t])) @ ex.down_proj[e].T
-            for t, e in zip(token_of.tolist(), expert_of.tolist())]
-    return torch.stack(rows), torch.ones((), device=xf.device)
+def _per_token(self, xs, counts):
+    rows = [(F.silu(self.gate_proj[e] @ x) * (self.up_proj[e] @ x)) @ self.down_proj[e].T
+            for x, e in zip(xs, _expert_of(counts, xs.shape[0]).tolist())]
+    return torch.stack(rows), torch.ones((), device=xs.device)
 
 
-CANDIDATES = {"generated": None, "padded": None, "segment": _segment, "all-experts": _all_experts,
-              "per-token": _per_token}  # each but `generated` forces the padded path and (but `padded`) swaps it
+CANDIDATES = {"generated": None, "bincount": None, "padded": None, "segment": _segment, "all-experts": _all_experts,
+              "per-token": _per_token}  # `padded` forces the padded path; the last three replace Experts.forward
+COUNTS_LINE = "scatter_add_(0, flat_e, torch.ones_like(flat_e))"  # the generated dispatch's device-side count
+
+
+def _bincount_module(gen):
+    """The generated module with its dispatch as before issue 48: each expert's count by torch.bincount."""
+    from archspec.codegen import import_source
+
+    line = next(ln for ln in gen.source.splitlines() if COUNTS_LINE in ln)
+    return import_source(gen.path.with_name(gen.path.stem + "-bincount.py"), gen.source.replace(
+        line, "        counts = torch.bincount(flat_e, minlength=MOE_N_EXPERTS)  # (MOE_N_EXPERTS,)"))
 
 
 # ── the steps ────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -114,13 +132,14 @@ CANDIDATES = {"generated": None, "padded": None, "segment": _segment, "all-exper
 def archspec_step(ffn: dict, dispatch: str | None = None, compile_blocks: bool = False):
     spec = load_spec_dict(spec_dict(ffn, f"{dispatch or 'dense'}{'-compiled' if compile_blocks else ''}"))
     torch.manual_seed(0)
-    module = generate(spec, write=False).module
-    if dispatch and dispatch != "generated":
+    gen = generate(spec, write=False)
+    module = _bincount_module(gen) if dispatch == "bincount" else gen.module
+    if dispatch == "padded":
         module.grouped_mm_usable = lambda device, dtype: False  # this module's forward takes its padded path
     model = module.Model().to(DEVICE)
     if dispatch and CANDIDATES[dispatch] is not None:
         for block in model.blocks:
-            block.ffn._padded = types.MethodType(CANDIDATES[dispatch], block.ffn)
+            block.ffn.experts.forward = types.MethodType(CANDIDATES[dispatch], block.ffn.experts)
     if compile_blocks:
         for block in model.blocks:
             block.compile()
@@ -185,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--compile", action="store_true", help="archspec MoE vs dense only, both compiled per block")
+    ap.add_argument("--skip-before", action="store_true", help="without the bincount (before issue 48) variant")
+    ap.add_argument("--padded-only", action="store_true", help="eager: of the other dispatch candidates, padded only")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--size", default=None, choices=list(SIZES), help="dims [default: the device's]")
     ap.add_argument("--skip-hf", action="store_true")
@@ -196,6 +217,7 @@ def main(argv=None) -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_moe: --device cuda but no CUDA device here")
 
+    load_start = os.getloadavg()  # the machine may be shared: the load beside each figure
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (BATCH, T), generator=g).to(DEVICE)
     targets = torch.randint(0, VOCAB, (BATCH, T), generator=g).to(DEVICE)
@@ -206,11 +228,14 @@ def main(argv=None) -> int:
     moe_step, moe_acc = archspec_step(MOE, "generated", compile_blocks=args.compile)
     variants[DENSE_NAME] = dense_step
     variants[OURS] = moe_step
+    if not args.skip_before:
+        variants[BEFORE + (" (compiled)" if args.compile else "")] = archspec_step(MOE, "bincount",
+                                                                               compile_blocks=args.compile)[0]
     if args.compile:
         variants["archspec MoE dispatch: padded (compiled)"] = archspec_step(MOE, "padded", compile_blocks=True)[0]
     else:
-        names = ["padded", "segment"] + (["all-experts"] if DEVICE == "cpu" else []) \
-            + (["per-token"] if args.per_token else [])
+        names = ["padded"] + ([] if args.padded_only else ["segment"] + (["all-experts"] if DEVICE == "cpu" else [])
+                              + (["per-token"] if args.per_token else []))
         for name in names:
             variants[f"archspec MoE dispatch: {name}"] = archspec_step(MOE, name)[0]
     if not args.skip_hf:
@@ -261,8 +286,11 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             continue
         print(f"warm {name}: {warm_s[name]:.1f} s", file=sys.stderr, flush=True)
-    for _ in range(args.rounds):
-        for name, step in variants.items():
+    names = list(variants)
+    for r in range(args.rounds):
+        # each round starts one variant later: none always runs right after the same neighbour
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            step = variants[name]
             n = 1 if warm_s[name] > 5 * max(warm_s[OURS], 1e-3) and not args.compile else args.steps  # slow anchors
             for _ in range(n):
                 times[name].append(timed(step))
@@ -278,6 +306,8 @@ def main(argv=None) -> int:
         "dims": SIZES[args.size or args.device],
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "compile": args.compile,
+        "load_average_1_5_15": {"start": [round(v, 2) for v in load_start],
+                                "end": [round(v, 2) for v in os.getloadavg()]},
         "params": {"moe_total": moe_acc.total, "moe_active": moe_acc.active, "dense_total": dense_acc.total},
         "median_step_s": median, "warmup_s": warm_s, "notes": notes,
         "ratio_to_dense": {n: m / dense for n, m in median.items()},
@@ -287,7 +317,7 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{result['machine']} · {result['date']} · {'compiled per block' if args.compile else 'eager'} · {result['precision']} · "
-          f"batch {BATCH}×{T}")
+          f"batch {BATCH}×{T} · load average {load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(f"MoE {moe_acc.total:,} params ({moe_acc.active:,} active) · dense-active {dense_acc.total:,}")
     print(f"| variant | median step | ÷ dense-active | archspec MoE faster by |")
     print("|---|---|---|---|")

@@ -270,10 +270,10 @@ class FeedForward(nn.Module):
     Dropless: every assignment is computed.
 
     Dispatch: assignments are sorted by expert (a stable sort, so each expert's assignments are one contiguous slice
-    in priority order); no loop depends on the data.
+    in priority order); no loop depends on the data, nor (grouped path) any size: no host sync.
     The sorted rows go through grouped_mm: one GEMM per expert's slice, no padding (CPU in fp32/bf16, CUDA in
     bf16 autocast on Hopper). Elsewhere (other dtypes and GPUs) they are scattered into a (MOE_N_EXPERTS, busiest
-    expert's count, D_MODEL) buffer and run as one batched matmul per projection.
+    expert's count, D_MODEL) buffer and run as one batched matmul per projection (sized on the host).
 
     After each forward: `router_losses` = [load-balancing loss, z-loss] (coefficients applied, differentiable) and
     `router_stats` = [load fraction of each expert..., dropped fraction, router entropy (nats), padding factor]
@@ -308,7 +308,7 @@ class FeedForward(nn.Module):
         n_tokens = xf.shape[0]
         logits, probs, top_e, gates = self.route(xf)
         flat_e = top_e.reshape(-1)  # (N·K,): assignment a is token a // K's (a % K)-th choice
-        counts = torch.bincount(flat_e, minlength=MOE_N_EXPERTS)  # (MOE_N_EXPERTS,)
+        counts = flat_e.new_zeros(MOE_N_EXPERTS).scatter_add_(0, flat_e, torch.ones_like(flat_e))  # (MOE_N_EXPERTS,)
         # Group the assignments by expert; the stable sort keeps each expert's slice in priority order.
         order = flat_e.argsort(stable=True)  # (N·K,) by expert
         token_of = order // MOE_TOP_K  # (N·K,)

@@ -376,6 +376,92 @@ def test_the_moe_block_compiles_fullgraph(case, capacity, gen_dir):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)
 
 
+# ── no host sync in the dispatch ────────────────────────────────────────────────────────────────────────────────
+
+# Beyond CASES: DeepSeek-V3's routing (sigmoid scores, selection bias and its balancing counts, groups, scaling) and
+# gpt-oss's (router bias, clamped SwiGLU experts with biases), both on the grouped path.
+SYNC_CASES = {
+    **CASES,
+    "grouped-deepseek-v3": {"kind": "moe", "n_experts": 8, "top_k": 2, "expert": {"hidden_dim": 8}, "score": "sigmoid",
+                            "selection_bias": True, "bias_update_rate": 0.01, "n_group": 4, "topk_group": 2,
+                            "routed_scaling_factor": 2.5, "n_shared_experts": 1},
+    "grouped-gpt-oss": {"kind": "moe", "n_experts": 4, "top_k": 2, "router_bias": True, "clamped_swiglu": {},
+                        "expert": {"kind": "glu", "hidden_dim": 8, "bias": True}},
+}
+
+
+def _data_dependent_nodes(module, x) -> list[str]:
+    """Dynamo's one graph of module(x) (fullgraph, static shapes, traced only: nothing compiled) → its nodes whose
+    size or value comes from tensor data: a `.item()` / `.tolist()`, or a tensor or integer the trace could only
+    leave symbolic (torch.bincount's length, a buffer sized by a count). On a GPU each is a device→host copy that
+    stalls the stream and that CUDA graphs cannot capture."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    torch.compile(module, fullgraph=True, dynamic=False, backend=record)(x)
+    assert len(graphs) == 1
+    out = []
+    for node in graphs[0].graph.nodes:
+        value = node.meta.get("example_value")
+        sizes = list(value.shape) if isinstance(value, torch.Tensor) else [value]
+        if node.target in ("item", "tolist") or any(isinstance(s, torch.SymInt) for s in sizes):
+            out.append(f"{node.target} → {value.shape if isinstance(value, torch.Tensor) else value}")
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in SYNC_CASES if n.startswith(("grouped", "position", "probs"))])
+def test_grouped_and_capacity_dispatch_never_read_the_device(name, gen_dir):
+    """The grouped (dropless) and capacity dispatches, forward in training mode: every size is known before the data
+    (counts on the device, offsets on the device, capacity from the token count), so the traced graph is static."""
+    spec = _spec(SYNC_CASES[name])
+    u = spec.model.ffn
+    assert u.grouped(spec.model) or u.capacity_factor is not None
+    ffn = _ffn(spec, gen_dir)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    assert _data_dependent_nodes(ffn, x) == []
+    if u.grouped(spec.model):
+        assert float(ffn.router_stats[-1]) == 1.0  # the traced forward took the grouped path
+
+
+def test_the_dropless_padded_fallback_sizes_its_buffer_on_the_host(gen_dir):
+    """What the check above would catch (and the one host read left, documented in the generated docstring): the
+    dropless padded fallback (sizes not multiples of 8) sizes its buffer by the busiest expert's count."""
+    spec = _spec(CASES["dropless-glu-shared-gate"])
+    assert not spec.model.ffn.grouped(spec.model)
+    found = _data_dependent_nodes(_ffn(spec, gen_dir), torch.randn(2, 8, 16))
+    assert any(entry.startswith("item") for entry in found), found
+
+
+@pytest.mark.parametrize("name", ["grouped-glu-shared", "grouped-mlp-bias-raw", "grouped-deepseek-v3",
+                                  "position-forced-drops", "probs-forced-drops", "dropless-glu-shared-gate"])
+def test_device_counting_computes_what_the_bincount_dispatch_did_bit_for_bit(name, gen_dir):
+    """The previous dispatch counted each expert's assignments with torch.bincount (a host read on a GPU); the same
+    generated file with that line put back gives the same output, router losses and gradients, bit for bit."""
+    from archspec.codegen import import_source
+
+    spec = _spec(SYNC_CASES[name])
+    gen = generate(spec, out_dir=gen_dir)
+    line = next(ln for ln in gen.source.splitlines() if "scatter_add_(0, flat_e" in ln)
+    before = gen.source.replace(line, "        counts = torch.bincount(flat_e, minlength=MOE_N_EXPERTS)")
+    assert before != gen.source
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    results = []
+    for module in (gen.module, import_source(gen_dir / "moe-t-bincount.py", before)):
+        torch.manual_seed(0)
+        ffn = module.Model().blocks[0].ffn
+        _randomise(ffn)
+        out = ffn(x)
+        loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() + ffn.router_losses.sum()
+        results.append((out, ffn.router_stats, torch.autograd.grad(loss, [x, *ffn.parameters()])))
+    (out, stats, grads), (out_before, stats_before, grads_before) = results
+    assert torch.equal(out, out_before) and torch.equal(stats, stats_before)
+    assert all(torch.equal(g, h) for g, h in zip(grads, grads_before))
+
+
 # ── the grouped GEMM ops and the fallback ───────────────────────────────────────────────────────────────────────
 
 

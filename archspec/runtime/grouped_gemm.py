@@ -1,14 +1,16 @@
 """Grouped GEMM for mixture-of-experts: rows sorted by expert, each expert's contiguous slice times that expert's own
-weight, all in one call (torch._grouped_mm, the kernel torchtitan uses). It runs on CPU (fp32, bf16; torch 2.9+) and
-on CUDA (bf16, Hopper), but through torch 2.13 its shape function accepts bf16 only, so torch.compile cannot trace it
-in fp32. On CPU it is therefore called through the two ops below, which give it a shape function and a FLOP count of
-their own and a backward made of the same two ops: an fp32 MoE block compiles whole, each grouped GEMM one opaque
-call. Rows and weights need 16-byte aligned strides (sizes that are multiples of 8). No double backward.
+weight, all in one call (torch.nn.functional.grouped_mm, public in torch 2.13: the kernel torchtitan uses). It runs
+on CPU (fp32, bf16) and on CUDA (bf16, Hopper), but through torch 2.13 its shape function accepts bf16 only, so
+torch.compile cannot trace it in fp32. On CPU it is therefore called through the two ops below, which give it a
+shape function and a FLOP count of their own and a backward made of the same two ops: an fp32 MoE block compiles
+whole, each grouped GEMM one opaque call. Rows and weights need 16-byte aligned strides (sizes that are multiples of
+8). No double backward. Nothing here reads a tensor's values on the host: the offsets stay on the device.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def _define_grouped_mm_ops():
@@ -24,7 +26,7 @@ def _define_grouped_mm_ops():
 
     @torch.library.custom_op("archspec::grouped_mm_v1", mutates_args=())
     def forward_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return torch._grouped_mm(a, b, offs=offs)
+        return F.grouped_mm(a, b, offs=offs)
 
     @forward_op.register_fake
     def _(a, b, offs):
@@ -32,7 +34,7 @@ def _define_grouped_mm_ops():
 
     @torch.library.custom_op("archspec::grouped_mm_wgrad_v1", mutates_args=())
     def wgrad_op(a_t: torch.Tensor, g: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        return torch._grouped_mm(a_t, g, offs=offs)
+        return F.grouped_mm(a_t, g, offs=offs)
 
     @wgrad_op.register_fake
     def _(a_t, g, offs):
@@ -63,14 +65,14 @@ def _define_grouped_mm_ops():
 
 
 def _grouped_mm_on_cpu() -> bool:
-    """Whether this torch runs torch._grouped_mm on CPU (some releases have the op but no CPU kernel): one tiny call."""
-    if not hasattr(torch, "_grouped_mm"):
+    """Whether this torch runs F.grouped_mm on CPU (some releases have the op but no CPU kernel): one tiny call."""
+    if not hasattr(F, "grouped_mm"):
         return False
     try:
         # on the CPU whatever the default device: imported first under `with torch.device("meta")` (building a
         # model to count it), a default-device probe would fail there and leave every later MoE on the padded path
         cpu = torch.device("cpu")
-        torch._grouped_mm(torch.zeros(8, 8, device=cpu), torch.zeros(1, 8, 8, device=cpu),
+        F.grouped_mm(torch.zeros(8, 8, device=cpu), torch.zeros(1, 8, 8, device=cpu),
                           offs=torch.tensor([8], dtype=torch.int32, device=cpu))
         return True
     except (RuntimeError, NotImplementedError):
@@ -83,7 +85,7 @@ _GROUPED_MM_CPU = _define_grouped_mm_ops() if _grouped_mm_on_cpu() else None
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """a (N, K) rows sorted by group, b (E, K, M), offs (E,) int32 cumulative row counts → (N, M)."""
     if a.is_cuda:
-        return torch._grouped_mm(a, b, offs=offs)  # compiles natively (bf16)
+        return F.grouped_mm(a, b, offs=offs)  # compiles natively (bf16)
     return _GROUPED_MM_CPU(a, b, offs)
 
 
@@ -92,6 +94,6 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
     Hopper (compute capability 9.x) only: newer architectures have reported wrong weight gradients for experts
     that receive no token (pytorch/pytorch#172439)."""
     if device.type == "cuda":
-        return hasattr(torch, "_grouped_mm") and dtype == torch.bfloat16 \
+        return hasattr(F, "grouped_mm") and dtype == torch.bfloat16 \
             and torch.cuda.get_device_capability(device)[0] == 9
     return device.type == "cpu" and _GROUPED_MM_CPU is not None and dtype in (torch.float32, torch.bfloat16)

@@ -52,11 +52,13 @@ splits every expert's hidden units (and the shared experts'), the router compute
 
 Accounting: routed experts count top_k / n_experts of their total in `active`; router and shared experts in full.
 FLOPs per token: top_k experts + the router + shared experts (+ the shared gate): the useful work. Padding is NOT
-counted. Dropless MoE (sizes multiples of 8; CPU fp32/bf16, CUDA bf16 on Hopper+) computes no padding: the sorted
-rows go through torch._grouped_mm. With a capacity factor (or where grouped GEMM is unavailable) the experts run
-as one batched matmul over a buffer padded to the capacity C (dropless: the busiest expert's count), which
-multiplies the experts' work by n_experts · C / (N · top_k) (≥ 1, reported as the `padding` router statistic;
-equal to capacity_factor when a limit is set and the buffer is full; 1 on the grouped path).
+counted. Dropless MoE (sizes multiples of 8; CPU fp32/bf16, CUDA bf16 on Hopper) computes no padding: the sorted
+rows go through F.grouped_mm, and nothing in that dispatch reads a tensor on the host (each expert's count and
+offset stay on the device; a capacity comes from the token count). With a capacity factor (or where grouped GEMM is
+unavailable) the experts run as one batched matmul over a buffer padded to the capacity C (dropless: the busiest
+expert's count, read on the host), which multiplies the experts' work by n_experts · C / (N · top_k) (≥ 1, reported
+as the `padding` router statistic; equal to capacity_factor when a limit is set and the buffer is full; 1 on the
+grouped path).
 """
 
 from __future__ import annotations
@@ -314,19 +316,23 @@ class MoESpec(FFNKind):
         return out
 
     def grouped(self, m) -> bool:
-        """Whether the dispatch can take the grouped GEMM (torch._grouped_mm): dropless, and sizes that are multiples
+        """Whether the dispatch can take the grouped GEMM (F.grouped_mm): dropless, and sizes that are multiples
         of 8 (its 16-byte stride alignment, for fp32 and bf16). Else the padded batched matmul is the only path."""
         return self.capacity_factor is None and m.d_model % 8 == 0 and self.expert.hidden_dim % 8 == 0
 
     def cuda_graph_refusal(self, m, device_type: str) -> str | None:
-        return ("MoE routing has data-dependent shapes (bincount / argsort / index_add of the tokens each expert "
-                "takes), which CUDA graphs cannot capture")
+        # The grouped dispatch has no data-dependent shape since issue 48, but its capture is unmeasured, and off
+        # bf16-on-Hopper the padded fallback runs, whose buffer the busiest expert's count sizes.
+        return ("MoE routing has data-dependent shapes on its padded path (a buffer sized by the busiest expert's "
+                "count), which CUDA graphs cannot capture; the grouped path has none but is not measured under CUDA "
+                "graphs yet")
 
     def decode_compile_refusal(self, m) -> str | None:
-        # Measured (torch 2.13, CPU): mixtral-like-tiny's step broke at bincount into 7 graphs, deepseek-v3-like-tiny's
-        # into 8, where a dense model's is one.
-        return ("MoE routing has data-dependent shapes (bincount of the tokens each expert takes): the step breaks "
-                "into a graph per layer's dispatch")
+        # Measured (torch 2.13, CPU, before issue 48): mixtral-like-tiny's step broke at bincount into 7 graphs,
+        # deepseek-v3-like-tiny's into 8, where a dense model's is one. The grouped dispatch no longer counts by
+        # bincount (no data-dependent shape); its compiled decode is not measured yet, so both paths stay eager.
+        return ("MoE routing has data-dependent shapes on its padded path (a buffer sized by the busiest expert's "
+                "count); the grouped path has none but its compiled decode is not measured yet")
 
     def describe(self, m) -> str:
         e = self.expert
