@@ -230,6 +230,19 @@ def test_speculative_decoding_through_delta_rule_states_is_the_target_greedy(k):
     assert stats.drafted > stats.accepted  # drafts were rejected, so states were taken back
 
 
+def test_the_decay_starts_near_one_so_the_state_remembers_past_a_few_positions():
+    """At init (a zero input to the gate), α = exp(−exp(A_log)·softplus(dt_bias)) per head. The Gated DeltaNet paper's
+    init (dt log-uniform in [1e-3, 0.1], A ~ U(0, 16)) starts α near 1; transformers' Qwen3-Next init (dt_bias = 1,
+    A ~ U(1, 16) here) started every head at α ≤ 0.27, a memory of a position or two, and GDN-only models trained from
+    it stayed at chance on MQAR (docs/mixers.md)."""
+    _, model = _model({**BASE, "mixer": {**GDN, "n_heads": 64, "n_k_heads": 8, "head_k_dim": 4, "head_v_dim": 4}})
+    alphas = torch.cat([torch.exp(-b.linear_attn.A_log.exp() * torch.nn.functional.softplus(b.linear_attn.dt_bias))
+                        for b in model.blocks]).detach()
+    assert ((alphas > 0) & (alphas < 1)).all()
+    assert alphas.median() > 0.7, alphas  # half the heads keep > 0.7 of S per position: 0.7¹⁰ ≈ 3% after 10
+    assert (alphas > 0.95).float().mean() > 0.2, alphas  # and some keep it over tens of positions
+
+
 # ── the spec ────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
