@@ -118,10 +118,10 @@ def load_spec_dict_(data: dict):
     return load_spec_dict(data)
 
 
-@pytest.mark.parametrize("model", [{"n_layers": 3}, LINEAR_MIXERS], ids=["attention", "gdn-mamba2-attention"])
+@pytest.mark.parametrize("layers", [{"n_layers": 3}, LINEAR_MIXERS], ids=["attention", "gdn-mamba2-attention"])
 @pytest.mark.parametrize("ac", [{"kind": "full"}, {"kind": "every_k", "k": 2}])
-def test_activation_checkpointing_gives_identical_loss_and_gradients(make_spec, ac, model):
-    spec = make_spec(model={**model, "dropout": 0.1}, activation_checkpointing=ac)
+def test_activation_checkpointing_gives_identical_loss_and_gradients(make_spec, ac, layers):
+    spec = make_spec(model={**layers, "dropout": 0.1}, activation_checkpointing=ac)
     gen = generate(spec, write=False)
     torch.manual_seed(0)
     plain = gen.Model()
