@@ -240,9 +240,9 @@ class GatedDeltaNet(nn.Module):
         nn.init.normal_(self.in_proj_qkvz.weight, mean=0.0, std=INIT_STD)
         nn.init.normal_(self.in_proj_ba.weight, mean=0.0, std=INIT_STD)
         nn.init.normal_(self.conv1d.weight, mean=0.0, std=1.0 / math.sqrt(GDN_CONV))  # unit gain over the kernel
-        nn.init.ones_(self.dt_bias)
-        with torch.no_grad():  # A ~ U(1, 16) (Mamba-2, Qwen3-Next): decays from fast to slow across heads
-            self.A_log.copy_(torch.empty(GDN_HEADS).uniform_(1, 16).log())
+        with torch.no_grad():  # the GDN paper's: A ~ U(0, 16), dt_bias = softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1]
+            self.A_log.copy_(torch.empty(GDN_HEADS).uniform_(0, 16).clamp(min=1e-4).log())
+            self.dt_bias.copy_(torch.rand(GDN_HEADS).mul(math.log(100)).add(math.log(1e-3)).exp().expm1().log())
         self.norm.reset_parameters()
         # out_proj writes the residual stream: scaled by 1/sqrt(2·N_LAYERS) so its variance does not grow with depth.
         nn.init.normal_(self.out_proj.weight, mean=0.0, std=INIT_STD / math.sqrt(2 * N_LAYERS))

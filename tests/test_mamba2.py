@@ -19,6 +19,8 @@ from archspec.cli import main
 from archspec.codegen import generate
 from archspec.runtime.ssd import SSMCache, chunking, gated_rms_norm, ssd_chunked, ssd_flops, ssd_recurrent
 from archspec.spec import SpecError, load_spec_dict, model_hash, model_json
+from archspec.testing.assertions import (assert_greedy_generation_is_argmax_of_full_forwards,
+                                         assert_rollback_matches_full_forward)
 
 BASE = {"vocab_size": 61, "context_length": 40, "d_model": 32, "n_layers": 3}
 SSM = {"kind": "mamba2", "head_dim": 8, "d_state": 4, "n_groups": 2, "chunk_size": 8}
@@ -203,32 +205,15 @@ def test_cached_decoding_equals_the_full_forward(case):
 
 
 def test_the_ssm_state_takes_back_rejected_positions():
-    spec, model = _model(SSM_ONLY, seed=3)
-    idx = torch.randint(0, 61, (1, 16), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_cache(1, 40, dtype=torch.float32, rollback=4)
-        model(idx[:, :10], cache=cache)
-        model(idx[:, 10:14], cache=cache)  # four drafts
-        for c in cache:
-            c.truncate(11)  # one accepted
-        again = model(idx[:, 11:16], cache=cache)
-    torch.testing.assert_close(again, full[:, 11:16], atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="take back"):
-        cache[0].truncate(2)
+    # a prefill longer than a chunk and not a multiple of it; four drafts, one accepted
+    assert_rollback_matches_full_forward(_model(SSM_ONLY, seed=3)[1], 61, prefill=10, drafts=4, after=5, rtol=1e-5)
     fresh = SSMCache(1, 8, 4, 2, 3, 5, rollback=2)
     assert fresh.nbytes == 8 * (3 + 2) * 4 + 2 * 3 * 5 * 4 * 3  # conv positions, the state and two kept states
 
 
 def test_greedy_generation_equals_argmax_of_full_forwards():
-    spec, model = _model({**HYBRID, "tie_embeddings": False}, seed=5)
-    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(6))
-    out = model.generate(prompt, max_new_tokens=8, temperature=0)
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(8):
-            seq = torch.cat([seq, model(seq)[:, -1:].argmax(-1)], dim=1)
-    assert out.tolist() == seq.tolist()
+    assert_greedy_generation_is_argmax_of_full_forwards(_model({**HYBRID, "tie_embeddings": False}, seed=5)[1], 61,
+                                                        new_tokens=8)
 
 
 def test_speculative_decoding_through_ssm_states_is_the_target_greedy(k=3):

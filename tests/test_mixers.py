@@ -22,6 +22,8 @@ from archspec.codegen import generate
 from archspec.kinds import MixerKind, families
 from archspec.memory import block_saved_per_token
 from archspec.spec import SpecError, load_spec_dict, model_hash, model_json
+from archspec.testing.assertions import (assert_greedy_generation_is_argmax_of_full_forwards,
+                                         assert_rollback_matches_full_forward)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"vocab_size": 61, "context_length": 24, "d_model": 32, "n_layers": 4}
@@ -206,30 +208,11 @@ def test_cached_decoding_equals_the_full_forward(case):
 
 
 def test_the_conv_state_takes_back_rejected_positions():
-    spec, model = _model(CONV_ONLY, seed=3)
-    idx = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        cache = model.new_cache(1, 24, dtype=torch.float32, rollback=3)
-        model(idx[:, :8], cache=cache)
-        model(idx[:, 8:11], cache=cache)  # three drafts
-        for c in cache:
-            c.truncate(9)  # one accepted
-        again = model(idx[:, 9:12], cache=cache)
-        full = model(idx)
-    torch.testing.assert_close(again, full[:, 9:12], atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="take back"):
-        cache[0].truncate(2)
+    assert_rollback_matches_full_forward(_model(CONV_ONLY, seed=3)[1], 61)
 
 
 def test_greedy_generation_of_a_hybrid_equals_argmax_of_full_forwards():
-    spec, model = _model(HYBRID, seed=5)
-    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(6))
-    out = model.generate(prompt, max_new_tokens=10, temperature=0)
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(10):
-            seq = torch.cat([seq, model(seq)[:, -1:].argmax(-1)], dim=1)
-    assert out.tolist() == seq.tolist()
+    assert_greedy_generation_is_argmax_of_full_forwards(_model(HYBRID, seed=5)[1], 61)
 
 
 @pytest.mark.parametrize("k", [1, 3])

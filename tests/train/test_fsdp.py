@@ -66,13 +66,22 @@ def _torchrun(tmp_path: Path, mode: str, spec_json: Path, cache: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+# A layer of Gated DeltaNet, one of Mamba-2, one of attention: the linear mixers' parameters (A_log, dt_bias, D, the
+# depthwise convs, the gated norms) sharded and checkpointed beside attention's.
+LINEAR_MIXERS = {"n_layers": 3, "layers": {
+    "gdn": {"select": [0], "mixer": {"kind": "gated_deltanet", "n_heads": 2, "chunk_size": 8}},
+    "ssm": {"select": [1], "mixer": {"kind": "mamba2", "head_dim": 16, "d_state": 8, "chunk_size": 8}}}}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("model", [{}, LINEAR_MIXERS], ids=["attention", "gdn-mamba2-attention"])
 def test_fsdp_two_processes_match_one_process_and_resume_from_sharded_checkpoint(corpus_dir, tmp_path, cache,
-                                                                                 make_spec):
+                                                                                 make_spec, model):
     steps = {"steps": 6, "eval_interval": 6, "warmup_steps": 2}
-    single = train(make_spec(batch_size=8, **steps), run_dir=tmp_path / "single", cache=cache)
+    single = train(make_spec(model, batch_size=8, **steps), run_dir=tmp_path / "single", cache=cache)
 
     fsdp = tiny_spec_dict(corpus_dir, batch_size=4, parallel={"kind": "fsdp"}, **steps)  # per process
+    fsdp["model"].update(model)
     (tmp_path / "spec.json").write_text(json.dumps(fsdp))
     (tmp_path / "worker.py").write_text(WORKER)
     _torchrun(tmp_path, "first", tmp_path / "spec.json", cache)
@@ -80,6 +89,8 @@ def test_fsdp_two_processes_match_one_process_and_resume_from_sharded_checkpoint
     assert first["param_types"] == ["DTensor"]  # really sharded
     # fp32 throughout; the only difference is the order of the gradient sums (reduce-scatter vs one batch mean)
     assert first["losses"] == pytest.approx(single.losses[:3], rel=1e-4)
+    if model:
+        return  # resharding and resume below are the checkpoint's, not the mixer's: checked once, with attention
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("*.dcp")) == ["checkpoint-step00000003.dcp"]
     assert torch.load(run / "checkpoint.pt", weights_only=True)["sharded"] == "checkpoint-step00000003.dcp"
@@ -107,9 +118,10 @@ def load_spec_dict_(data: dict):
     return load_spec_dict(data)
 
 
+@pytest.mark.parametrize("layers", [{"n_layers": 3}, LINEAR_MIXERS], ids=["attention", "gdn-mamba2-attention"])
 @pytest.mark.parametrize("ac", [{"kind": "full"}, {"kind": "every_k", "k": 2}])
-def test_activation_checkpointing_gives_identical_loss_and_gradients(make_spec, ac):
-    spec = make_spec(model={"n_layers": 3, "dropout": 0.1}, activation_checkpointing=ac)
+def test_activation_checkpointing_gives_identical_loss_and_gradients(make_spec, ac, layers):
+    spec = make_spec(model={**layers, "dropout": 0.1}, activation_checkpointing=ac)
     gen = generate(spec, write=False)
     torch.manual_seed(0)
     plain = gen.Model()

@@ -3,7 +3,12 @@ one projection through a short causal conv (SiLU), q and k L2-normalised, a deca
 dt_bias)) and a write strength β = sigmoid(b) per value head, the gated delta rule over a K_DIM × V_DIM state per
 head (archspec.runtime.linear_attention), a gated RMSNorm (normalise, then × silu(z)) and the output projection. No
 positions (order reaches it through the conv and the decay), no sparsity pattern, and a decoding state of a fixed
-size however long the sequence (archspec.runtime.DeltaRuleCache)."""
+size however long the sequence (archspec.runtime.DeltaRuleCache).
+
+Its init is the Gated DeltaNet paper's (flash-linear-attention's, as Mamba-2's): A ~ U(0, 16) and dt log-uniform in
+[1e-3, 0.1] through dt_bias = softplus⁻¹(dt), so that α starts near 1. transformers' Qwen3-Next init (dt_bias = 1)
+starts almost every head at α ≤ 0.3, a memory of a position or two, from which a model trained on MQAR stayed at
+chance (docs/mixers.md); imported weights replace either."""
 
 from __future__ import annotations
 
