@@ -97,7 +97,7 @@ def test_a_mamba2_model_cannot_be_written_as_another_type_and_hybrids_name_the_m
         _config_as(hybrid, TYPES["llama"])
     with pytest.raises(HFUnsupported, match=r"mamba2"):
         _config_as(hybrid, TYPES["mamba2"])  # its attention layer: mamba2 mixes tokens by Mamba-2 only
-    for model_type, part in (("nemotron_h", "MLP alone"), ("falcon_h1", "side by side"), ("bamba", "not mapped")):
+    for model_type, part in (("nemotron_h", "MLP alone"), ("falcon_h1", "side by side")):
         with pytest.raises(HFUnsupported, match=part):
             hf_type(model_type, "config.json")
 

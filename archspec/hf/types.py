@@ -1126,6 +1126,90 @@ QWEN3_NEXT = HFType(
     check=(_common_checks,),
 )
 
+
+# ── Bamba (IBM): Mamba-2 and GQA layers by attn_layer_indices, each followed by a SwiGLU; partial rotary (half) ──────
+
+_BAMBA_SSM_KEYS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
+                   "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit")
+
+
+def _bamba_mixers(cfg: HFConfig) -> list[str]:
+    """Each layer's token mixer, as transformers decides (BambaConfig.layers_block_type): the layers in
+    attn_layer_indices attend, every other one is a Mamba-2 mixer (absent or empty: all Mamba-2)."""
+    n_layers = cfg.take("n_layers", int)
+    idxs = cfg.take_layers("attn_layer_indices", n_layers, default=None) or []
+    words = ["attention" if i in idxs else "mamba2" for i in range(n_layers)]
+    if "mamba2" not in words:  # every config carries the Mamba-2 keys; no layer reads them
+        cfg.mark(*_BAMBA_SSM_KEYS)
+    return words
+
+
+_bamba_mixers.fields = ("attn_layer_indices",)
+
+
+def _place_bamba_mixers(out: dict, words: list[str]) -> None:
+    out["attn_layer_indices"] = [i for i, w in enumerate(words) if w == "attention"]
+
+
+def _bamba_read(cfg: HFConfig) -> None:
+    """BambaConfig's own rules: mamba_d_head "auto" is mamba_expand · hidden_size // mamba_n_heads; the rotary
+    fraction is rope_parameters.partial_rotary_factor, else 0.5 whatever the top-level key says (transformers
+    overwrites it), so a top-level value other than 0.5 without the nested one is refused (it would be ignored)."""
+    if cfg.data.get("mamba_d_head", "auto") == "auto":
+        heads = cfg.take("ssm_heads", int)
+        cfg.data["mamba_d_head"] = cfg.take("ssm_expand", int) * cfg.take("d_model", int) // max(heads, 1)
+    params = cfg.data.get("rope_parameters")
+    nested = isinstance(params, dict) and "partial_rotary_factor" in params
+    top = cfg.data.get("partial_rotary_factor")
+    if not nested and top is not None:
+        if top != 0.5:
+            raise cfg.refuse("partial_rotary_factor", f"{top!r}: bamba ignores it (transformers rotates half of each "
+                             "head unless rope_parameters.partial_rotary_factor says otherwise)")
+        cfg.data.pop("partial_rotary_factor")
+        cfg.mark("partial_rotary_factor")
+
+
+def _bamba_write(m, out: dict) -> None:
+    """One hidden_act drives both the SwiGLU and the Mamba-2 conv's activation: a spec whose FFN is gated by
+    another activation than silu cannot be written as bamba while it has a Mamba-2 layer."""
+    act = out.get("hidden_act", "silu")
+    if act not in ("silu", "swish") and any(w == "mamba2" for w in _bamba_words(out)):
+        raise HFUnsupported(f"model.ffn.activation: {act} cannot be expressed as bamba with Mamba-2 layers "
+                            "(its hidden_act also drives the Mamba-2 conv, which archspec follows by silu)")
+
+
+def _bamba_words(out: dict) -> list[str]:
+    n = out.get("num_hidden_layers", 0)
+    idxs = out.get("attn_layer_indices") or []
+    return ["attention" if i in idxs else "mamba2" for i in range(n)]
+
+
+BAMBA = HFType(
+    model_type="bamba", architecture="BambaForCausalLM",
+    blocks={**_LLAMA_BLOCKS, "mixer": ("attention", "mamba2")}, pick={"mixer": _bamba_mixers},
+    place={"mixer": _place_bamba_mixers},
+    keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "head_dim"},  # hidden_size // num_attention_heads wide
+          "ssm_heads": "mamba_n_heads", "ssm_head_dim": "mamba_d_head", "ssm_expand": "mamba_expand",
+          "ssm_state": "mamba_d_state", "ssm_groups": "mamba_n_groups", "ssm_conv": "mamba_d_conv",
+          "ssm_chunk": "mamba_chunk_size", "ssm_conv_bias": "mamba_conv_bias", "ssm_bias": "mamba_proj_bias",
+          "ssm_norm_eps": "rms_norm_eps", "ssm_time_step_limit": "time_step_limit", "ssm_act": "hidden_act"},
+    # BambaConfig's defaults (Bamba-9B's)
+    defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "vocab_size": 128000, "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "max_position_embeddings": 262144, "attention_bias": False, "mlp_bias": False,
+              "partial_rotary_factor": 0.5, "mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
+              "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256, "mamba_conv_bias": True,
+              "mamba_proj_bias": False},
+    names={**_LLAMA_NAMES, "ffn": "feed_forward", "ffn_norm": "pre_ff_layernorm", "final_norm": "final_layernorm",
+           "ssm": "mamba"},
+    facts={"qkv_bias": "attention_bias", "out_bias": "attention_bias", "mlp_bias": "mlp_bias", "partial_rotary": True},
+    dropout_keys=("attention_dropout",),
+    # how many logits generation keeps, a training loss term
+    inert=frozenset({"num_logits_to_keep", "z_loss_coefficient"}),
+    rewrite=(_bamba_read, _bamba_write),
+    check=(_common_checks,),
+)
+
 # ── IDEFICS (transformers' open Flamingo): a LLaMA-shaped decoder, with gated cross-attention layers and a Perceiver
 # resampler beside it (model.media, archspec.hf.idefics); its vision encoder is left out (its features are the media)
 
@@ -1150,7 +1234,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
                                                               QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                                                               GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA,
                                                               GEMMA2, BLOOM, MPT, FALCON, LFM2, MAMBA2,
-                                                              QWEN3_NEXT, GPT_OSS, IDEFICS)}
+                                                              QWEN3_NEXT, BAMBA, GPT_OSS, IDEFICS)}
 
 # Preference when exporting: the first type that expresses the spec (gpt2 before llama: a learned-position model
 # can only be gpt2; llama before qwen2/qwen3/mistral: the plainest type that fits; mistral (one pattern) before
@@ -1159,7 +1243,7 @@ TYPES: dict[str, HFType] = {t.model_type: t for t in (GPT2, LLAMA, QWEN2, QWEN3,
 # The block-shape types (issue 26) come after them: each fits only specs with its own shape or norm.
 EXPORT_ORDER = (GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, MINISTRAL, MIXTRAL, QWEN2_MOE, QWEN3_MOE, PHI3, GLM, DEEPSEEK_V3,
                 GPT_NEOX, GPTJ, PHI, STABLELM, OLMO2, GLM4, GEMMA, GEMMA2, BLOOM, MPT, FALCON, FALCON_NEW, LFM2,
-                MAMBA2, QWEN3_NEXT, GPT_OSS, IDEFICS)
+                MAMBA2, QWEN3_NEXT, BAMBA, GPT_OSS, IDEFICS)
 
 # Known model types that need a building block no archspec kind provides yet: refused by name, with the reason.
 PENDING: dict[str, str] = {
@@ -1169,6 +1253,4 @@ PENDING: dict[str, str] = {
     "nemotron_h": "layers that are an MLP alone, with no token mixer (hybrid_override_pattern '-')",
     "falcon_h1": "attention and Mamba-2 side by side in one layer (a parallel pair of token mixers) and its "
                  "per-part multipliers (attention_in_multiplier, ssm_multipliers, ...)",
-    "bamba": "its table: Mamba-2 and attention layers each with a SwiGLU (the parts exist), with partial rotary "
-             "attention (attn_rotary_emb), not mapped yet",
 }

@@ -155,7 +155,7 @@ class Mamba2Spec(MixerKind):
         heads, head_dim = cfg.take("ssm_heads", int), cfg.take("ssm_head_dim", int)
         expand = cfg.take("ssm_expand", int)
         if heads * head_dim != expand * hidden:
-            raise cfg.refuse("num_heads", f"{heads} heads of {head_dim} differ from expand · hidden_size "
+            raise cfg.refuse("ssm_heads", f"{heads} heads of {head_dim} differ from expand · hidden_size "
                              f"({expand * hidden}); transformers refuses it too")
         key = cfg.key("ssm_time_step_limit")  # (0, inf) by default: read as is (bounds would refuse the inf)
         cfg.mark(key)
