@@ -148,3 +148,31 @@ def test_a_geglu_model_with_mamba2_layers_cannot_be_written_as_bamba():
         _config_as(spec("gelu", mamba=True), TYPES["bamba"])
     assert _config_as(spec("silu", mamba=True), TYPES["bamba"])["attn_layer_indices"] == [1]
     assert _config_as(spec("gelu", mamba=False), TYPES["bamba"])["attn_layer_indices"] == [0, 1]
+
+
+def test_the_hybrid_preset_is_written_as_bamba_and_computes_the_same(tmp_path):
+    """specs/mamba2-hybrid-like-tiny (Mamba-2 in layers 0-2, GQA with full rotary in layer 3, a SwiGLU everywhere) is
+    Bamba's shape: export picks bamba, and transformers, given the config and weights, computes the same logits (a
+    full rotary fraction: transformers' own default of 0.5 would change them)."""
+    from pathlib import Path
+
+    from archspec.codegen import generate
+    from archspec.hf.convert import config_from_spec, state_to_hf
+    from archspec.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "mamba2-hybrid-like-tiny.yaml")
+    hf_type, config = config_from_spec(spec)
+    assert hf_type.model_type == "bamba" and config["attn_layer_indices"] == [3]
+    assert config["rope_parameters"]["partial_rotary_factor"] == 1.0
+    ours = generate(spec, write=False).Model()
+    _randomise(ours, seed=11)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path),
+                                                       attn_implementation="eager")
+    state = state_to_hf(spec.model, hf_type, ours.state_dict())
+    assert set(state) == {k for k, _ in hf.named_parameters()}
+    hf.load_state_dict(state, strict=False)
+    idx = torch.randint(0, spec.model.vocab_size, (2, C), generator=torch.Generator().manual_seed(2))
+    want = _hf_logits(hf, idx)
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(ours.eval()(idx), want, atol=ATOL, rtol=0)
