@@ -131,23 +131,60 @@ def test_a_bamba_switch_archspec_lacks_is_refused_by_its_key(key, tmp_path, caps
     assert named in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
-def test_a_geglu_model_with_mamba2_layers_cannot_be_written_as_bamba():
+def _spec(attention=None, mixer=None, ffn=None, mamba=True):
+    from archspec.spec import load_spec_dict
+
+    layers = {"s": {"select": [0], "mixer": {"kind": "mamba2", "head_dim": 8, "d_state": 4, **(mixer or {})}}}
+    return load_spec_dict({"name": "g", "model": {
+        "vocab_size": V, "context_length": C, "d_model": 32, "n_layers": 2, "norm": {"kind": "rmsnorm", "eps": 1e-5},
+        "attention": {"n_heads": 4, "positional": {"kind": "rope"}, **(attention or {})},
+        "ffn": {"kind": "glu", "hidden_dim": 48, **(ffn or {})}, "layers": layers if mamba else {}}})
+
+
+# spec fields bamba cannot say, each refused on export by the field's path
+UNSAYABLE = {
+    "geglu": (dict(ffn={"activation": "gelu"}), r"model\.ffn\.activation"),  # hidden_act drives the Mamba-2 conv too
+    "mixer_eps": (dict(mixer={"norm_eps": 1e-6}), r"model\.layers\.s\.mixer\.norm_eps"),  # one rms_norm_eps
+    "head_dim": (dict(attention={"head_dim": 16}), r"model\.attention\.head_dim"),  # hidden_size // heads wide
+    "interleaved": (dict(attention={"positional": {"kind": "rope", "layout": "interleaved"}}),
+                    r"model\.attention\.positional\.layout"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSAYABLE))
+def test_a_spec_field_bamba_cannot_say_is_refused_on_export_by_its_path(case):
+    from archspec.hf.convert import _config_as
+    from archspec.hf.types import TYPES
+    from archspec.kinds.hf import HFUnsupported
+
+    fields, path = UNSAYABLE[case]
+    assert _config_as(_spec(), TYPES["bamba"])["attn_layer_indices"] == [1]  # the same spec without it is written
+    with pytest.raises(HFUnsupported, match=path):
+        _config_as(_spec(**fields), TYPES["bamba"])
+
+
+def test_geglu_is_written_as_bamba_when_no_layer_is_mamba2():
+    from archspec.hf.convert import _config_as
+    from archspec.hf.types import TYPES
+
+    out = _config_as(_spec(ffn={"activation": "gelu"}, mamba=False), TYPES["bamba"])
+    assert out["attn_layer_indices"] == [0, 1] and out["hidden_act"] != "silu"
+
+
+def test_a_mamba2_model_whose_mixer_eps_differs_cannot_be_written_as_mamba2():
     from archspec.hf.convert import _config_as
     from archspec.hf.types import TYPES
     from archspec.kinds.hf import HFUnsupported
     from archspec.spec import load_spec_dict
 
-    def spec(activation: str, mamba: bool):
-        layers = {"s": {"select": [0], "mixer": {"kind": "mamba2", "head_dim": 8, "d_state": 4}}} if mamba else {}
-        return load_spec_dict({"name": "g", "model": {
-            "vocab_size": V, "context_length": C, "d_model": 32, "n_layers": 2, "norm": {"kind": "rmsnorm"},
-            "attention": {"n_heads": 4, "positional": {"kind": "rope"}},
-            "ffn": {"kind": "glu", "hidden_dim": 48, "activation": activation}, "layers": layers}})
+    def spec(eps):
+        return load_spec_dict({"name": "m", "model": {
+            "vocab_size": V, "context_length": C, "d_model": 32, "n_layers": 2, "norm": {"kind": "rmsnorm", "eps": 1e-5},
+            "ffn": {"kind": "none"}, "mixer": {"kind": "mamba2", "head_dim": 8, "d_state": 4, "norm_eps": eps}}})
 
-    with pytest.raises(HFUnsupported, match=r"activation"):
-        _config_as(spec("gelu", mamba=True), TYPES["bamba"])
-    assert _config_as(spec("silu", mamba=True), TYPES["bamba"])["attn_layer_indices"] == [1]
-    assert _config_as(spec("gelu", mamba=False), TYPES["bamba"])["attn_layer_indices"] == [0, 1]
+    assert _config_as(spec(1e-5), TYPES["mamba2"])["layer_norm_epsilon"] == 1e-5
+    with pytest.raises(HFUnsupported, match=r"model\.mixer\.norm_eps"):
+        _config_as(spec(1e-6), TYPES["mamba2"])
 
 
 def test_the_hybrid_preset_is_written_as_bamba_and_computes_the_same(tmp_path):

@@ -1041,6 +1041,20 @@ def _mamba2_read(cfg: HFConfig) -> None:
                  f"model.context_length = {_MAMBA2_CONTEXT}; set it with --set model.context_length=N")
 
 
+def _one_norm_eps(m, out: dict) -> None:
+    """Mamba-2 types have one epsilon key for the block norms and each Mamba-2 mixer's gated norm (Mamba2's
+    layer_norm_epsilon, Bamba's rms_norm_eps): a spec whose mixer's norm_eps differs from its layer's norm cannot be
+    written (one of the two would be silently replaced)."""
+    from archspec.hf.convert import _named
+
+    for i, block in enumerate(m.blocks()):
+        mixer = block.token_mixer
+        if mixer.kind == "mamba2" and block.norm.eps != mixer.norm_eps:
+            raise HFUnsupported(f"{_named(m, ('model', 'mixer'), i, '.norm_eps')}: {mixer.norm_eps} differs from the "
+                                f"layer's norm eps {block.norm.eps}; {out.get('model_type', 'this type')} has one "
+                                "epsilon for both")
+
+
 MAMBA2 = HFType(
     model_type="mamba2", architecture="Mamba2ForCausalLM",
     blocks={"norm": "rms_norm", "ffn": "no_mlp", "mixer": ("mamba2",)},
@@ -1061,7 +1075,7 @@ MAMBA2 = HFType(
     # init-only settings (weights are loaded, not drawn), and the residual's dtype (fp32 already in fp32 models)
     inert=frozenset({"time_step_rank", "time_step_min", "time_step_max", "time_step_floor",
                      "rescale_prenorm_residual", "residual_in_fp32"}),
-    rewrite=(_mamba2_read, None),
+    rewrite=(_mamba2_read, _one_norm_eps),
     check=(_common_checks,),
 )
 
@@ -1171,7 +1185,8 @@ def _bamba_read(cfg: HFConfig) -> None:
 
 def _bamba_write(m, out: dict) -> None:
     """One hidden_act drives both the SwiGLU and the Mamba-2 conv's activation: a spec whose FFN is gated by
-    another activation than silu cannot be written as bamba while it has a Mamba-2 layer."""
+    another activation than silu cannot be written as bamba while it has a Mamba-2 layer. One rms_norm_eps too."""
+    _one_norm_eps(m, out)
     act = out.get("hidden_act", "silu")
     if act not in ("silu", "swish") and any(w == "mamba2" for w in _bamba_words(out)):
         raise HFUnsupported(f"model.ffn.activation: {act} cannot be expressed as bamba with Mamba-2 layers "
