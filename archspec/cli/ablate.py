@@ -242,7 +242,8 @@ def ablate_cmd(sweep_path: Path, registry_url, shard: str, overrides: tuple[str,
         from archspec.train.throughput import peak_flops
 
         dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
-        peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(None))
+        # a dry run only reads: with no ceiling cached it measures one for its estimate and keeps nothing
+        peak, _ = peak_flops(dev, torch.float32 if dev.type == "cpu" else torch.bfloat16, cache_dir(None), store=False)
         measured = measured_runs(Registry(registry_url), dev.type, sweep.baseline.spec.train.precision)
         make_console().print(dry_run_table(sweep, jobs, peak, measured, dev.type))
         return

@@ -75,13 +75,14 @@ CEILING_FILE = "peak_flops.json"
 _REMEASURED: set[str] = set()  # keys this process has measured already (a ceiling taken under load, once a process)
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[float, str]:
+def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path, store: bool = True) -> tuple[float, str]:
     """(peak FLOP/s of one device, what the figure is).
 
     CUDA with a known part: its datasheet bf16 peak. Otherwise (CPU, an unknown GPU): the ceiling measured once per
     (processor, threads, dtype, torch version) and cached in `cache/peak_flops.json`. A run only ever reads it: no run
     rewrites it, whatever it achieves (an MFU above 1 is flagged instead, see `mfu_flag`). `archspec peak --measure`
-    measures it again, to be run in a quiet moment."""
+    measures it again, to be run in a quiet moment. `store=False` (a command that only reads, such as a dry run):
+    measure when nothing is cached, but keep nothing."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = _table_peak(name)
@@ -93,8 +94,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path) -> tuple[f
     # machine's rate, so it is kept until a higher one replaces it (a quiet moment, `archspec peak --measure`), and no
     # run under load can lower it (every run's MFU is a fraction of the same figure).
     if entry is None:
-        entry = measure_ceiling(device, dtype, cache)
-    elif entry.get("under_load") and device.type == "cpu" and not machine_busy() and key not in _REMEASURED:
+        entry = measure_ceiling(device, dtype, cache, store=store)
+    elif (store and entry.get("under_load") and device.type == "cpu" and not machine_busy()
+          and key not in _REMEASURED):
         _REMEASURED.add(key)  # quiet now: measured again, once a process, and kept if higher
         entry = measure_ceiling(device, dtype, cache)
     if entry.get("under_load"):

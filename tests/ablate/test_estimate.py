@@ -270,3 +270,22 @@ def test_the_dry_run_total_counts_the_sweeps_start_once_when_this_boot_measured_
     assert "the sweep's start and the report at the end not counted (no process of this boot timed)" in unsaid
     assert with_start - without == pytest.approx(30.0, abs=2.5)  # once, not per run (4 runs), less one gap, rounded
     assert "leave-one-out" in said  # three timed runs: an error is shown
+
+
+def test_a_dry_run_keeps_no_ceiling_it_measured(tmp_path, capsys, monkeypatch):
+    """A dry run only reads: with no matmul ceiling cached it measures one for its estimate and writes nothing (a
+    ceiling measured on a busy machine would otherwise become every later run's MFU denominator)."""
+    import yaml
+
+    from archspec.cli import main
+    cache = tmp_path / "fresh-cache"
+    monkeypatch.setenv("ARCHSPEC_CACHE", str(cache))
+    sweep = {"name": "est", "base": {"name": "b", "model": make_spec("b").model.model_dump(mode="json"),
+                                     "train": {"steps": 10, "warmup_steps": 2, "batch_size": 2, "seq_len": 16}},
+             "seeds": [0], "grid": {"model.d_model": [32, 64]}}
+    path = tmp_path / "est.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    assert main(["ablate", str(path), "--registry", f"sqlite:///{tmp_path / 'none.db'}", "--dry-run",
+                 "--device", "cpu"]) == 0
+    assert "times assume 20%" in capsys.readouterr().out
+    assert not cache.exists() or not any(cache.rglob("*"))
