@@ -251,6 +251,7 @@ def test_idefics_switches_map_or_are_refused_by_key(tmp_path_factory, refused, r
     ("vision_config", "clip", "vision_config"),
     ("perceiver_config", [3], "perceiver_config"),
     ("additional_vocab_size", -1, "additional_vocab_size"),
+    ("num_attention_heads", 5, "num_attention_heads: 5: must divide hidden_size"),  # found by review
 ])
 def test_bad_idefics_values_are_refused_by_key(key, value, said, tmp_path, capsys):
     data = _config("resampled").to_dict()

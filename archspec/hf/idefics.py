@@ -137,6 +137,9 @@ class IdeficsMedia:
         vocab = model["vocab_size"] + extra  # the decoupled rows follow the regular ones: one vocabulary of both
         model["vocab_size"] = vocab
         d_model, n_heads = cfg.take("d_model", int), cfg.take("n_heads", int)
+        if n_heads < 1 or d_model % n_heads:
+            raise cfg.refuse("n_heads", f"{n_heads}: must divide hidden_size ({d_model}): IDEFICS' heads are "
+                             "hidden_size // num_attention_heads wide; transformers refuses it too")
 
         vision = _nested(cfg, "vision_config", VISION_DEFAULTS)
         if "hidden_size" in vision:  # IdeficsVisionConfig's attribute_map: hidden_size is embed_dim
