@@ -226,6 +226,11 @@ def test_media_recall_is_learned_through_the_loop_with_cross_attention_and_not_w
         probed = json.loads(capsys.readouterr().out)["metrics"]
         assert rc == 0 and probed["accuracy"] == pytest.approx(trained) and probed["chance"] == 1 / 8
         accuracy[name] = trained
+        if name == "xattn":  # a task the model cannot read: one line, naming the option that fixes it
+            wide = media["width"] + 8
+            assert main(["probe", result["run_id"], "--task", "media_recall", "--width", str(wide)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"pass --width {media['width']} to probe with the run's own" in err[0], err
     assert accuracy["xattn"] > 0.6 and accuracy["text"] < 2.5 / 8, accuracy
 
 

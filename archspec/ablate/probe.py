@@ -110,8 +110,11 @@ def probe_run(run_ref: str, task: str, overrides: dict[str, Any] | None = None, 
         check_task(corpus, length, where=(task,), length_name="seq_len")
         unreadable = corpus.model_problems(m)
         if unreadable:
-            path, message, _ = unreadable[0]
-            raise UserError(f"run {run.id}: {'.'.join(map(str, path))}: {message}")
+            path, message, value = unreadable[0]
+            # a setting the task shares with the model (the media's width) is an option here: say which
+            hint = (f"; pass --{path[-1].replace('_', '-')} {value} to probe with the run's own"
+                    if path[-1] in type(corpus).model_fields and value is not None else "")
+            raise UserError(f"run {run.id}: {'.'.join(map(str, path))}: {message}{hint}")
         metrics = evaluate(loaded.model, corpus, length, examples, batch_size, dev,
                            m.media.marker_id if m.media is not None else None)
         params = {**corpus.model_dump(mode="json"), "seq_len": length, "examples": int(metrics["examples"])}
