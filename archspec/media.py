@@ -87,9 +87,11 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> Non
     Path(path).write_bytes(struct.pack("<Q", len(head)) + head + b"".join(chunks))
 
 
-def check_media(media: torch.Tensor, m: Any, where: str) -> torch.Tensor:
+def check_media(media: torch.Tensor, m: Any, where: str, per_sequence: bool = True) -> torch.Tensor:
     """media (items, tokens, width) as the spec's model.media takes it, in fp32; UserError naming `where` and what is
-    wrong (its width, too many items, too many or too few tokens, NaN or inf)."""
+    wrong (its width, too many items, too many or too few tokens, NaN or inf). `per_sequence=False`: a corpus
+    document's media, any number of items (none for a text-only document): the windows the loop cuts are what must
+    hold at most max_items, and archspec.train.media_data checks them."""
     spec = m.media
     if spec is None:
         raise UserError(f"{where}: this model takes no media (its spec has no model.media)")
@@ -98,7 +100,7 @@ def check_media(media: torch.Tensor, m: Any, where: str) -> torch.Tensor:
     items, tokens, width = media.shape
     if width != spec.width:
         raise UserError(f"{where}: width {width}, the model's media width (model.media.width) is {spec.width}")
-    if not 1 <= items <= spec.max_items:
+    if per_sequence and not 1 <= items <= spec.max_items:
         raise UserError(f"{where}: {items} items, the model takes 1 to {spec.max_items} (model.media.max_items)")
     limit = spec.resampler.max_input_tokens if spec.resampler is not None else None
     if limit is None and tokens != spec.tokens:

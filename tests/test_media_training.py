@@ -264,3 +264,23 @@ def test_the_resampler_activations_in_the_memory_plan_are_what_autograd_saves():
     without = _spec({**MEDIA, "tokens": 3, "width": 24}, {"kind": "stdlib"})
     assert (plan_memory(spec).activations - plan_memory(without).activations
             == spec.train.batch_size * MEDIA["max_items"] * r.saved_bytes_per_item(24, 3, 10, 4))
+
+
+def test_a_document_may_hold_more_items_than_a_window_or_none(tmp_path):
+    """max_items bounds a window, not a document (review finding): a long document with more items than max_items,
+    whose windows each hold at most max_items markers, trains; so does a text-only document (a 0-item tensor)."""
+    from archspec.media import MARKER_TEXT, write_safetensors
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    filler = "def f(x):\n    return x * 2  # a line of text between the items\n" * 2
+    for d in range(6):
+        items = 3 if d % 2 else 0
+        (root / f"{d:04d}.txt").write_text("".join(f"{filler}{MARKER_TEXT} item {k}\n" for k in range(items))
+                                           + filler)
+        write_safetensors(root / f"{d:04d}.safetensors",
+                          {"media": torch.randn(items, 4, 16, generator=torch.Generator().manual_seed(d))})
+    spec = _spec({**MEDIA, "max_items": 1}, {"kind": "media_text", "path": str(root)}, seq_len=16, steps=2,
+                 eval_interval=2)
+    result = train(spec, run_dir=tmp_path / "run", device="cpu")
+    assert result.status == "FINISHED"

@@ -96,7 +96,7 @@ class MediaSource(TextSource):
             tensors = read_safetensors(media_path)
             if "media" not in tensors:
                 raise UserError(f"{printable(str(media_path))}: no tensor named 'media'")
-            media = check_media(tensors["media"], m, printable(str(media_path)))
+            media = check_media(tensors["media"], m, printable(str(media_path)), per_sequence=False)
             if ids.count(marker) != media.size(0):
                 raise UserError(f"{printable(str(path))}: {ids.count(marker)} {MARKER_TEXT} markers, its "
                                 f"media holds {media.size(0)} items; one marker per item")
