@@ -135,19 +135,19 @@ def test_preset_files_are_no_longer_than_transformers_modeling_files(preset):
 
 # Each preset's file as ruff lays it out (issue 43: every generated file goes through the pinned formatter, which
 # wraps long signatures and calls one argument per line: 14,529 → 15,719 lines over the presets), plus one: none
-# grows back. Before the formatter the bounds were the lengths committed before the runtime move (5475eb5) or a
-# new preset's first length plus one; every file was within them.
-LINES_BEFORE = {"alternating-ffn-tiny": 342, "bloom-like": 290, "bloom-like-tiny": 290, "deepseek-moe-like": 532,
-                "deepseek-moe-like-tiny": 532, "deepseek-v3-like": 627, "deepseek-v3-like-tiny": 626,
-                "flamingo-like": 582, "flamingo-like-tiny": 583, "gemma2-like": 405, "gemma2-like-tiny": 394,
-                "glm-like": 333, "glm-like-tiny": 333, "gpt-oss-like": 599, "gpt-oss-like-tiny": 593,
-                "gpt1-like": 296, "gpt1-like-tiny": 296, "gpt2-small-like": 296, "gpt2-tiny": 296,
-                "gpt3-like-tiny": 357, "lfm2-like": 410, "lfm2-like-tiny": 407, "llama-like": 327,
-                "llama-like-tiny": 327, "longformer-like": 303, "longformer-like-tiny": 303,
-                "mamba2-hybrid-like": 448, "mamba2-hybrid-like-tiny": 446, "mamba2-like": 275,
-                "mamba2-like-tiny": 275, "mistral-like": 329, "mistral-like-tiny": 329, "mixtral-like": 494,
-                "mixtral-like-tiny": 494, "neox-like": 335, "neox-like-tiny": 335, "qwen3-next-like": 660,
-                "qwen3-next-like-tiny": 658}
+# grows back (re-based once more when the banner wrapped its two long lines). Before the formatter the bounds were
+# the lengths committed before the runtime move (5475eb5) or a new preset's first length plus one.
+LINES_BEFORE = {"alternating-ffn-tiny": 343, "bloom-like": 293, "bloom-like-tiny": 293, "deepseek-moe-like": 533,
+                "deepseek-moe-like-tiny": 533, "deepseek-v3-like": 628, "deepseek-v3-like-tiny": 627,
+                "flamingo-like": 583, "flamingo-like-tiny": 584, "gemma2-like": 407, "gemma2-like-tiny": 396,
+                "glm-like": 334, "glm-like-tiny": 334, "gpt-oss-like": 601, "gpt-oss-like-tiny": 595,
+                "gpt1-like": 297, "gpt1-like-tiny": 297, "gpt2-small-like": 297, "gpt2-tiny": 297,
+                "gpt3-like-tiny": 358, "lfm2-like": 411, "lfm2-like-tiny": 408, "llama-like": 328,
+                "llama-like-tiny": 328, "longformer-like": 304, "longformer-like-tiny": 304,
+                "mamba2-hybrid-like": 449, "mamba2-hybrid-like-tiny": 447, "mamba2-like": 276,
+                "mamba2-like-tiny": 276, "mistral-like": 330, "mistral-like-tiny": 330, "mixtral-like": 495,
+                "mixtral-like-tiny": 495, "neox-like": 336, "neox-like-tiny": 336, "qwen3-next-like": 661,
+                "qwen3-next-like-tiny": 659}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -629,9 +629,11 @@ def render(spec: Spec, source: str | None = None) -> str:
     """The generated module's source. Deterministic: the same spec and source label give the same bytes."""
     context = _context(spec, source or f"the spec {spec.name!r}")
     text = _ENV.get_template("model.py.j2").render(**context, from_file=source is not None,
-                                                   runtime_import=_IMPORT_MARK, runtime_kernels="<kernels>")
+                                                   runtime_import=_IMPORT_MARK, runtime_kernels="# <kernels>")
     line, kernels = _runtime_import(text)
-    text = text.replace(_IMPORT_MARK, line).replace("<kernels>", kernels)
+    about = textwrap.fill(f"The architecture, top to bottom; its kernels (caches, decode loop{kernels}) are "
+                          "archspec.runtime's.", width=118, initial_indent="# ", subsequent_indent="# ")
+    text = text.replace(_IMPORT_MARK, line).replace("# <kernels>", about)
     return format_source(text)  # one layout for every file: blank lines the includes leave, widths, quotes
 
 
