@@ -93,6 +93,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path, store: boo
     # One ceiling per machine, stored, that only ever rises: a measurement under load is a lower bound of the
     # machine's rate, so it is kept until a higher one replaces it (a quiet moment, `archspec peak --measure`), and no
     # run under load can lower it (every run's MFU is a fraction of the same figure).
+    if entry is None and not store:  # measured once a process, kept in memory only
+        entry = _UNSTORED.get(key) or _UNSTORED.setdefault(key, measure_ceiling(device, dtype, cache, store=False))
     if entry is None:
         entry = measure_ceiling(device, dtype, cache, store=store)
     elif (store and entry.get("under_load") and device.type == "cpu" and not machine_busy()
@@ -104,6 +106,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path, store: boo
                                 f"{entry['load_average']:.1f}; the highest so far: no run lowers it; `archspec peak "
                                 f"--measure` in a quiet moment raises it) ({key}, {entry['measured_at']})")
     return entry["flops"], f"this machine's measured matmul rate ({key}, {entry['measured_at']})"
+
+
+_UNSTORED: dict[str, dict] = {}  # ceilings a read-only command measured (peak_flops(store=False)), this process only
 
 
 def machine_busy() -> bool:
