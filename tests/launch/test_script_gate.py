@@ -8,6 +8,7 @@ checks that no hostile value ran a command (a marker file) and that every accept
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -136,7 +137,8 @@ def test_no_launcher_value_runs_as_code_in_the_generated_script(stubs, tmp_path_
     assert not marker.exists(), (field, value, script.read_text())
     text = script.read_text()
     if field in ("partition", "account", "qos"):
-        assert f"#SBATCH --{field}={value}" in text.splitlines()  # a word: written as it is
+        # a word: written as it is, or shell-quoted when the shell would read it otherwise ('[' is a glob)
+        assert {f"#SBATCH --{field}={value}", f"#SBATCH --{field}={shlex.quote(value)}"} & set(text.splitlines())
     if field == "set":
         args = (root / "torchrun-args").read_text().splitlines()
         assert f"name={value}" in args
