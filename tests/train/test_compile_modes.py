@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch._dynamo.utils
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.cli import main
 from archspec.spec import load_spec_dict
 from archspec.spec.legacy import SpecNote
@@ -180,16 +181,15 @@ def test_whole_under_fsdp_compiles_after_sharding_and_trains_like_one_process(co
     import json
     import os
     import subprocess
-    import sys
 
     steps = {"steps": 3, "warmup_steps": 1, "eval_interval": 3}
     single = train(make_spec(batch_size=8, **steps), run_dir=tmp_path / "single", cache=cache)
     spec = tiny_spec_dict(corpus_dir, batch_size=4, parallel={"kind": "fsdp"}, compile="whole", **steps)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     (tmp_path / "worker.py").write_text(FSDP_WORKER)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), str(cache), str(tmp_path)],
-                          capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        torchrun_command(2, tmp_path / "worker.py", tmp_path / "spec.json", cache, tmp_path),
+        capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads((tmp_path / "fsdp.json").read_text())
     assert got["fsdp"] and got["mode"] == got["tag"] == "whole" and "after fully_shard" in got["reason"]

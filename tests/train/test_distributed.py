@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.train.loop import train
 
 from .conftest import tiny_spec_dict
@@ -38,8 +38,7 @@ def test_two_gloo_processes_match_one_process_on_the_same_global_batch(corpus_di
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), str(cache), str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", tmp_path / "spec.json", cache, tmp_path),
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

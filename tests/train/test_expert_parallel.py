@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.errors import UserError
 from archspec.spec import load_spec_dict
 
@@ -143,8 +143,7 @@ def _torchrun(tmp_path: Path, kind: str, spec: dict, worker: str = WORKER) -> di
     (tmp_path / "worker.py").write_text(worker)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore::FutureWarning", "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", "2", str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), kind, str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", tmp_path / "spec.json", kind, tmp_path),
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((tmp_path / "result.json").read_text())

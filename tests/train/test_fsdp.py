@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.codegen import generate
 from archspec.train.logger import run_key
 from archspec.train.loop import Trainer, train
@@ -59,8 +60,7 @@ WORKER = textwrap.dedent("""
 def _torchrun(tmp_path: Path, mode: str, spec_json: Path, cache: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), mode, str(spec_json), str(cache), str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", mode, spec_json, cache, tmp_path),
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.errors import UserError
 from archspec.spec import load_spec_dict
 from archspec.train.build import run_recipe
@@ -150,9 +150,9 @@ def _torchrun(out: Path, spec: dict, cache: Path, n: int, stop_after: str = "-")
     (out / "spec.json").write_text(json.dumps(spec))
     (out / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                           str(out / "worker.py"), str(out / "spec.json"), str(cache), str(out), stop_after],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        torchrun_command(n, out / "worker.py", out / "spec.json", cache, out, stop_after),
+        capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "result.json").read_text())
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
+from archspec.testing.torchrun import torchrun_command
 from archspec.train.checkpoint import load_checkpoint
 from archspec.train.loop import Trainer, train
 
@@ -86,8 +86,7 @@ def test_two_gloo_processes_with_two_micro_batches_update_the_bias_as_one_proces
     (tmp_path / "spec.json").write_text(json.dumps(data))
     (tmp_path / "worker.py").write_text(WORKER)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), str(cache), str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", tmp_path / "spec.json", cache, tmp_path),
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2)]

@@ -14,6 +14,7 @@ import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 
+from archspec.testing.torchrun import torchrun_command
 from archspec import codegen
 from archspec.cli import main
 from archspec.spec import canonical_dict, load_spec, load_spec_dict
@@ -252,7 +253,6 @@ def test_two_gloo_processes_with_muon_match_one_process_on_the_same_global_batch
     import json
     import os
     import subprocess
-    import sys
 
     from tests.train.conftest import tiny_spec_dict
     from tests.train.test_distributed import WORKER
@@ -262,8 +262,7 @@ def test_two_gloo_processes_with_muon_match_one_process_on_the_same_global_batch
     (tmp_path / "spec.json").write_text(json.dumps(tiny_spec_dict(corpus_dir, batch_size=4, **muon)))
     (tmp_path / "worker.py").write_text(WORKER)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), str(tmp_path / "spec.json"), str(cache), str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", tmp_path / "spec.json", cache, tmp_path),
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0 = json.loads((tmp_path / "result0.json").read_text())

@@ -24,6 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from archspec.testing.torchrun import torchrun_command
 from archspec import testing as T
 from archspec.codegen import generate
 from archspec.errors import UserError
@@ -175,8 +176,7 @@ def _torchrun(tmp_path: Path, mode: str, specs: list[dict]) -> dict:
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), mode, str(tmp_path / "specs.json"), str(tmp_path)],
+        torchrun_command(2, tmp_path / "worker.py", mode, tmp_path / "specs.json", tmp_path),
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
