@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from archspec.cli import main
 from archspec.data.corpus.media import write_example
 from archspec.runtime import media_items
+from archspec.errors import UserError
 from archspec.spec import SpecError, load_spec_dict
 from archspec.train import train
 from archspec.train.media_data import media_data, media_stream, split_stream, window_batch
@@ -284,3 +285,27 @@ def test_a_document_may_hold_more_items_than_a_window_or_none(tmp_path):
                  eval_interval=2)
     result = train(spec, run_dir=tmp_path / "run", device="cpu")
     assert result.status == "FINISHED"
+
+
+@pytest.mark.parametrize("entry", ["fifo-document", "fifo-media", "directory-document"])
+def test_a_document_or_media_that_is_not_a_regular_file_is_refused_before_a_read(tmp_path, entry):
+    import os
+
+    from archspec.data.corpus.media import MediaSource
+
+    root = write_example(tmp_path / "corpus", documents=2, width=16, tokens=4)
+    if entry == "fifo-document":
+        bad = root / "0002.txt"
+        os.mkfifo(bad)
+        write_example(tmp_path / "other", documents=1, width=16, tokens=4)
+        os.replace(tmp_path / "other" / "0000.safetensors", root / "0002.safetensors")
+    elif entry == "fifo-media":
+        bad = root / "0001.safetensors"
+        bad.unlink()
+        os.mkfifo(bad)
+    else:
+        bad = root / "0002.txt"
+        bad.mkdir()
+    with pytest.raises(UserError, match="not a regular file") as err:
+        MediaSource(str(root))  # a FIFO read would block here: refused from its type alone
+    assert bad.name in str(err.value)

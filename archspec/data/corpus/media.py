@@ -16,6 +16,7 @@ the media never read.
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -52,6 +53,11 @@ class MediaSource(TextSource):
         if not self.texts:
             raise UserError(f"train.data.corpus.path: {printable(path)} holds no NAME.txt documents")
         for text in self.texts:
+            # a FIFO or a device would be read without end, a directory not at all: regular files only, named
+            for entry, what in ((text, "a document"), (text.with_suffix(".safetensors"), "its media")):
+                if entry.exists() and not entry.is_file():
+                    raise UserError(f"{printable(str(entry))}: not a regular file (a directory, device, FIFO or "
+                                    f"socket); expected {what}")
             if not text.with_suffix(".safetensors").is_file():
                 raise UserError(f"{printable(str(text))}: no media beside it ({text.stem}.safetensors)")
         self.description = f"{len(self.texts)} media documents in {path}"
@@ -69,14 +75,21 @@ class MediaSource(TextSource):
                 yield path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
                 raise UserError(f"{printable(str(path))}: not UTF-8 text") from None
+            except OSError as e:
+                raise UserError(f"{printable(str(path))}: cannot read: {e.strerror or e}") from None
 
     @cached_property
     def content_hash(self) -> str:
         h = hashlib.sha256()
         for path in self.texts:
-            for part in (path.read_bytes(), path.with_suffix(".safetensors").read_bytes()):
-                h.update(len(part).to_bytes(8, "little"))
-                h.update(part)
+            for part in (path, path.with_suffix(".safetensors")):  # streamed: a media file may exceed memory
+                try:
+                    with open(part, "rb") as f:
+                        h.update(os.fstat(f.fileno()).st_size.to_bytes(8, "little"))
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                except OSError as e:
+                    raise UserError(f"{printable(str(part))}: cannot read: {e.strerror or e}") from None
         return h.hexdigest()
 
     def examples(self, encode, m: Any) -> list[tuple[list[int], Any]]:
