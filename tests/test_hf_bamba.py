@@ -213,3 +213,17 @@ def test_the_hybrid_preset_is_written_as_bamba_and_computes_the_same(tmp_path):
     want = _hf_logits(hf, idx)
     assert want.abs().max() > 0.1
     torch.testing.assert_close(ours.eval()(idx), want, atol=ATOL, rtol=0)
+
+
+def test_a_nonzero_z_loss_coefficient_is_said_on_import_not_dropped_silently(tmp_path, capsys):
+    hf = transformers.AutoModelForCausalLM.from_config(_config("mamba_only"))
+    hf.save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    data = json.loads(path.read_text())
+    for value, said in ((0.0, False), (1e-4, True)):
+        data["z_loss_coefficient"] = value
+        path.write_text(json.dumps(data))
+        capsys.readouterr()
+        assert main(["import-hf", str(tmp_path / "hf"), "-o", str(tmp_path / f"s{value}.yaml")]) == 0
+        err = capsys.readouterr().err
+        assert ("z_loss_coefficient: 0.0001 weighs a term" in err) == said, err

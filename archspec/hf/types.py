@@ -1169,6 +1169,11 @@ def _bamba_read(cfg: HFConfig) -> None:
     """BambaConfig's own rules: mamba_d_head "auto" is mamba_expand · hidden_size // mamba_n_heads; the rotary
     fraction is rope_parameters.partial_rotary_factor, else 0.5 whatever the top-level key says (transformers
     overwrites it), so a top-level value other than 0.5 without the nested one is refused (it would be ignored)."""
+    z_loss = cfg.data.get("z_loss_coefficient")
+    if isinstance(z_loss, int | float) and not isinstance(z_loss, bool) and z_loss != 0:
+        _caution(f"{cfg.source}: z_loss_coefficient: {z_loss!r} weighs a term of BambaForCausalLM's training loss "
+                 "(the mean squared logsumexp of the logits) that archspec's loop does not add; the weights import "
+                 "as they are, and a run trained from them has no such term")
     if cfg.data.get("mamba_d_head", "auto") == "auto":
         heads = cfg.take("ssm_heads", int)
         cfg.data["mamba_d_head"] = cfg.take("ssm_expand", int) * cfg.take("d_model", int) // max(heads, 1)
