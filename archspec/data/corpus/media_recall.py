@@ -121,11 +121,15 @@ class MediaRecallCorpus(TaskCorpusKind):
             return None
         from hypothesis import strategies as st
 
+        from archspec.kinds.introspect import bounds
+
+        values_le = bounds(cls.model_fields["values"])["le"]  # the field's bound and the byte ids' (keys + values)
+
         @st.composite
         def draw_media_recall(draw) -> dict:
             pairs = draw(st.integers(1, min(64, bound // 2)))
             keys = draw(st.integers(pairs, 124))
-            return {"pairs": pairs, "keys": keys, "values": draw(st.integers(2, 252 - keys)),
+            return {"pairs": pairs, "keys": keys, "values": draw(st.integers(2, min(values_le, 252 - keys))),
                     "width": draw(st.integers(1, 16)), "train_examples": draw(st.integers(1, 64)),
                     "val_examples": draw(st.integers(1, 64))}
 

@@ -86,11 +86,14 @@ def _drawn(seq_len: int):
     """A passkey task that fits a window of seq_len + 1 tokens (fit_problems)."""
     from hypothesis import strategies as st
 
+    from archspec.kinds.introspect import bounds
+
     @st.composite
     def draw_passkey(draw) -> dict:
         key_len = draw(st.integers(1, min(16, (seq_len - 1) // 2)))
         vocab = draw(st.integers(2, 250))
-        return {"vocab": vocab, "key_len": key_len, "filler": draw(st.integers(1, 252 - vocab)),
+        filler_le = bounds(PasskeyCorpus.model_fields["filler"])["le"]  # the field's bound and the byte ids' (fit)
+        return {"vocab": vocab, "key_len": key_len, "filler": draw(st.integers(1, min(filler_le, 252 - vocab))),
                 "distances": draw(st.lists(st.integers(key_len, seq_len - key_len - 1), min_size=1, max_size=8,
                                            unique=True)),
                 "train_examples": draw(st.integers(1, 64)), "val_examples": draw(st.integers(1, 64))}
