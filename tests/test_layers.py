@@ -169,6 +169,12 @@ def test_canonical_form_round_trips():
     ({"a": {"select": [0, 1], "ffn": {"hidden_dim": 8}}, "b": {"select": {"start": 1}, "ffn": {"hidden_dim": 16}}},
      "model.layers.a.ffn.hidden_dim", "also selected by group 'b'"),
     ({"Bad Name": {"select": [0], "ffn": {"hidden_dim": 8}}}, "model.layers", "pattern"),
+    # a union inside a group's union (an MoE's expert): its tag is dropped too (found by a Hypothesis draw)
+    ({"g": {"select": [1], "ffn": {"kind": "moe", "n_experts": 2, "top_k": 1,
+                                   "expert": {"kind": "glu", "hidden_dim": 8, "x-0": 1}}}},
+     "model.layers.g.ffn.expert.x-0:", "unknown field"),
+    ({"g": {"select": [1], "ffn": {"kind": "moe", "n_experts": 2, "top_k": 1, "expert": {"hidden_dim": "q"}}}},
+     "model.layers.g.ffn.expert.hidden_dim:", "valid integer"),
 ], ids=lambda v: v if isinstance(v, str) and v.startswith("model") else None)
 def test_bad_groups_are_reported_at_their_paths(layers, path, words):
     with pytest.raises(UserError) as info:

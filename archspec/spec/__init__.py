@@ -9,10 +9,12 @@ A spec's identity is its model's: the name is a label and the recipe (`train:`) 
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import functools
 import hashlib
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any, Iterable
@@ -80,12 +82,49 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return _model_of(args[0]) if len(args) == 1 else None
 
 
+def _items_of(annotation: Any) -> Any:
+    """The annotation of a mapping's values or a list's items (`model.layers`: LayerGroup), else None: the next part
+    of a location is then a key or an index, and the one after it a field of that."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+            continue
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                return None
+            annotation = args[0]
+            continue
+        if origin in (dict, collections.abc.Mapping):
+            return typing.get_args(annotation)[1]
+        if origin in (list, tuple, collections.abc.Sequence):
+            args = typing.get_args(annotation)
+            return args[0] if args else None
+        return None
+
+
+def _step(annotation: Any) -> tuple[type[BaseModel] | None, dict[str, type[BaseModel]] | None, Any]:
+    """What a location part of this annotation leads into: (a model, a union's members by tag, a container's items)."""
+    if (items := _items_of(annotation)) is not None:
+        return None, None, items
+    if members := _kind_members(annotation):
+        return None, members, None
+    return _model_of(annotation), None, None
+
+
 def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
     """Field path as the user wrote it. Pydantic puts the union tag into the location of an error inside a union
     member (`model.ffn.glu.activation`); walk the schema beside the location and drop exactly those tags."""
-    parts: list[str] = []
-    model: type[BaseModel] | None = root
-    members: dict[str, type[BaseModel]] | None = None
+    return ".".join(_printable(str(part)) for part in untagged(tuple(loc), model=root))
+
+
+def untagged(loc: tuple, model: type[BaseModel] | None = None,
+             members: dict[str, type[BaseModel]] | None = None) -> tuple:
+    """`loc` without the union tags pydantic inserted, walked from `model` (or from a union: its `members` by tag)
+    beside the schema: at any depth (an MoE's `expert`, inside a layer group), through mappings and lists."""
+    out: list = []
+    items: Any = None
     for i, part in enumerate(loc):
         if part in SELECTION_TAGS and i and loc[i - 1] == "select":
             continue  # the tag of a layer group's selection form
@@ -94,14 +133,16 @@ def _user_path(loc: tuple, root: type[BaseModel] = Spec) -> str:
                 model, members = members[str(part)], None
                 continue
             model, members = None, None  # a rule's own path (no tag) into a union member's field
-        parts.append(_printable(str(part)))
+        out.append(part)
+        if items is not None:  # a mapping's key or a list's index (a layer group's name)
+            model, members, items = _step(items)
+            continue
         field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
         if field is None:
             model = None
             continue
-        members = _kind_members(field.annotation)
-        model = None if members else _model_of(field.annotation)
-    return ".".join(parts)
+        model, members, items = _step(field.annotation)
+    return tuple(out)
 
 
 def _fields_at(loc: tuple, root: type[BaseModel] = Spec) -> set[str]:
@@ -109,17 +150,20 @@ def _fields_at(loc: tuple, root: type[BaseModel] = Spec) -> set[str]:
     union field's tag picks its member; without one, every member's fields."""
     model: type[BaseModel] | None = root
     members: dict[str, type[BaseModel]] | None = None
+    items: Any = None
     for part in loc:
         if members is not None:
             if str(part) in members:
                 model, members = members[str(part)], None
                 continue
             model, members = None, None
+        if items is not None:
+            model, members, items = _step(items)
+            continue
         field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
         if field is None:
             return set()
-        members = _kind_members(field.annotation)
-        model = None if members else _model_of(field.annotation)
+        model, members, items = _step(field.annotation)
     if members:
         return {name for m in members.values() for name in m.model_fields}
     return set(model.model_fields) if model is not None else set()
@@ -232,9 +276,16 @@ def validation_message(e: Any, loc: tuple, root: type[BaseModel] = Spec) -> str:
         if isinstance(value, str) and repr(value) in msg:  # `mixer: short_conv`: the kind is right, the shape is not
             return f"expected a mapping, got {given}; write {{kind: {_printable(value)}}}"
         return f"expected a mapping with a kind ({msg}), got {given}"
+    bound = _BOUNDS.get(e["type"])
+    if bound and isinstance(v := e.get("ctx", {}).get(bound[0]), float) and "e" in repr(v):  # pydantic: 38 zeros
+        msg = f"Input should be {bound[1]} {_printable(repr(e['ctx'][bound[0]]))}"
     if e["type"] not in ("spec_rule",) and "input" in e and not isinstance(e["input"], (dict, list)):
         return f"{msg}, got {given}"
     return msg
+
+
+_BOUNDS = {"greater_than_equal": ("ge", "greater than or equal to"), "greater_than": ("gt", "greater than"),
+           "less_than_equal": ("le", "less than or equal to"), "less_than": ("lt", "less than")}
 
 
 def set_dotted(data: dict, key: str, value: Any, origin: str) -> None:

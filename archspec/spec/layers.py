@@ -297,17 +297,13 @@ def _validate(component: str, data: dict) -> Any:
 
 
 def _error_path(component: str, loc: tuple) -> tuple:
-    """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`): drop it."""
-    unions = ("norm", "ffn", "positional", "sparsity", "attention", "mixer")
-    kinds = {k for fam in unions for k in family(fam).members}
-    out, prev = [], component
-    for part in loc:
-        if isinstance(part, str) and part in kinds and prev in unions:
-            prev = part
-            continue
-        out.append(part)
-        prev = part
-    return tuple(out)
+    """Pydantic puts a union's tag into an error's location (`ffn.mlp.activation`, `ffn.moe.expert.glu.x`): drop
+    each, at any depth (the spec's one walker)."""
+    from archspec.spec import untagged  # a cycle at import time
+
+    if component == "block":  # a plain class, not a family of kinds
+        return untagged(loc, model=BlockShape)
+    return untagged(loc, members=family(component).members)
 
 
 # ── resolution ───────────────────────────────────────────────────────────────────────────────────────────────────
