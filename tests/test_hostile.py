@@ -172,7 +172,10 @@ REFUSED = object()
 
 
 @pytest.mark.parametrize("path,value,expected", [
-    (("model", "norm"), {"kind": "rmsnorm", "eps": 5e-324}, 5e-324),  # smallest subnormal: repr round-trips
+    # float32's smallest normal: repr round-trips; a smaller eps is zero where a norm adds it (a zero vector: NaN)
+    (("model", "norm"), {"kind": "rmsnorm", "eps": 1.1754943508222875e-38}, 1.1754943508222875e-38),
+    (("model", "norm"), {"kind": "rmsnorm", "eps": 5e-324}, REFUSED),
+    (("train", "adam_eps"), 1e-40, REFUSED),
     (("model", "attention", "positional"), {"kind": "rope", "theta": 1e9}, 1e9),
     (("train", "grad_clip"), 1e308, 1e308),
     (("model", "norm", "eps"), 1e308, REFUSED),

@@ -26,6 +26,11 @@ Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending va
 
 _NUMBERS = (int, float, int | None, float | None)
 
+# The least epsilon a spec takes (norms, Adam): float32's smallest normal number. A smaller positive value is a
+# subnormal or zero in float32 and bfloat16, and a flush-to-zero CPU reads it as 0: a norm of a zero vector is then
+# 0 · rsqrt(0) = NaN.
+EPS_MIN = 1.1754943508222875e-38
+
 
 # ── identity: fields added after a hash was fixed ────────────────────────────────────────────────────────────────
 

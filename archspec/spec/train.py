@@ -18,7 +18,7 @@ from archspec.data.tokenizer.bpe import BPETokenizer  # noqa: F401
 from archspec.data.tokenizer.byte import ByteTokenizer  # noqa: F401
 from archspec.spec.kinds import Strict as _Strict
 from archspec.spec.kinds import kind_union
-from archspec.kinds.base import Since
+from archspec.kinds.base import EPS_MIN, Since
 from archspec.spec.legacy import note
 
 
@@ -206,7 +206,7 @@ class TrainSpec(_Strict):
     weight_decay: float = Field(0.1, ge=0.0, le=10.0, description="AdamW decay on ≥2-D weights only")
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
-    adam_eps: float = Field(1e-8, gt=0.0, le=1.0)
+    adam_eps: float = Field(1e-8, ge=EPS_MIN, le=1.0)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     eval_interval: int | None = Field(
         None, ge=1, description="steps between evaluations (the last step is always evaluated); default: about ten "

@@ -9,8 +9,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import (AttentionKind, Const, Divides, Since, Split, Strict, TPPlan, bind, family, lit_bool,
-                                 lit_float, lit_int, register)
+from archspec.kinds.base import (EPS_MIN, AttentionKind, Const, Divides, Since, Split, Strict, TPPlan, bind, family,
+                                 lit_bool, lit_float, lit_int, register)
 from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight, linear, put_fact
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
@@ -24,7 +24,7 @@ class QKNorm(Strict):
     head (HEAD_DIM wide, one weight per dimension shared by all heads: Qwen3, Gemma 3); `projection`: over the whole
     projection (N_HEADS·HEAD_DIM of q, N_KV_HEADS·HEAD_DIM of k, one weight each: OLMo 2)."""
 
-    eps: float = Field(1e-6, gt=0, le=0.1)
+    eps: float = Field(1e-6, ge=EPS_MIN, le=0.1)
     scope: Annotated[Literal["head", "projection"], Since("0.4")] = "head"
 
     def params(self, q_width: int, kv_width: int, head_dim: int) -> int:

@@ -16,7 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import AttentionKind, Const, Since, bind, family, lit_float, lit_int, register
+from archspec.kinds.base import (EPS_MIN, AttentionKind, Const, Since, bind, family, lit_float, lit_int,
+                                 register)
 from archspec.kinds.attention.scores import ScoreOptions, score_strategy
 from archspec.kinds.hf import HFUnsupported, HFWeight
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_WIDTH
@@ -39,7 +40,7 @@ class MLASpec(ScoreOptions, AttentionKind):
     qk_rope_head_dim: int = Field(64, ge=1, le=MAX_HEAD_DIM,
                                   description="the decoupled positional part: one key for all heads (cached)")
     v_head_dim: int = Field(128, ge=1, le=MAX_HEAD_DIM)
-    norm_eps: float = Field(1e-6, gt=0, le=0.1, description="eps of the latents' RMSNorms (transformers: 1e-6)")
+    norm_eps: float = Field(1e-6, ge=EPS_MIN, le=0.1, description="eps of the latents' RMSNorms (transformers: 1e-6)")
     positional: Positional = Field(default_factory=lambda: family("positional").members["rope"]())
     sparsity: Sparsity = Field(default_factory=lambda: family("sparsity").members["dense"]())
 

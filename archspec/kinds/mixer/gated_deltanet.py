@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, MixerKind, TPPlan, lit_float, lit_int, register
+from archspec.kinds.base import EPS_MIN, Const, MixerKind, TPPlan, lit_float, lit_int, register
 from archspec.kinds.hf import HFWeight, linear
 from archspec.kinds.limits import MAX_HEAD_DIM, MAX_HEADS
 
@@ -42,7 +42,7 @@ class GatedDeltaNetSpec(MixerKind):
                              "output reads, its own included (linear_conv_kernel_dim)")
     chunk_size: int = Field(64, ge=1, le=MAX_CHUNK, description="positions per chunk of the chunked training form "
                             "(its FLOPs and memory; not the function it computes)")
-    norm_eps: float = Field(1e-6, gt=0, le=0.1, description="the gated output RMSNorm's eps")
+    norm_eps: float = Field(1e-6, ge=EPS_MIN, le=0.1, description="the gated output RMSNorm's eps")
 
     attribute: ClassVar[str] = "linear_attn"  # blocks.N.linear_attn.in_proj_qkvz.weight, as Qwen3-Next names it
     component: ClassVar[str] = "linear_attention"

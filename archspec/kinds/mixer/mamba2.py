@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, MixerKind, lit_bool, lit_float, lit_int, register
+from archspec.kinds.base import EPS_MIN, Const, MixerKind, lit_bool, lit_float, lit_int, register
 from archspec.kinds.hf import HFWeight, linear
 from archspec.kinds.limits import MAX_HEAD_DIM
 
@@ -38,7 +38,7 @@ class Mamba2Spec(MixerKind):
                             "speed/memory choice: the function is the same)")
     conv_bias: bool = Field(True, description="a bias on the conv (Mamba-2: true)")
     bias: bool = Field(False, description="biases on in_proj and out_proj (Mamba-2: false)")
-    norm_eps: float = Field(1e-5, gt=0, le=1.0, description="epsilon of the gated RMSNorm")
+    norm_eps: float = Field(1e-5, ge=EPS_MIN, le=1.0, description="epsilon of the gated RMSNorm")
 
     attribute: ClassVar[str] = "ssm"  # blocks.N.ssm.in_proj.weight (transformers: layers.N.mixer, its role word)
     component: ClassVar[str] = "ssm"

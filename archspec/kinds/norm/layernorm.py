@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, NormKind, Split, TPPlan, lit_float, register
+from archspec.kinds.base import EPS_MIN, Const, NormKind, Split, TPPlan, lit_float, register
 from archspec.kinds.hf import HFWeight, put_fact
 
 
@@ -14,7 +14,7 @@ from archspec.kinds.hf import HFWeight, put_fact
 class LayerNormSpec(NormKind):
     kind: Literal["layernorm"] = "layernorm"
     prefix = "Layer"
-    eps: float = Field(1e-5, gt=0, le=0.1)
+    eps: float = Field(1e-5, ge=EPS_MIN, le=0.1)
     bias: bool = True  # GPT-2 LayerNorm has a bias; set false for the bias-free variant
 
     def tensor_parallel(self, m):

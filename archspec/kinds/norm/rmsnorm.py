@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from archspec.kinds.base import Const, NormKind, Since, Split, TPPlan, lit_float, register
+from archspec.kinds.base import EPS_MIN, Const, NormKind, Since, Split, TPPlan, lit_float, register
 from archspec.kinds.hf import HFWeight, put_fact
 
 
@@ -14,7 +14,7 @@ from archspec.kinds.hf import HFWeight, put_fact
 class RMSNormSpec(NormKind):
     kind: Literal["rmsnorm"] = "rmsnorm"
     prefix = "RMS"
-    eps: float = Field(1e-5, gt=0, le=0.1)
+    eps: float = Field(1e-5, ge=EPS_MIN, le=0.1)
     # Gemma: the gain is stored as w, initialised to 0, and applied as (1 + w); the same function at init as the
     # plain gain at 1, but weight decay pulls it towards the identity rather than towards zero.
     unit_offset: Annotated[bool, Since("0.4")] = False
