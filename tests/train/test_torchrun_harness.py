@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -34,11 +35,14 @@ def test_a_worker_gets_its_arguments_and_a_group_it_leaves_alive_does_not_fail_t
         assert got == {"argv": [str(tmp_path), "x y"], "sum": [3.0, 3.0], "name": "__main__"}
 
 
-@pytest.mark.parametrize("ending, marker", [("raise ValueError('worker broke')", "ValueError: worker broke"),
-                                            ("sys.exit(3)", None), ("sys.exit('told to stop')", "told to stop")])
-def test_a_worker_that_fails_fails_the_launch(tmp_path, ending, marker):
+@pytest.mark.parametrize("ending, code, marker", [("raise ValueError('worker broke')", 1, "ValueError: worker broke"),
+                                                  ("sys.exit(3)", 3, None), ("sys.exit('told to stop')", 1, "told to stop")])
+def test_a_worker_that_fails_fails_the_launch(tmp_path, ending, code, marker):
     (tmp_path / "worker.py").write_text(f"import sys\nprint('started', flush=True)\n{ending}\n")
-    proc = subprocess.run(torchrun_command(1, tmp_path / "worker.py"), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "started" in proc.stdout
+    # what torchrun starts in each process, started here directly (torchrun passes a child's failure on, above)
+    command = torchrun_command(1, tmp_path / "worker.py")
+    proc = subprocess.run([sys.executable, *command[command.index("-m", 4):]], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == code and "started" in proc.stdout
     if marker:
         assert marker in proc.stderr
