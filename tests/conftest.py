@@ -12,6 +12,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis: the suite draws the same examples on every run (derandomized), so a run's verdict is the code's, not
+# the draw's; ARCHSPEC_HYPOTHESIS=explore draws fresh ones each run, for a longer search by hand (what it finds
+# becomes a fix and an explicit case).
+settings.register_profile("suite", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False, database=None)
+_PROFILE = os.environ.get("ARCHSPEC_HYPOTHESIS", "suite")
+if _PROFILE not in ("suite", "explore"):
+    raise pytest.UsageError(f"$ARCHSPEC_HYPOTHESIS: expected suite or explore, got {_PROFILE!r}")
+settings.load_profile(_PROFILE)
 
 ROOT = Path(__file__).resolve().parents[1]
 _REAL_HOME = Path.home()
