@@ -18,6 +18,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from archspec.cli import main
@@ -172,8 +173,9 @@ REFUSED = object()
 
 
 @pytest.mark.parametrize("path,value,expected", [
-    # float32's smallest normal: repr round-trips; a smaller eps is zero where a norm adds it (a zero vector: NaN)
-    (("model", "norm"), {"kind": "rmsnorm", "eps": 1.1754943508222875e-38}, 1.1754943508222875e-38),
+    # the least eps (archspec.kinds.base.EPS_MIN); a smaller one makes a norm of a zero vector NaN (forward or grad)
+    (("model", "norm"), {"kind": "rmsnorm", "eps": 1e-20}, 1e-20),
+    (("model", "norm"), {"kind": "rmsnorm", "eps": 1.1754943508222875e-38}, REFUSED),
     (("model", "norm"), {"kind": "rmsnorm", "eps": 5e-324}, REFUSED),
     (("train", "adam_eps"), 1e-40, REFUSED),
     (("model", "attention", "positional"), {"kind": "rope", "theta": 1e9}, 1e9),
@@ -430,3 +432,24 @@ def test_hostile_override_values_stay_inert(tmp_path, marker, capsys):
     src = (tmp_path / "g" / "t.py").read_text()
     assert _skeleton(src) == _skeleton(render(load_spec_dict(BASE)))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_at_the_least_eps_a_norm_of_a_zero_vector_has_finite_gradients(norm, tmp_path):
+    """The bound's reason: a sandwich post-norm over the zero output of the tokens an MoE drops (capacity 0.5), at
+    EPS_MIN, gives finite logits and gradients (a Hypothesis draw at float32's smallest normal gave NaN gradients)."""
+    from archspec.kinds.base import EPS_MIN
+
+    spec = load_spec_dict({"name": "eps", "model": {
+        "vocab_size": 16, "context_length": 4, "d_model": 8, "n_layers": 1,
+        "attention": {"n_heads": 4, "n_kv_heads": 2, "positional": {"kind": "learned"}},
+        "norm": {"kind": norm, "eps": EPS_MIN}, "block": {"norm_placement": "sandwich"},
+        "ffn": {"kind": "moe", "n_experts": 2, "top_k": 1, "expert": {"kind": "glu"}, "capacity_factor": 0.5,
+                "drop_policy": "probs"}}})
+    torch.manual_seed(0)
+    model = generate(spec, out_dir=tmp_path).module.Model().train()
+    idx = torch.randint(0, 16, (4, 4), generator=torch.Generator().manual_seed(0))
+    logits, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -26,10 +26,10 @@ Problem = tuple[tuple[str, ...], str, Any]  # (field path, message, offending va
 
 _NUMBERS = (int, float, int | None, float | None)
 
-# The least epsilon a spec takes (norms, Adam): float32's smallest normal number. A smaller positive value is a
-# subnormal or zero in float32 and bfloat16, and a flush-to-zero CPU reads it as 0: a norm of a zero vector is then
-# 0 · rsqrt(0) = NaN.
-EPS_MIN = 1.1754943508222875e-38
+# The least epsilon a spec takes (norms, Adam). A norm of a zero vector (a token an MoE dropped, under a post-norm)
+# is 0 · rsqrt(eps): finite for any eps that is not zero in float32, but its gradient scales as eps^-1.5, which
+# overflows float32 and bfloat16 (3.4e38) below about 2e-26 and gives NaN. 1e-20 keeps it under 1e30.
+EPS_MIN = 1e-20
 
 
 # ── identity: fields added after a hash was fixed ────────────────────────────────────────────────────────────────
