@@ -504,4 +504,6 @@ def test_cached_decoding_equals_the_full_forward_in_any_chunks(chunks, seed):
                 break
             parts.append(model(idx[:, at : at + size], cache=cache))
             at += size
-    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
+    # float32 rounding of two orders of summation, relative to logits of magnitude ~10 (trained-looking weights): up
+    # to 2.3e-4 over seeds, 1e-13 in float64 (checked); a wrong item or position would differ by over 1e-2
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=1e-4)
