@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -19,6 +19,7 @@ from archspec.accounting import account, mtp_breakdown
 from archspec.codegen import generate
 from archspec.errors import UserError
 from archspec.spec import load_spec_dict, model_hash
+from archspec.spec.model import MAX_MTP_DEPTH
 
 BASE = {
     "name": "mtp-test",
@@ -73,16 +74,18 @@ def test_bad_mtp_settings_are_refused_naming_the_field(mtp, field):
 
 @settings(max_examples=25, deadline=None)
 @given(depth=st.integers(-10**9, 10**9), weight=st.floats(allow_nan=True, allow_infinity=True))
+@example(depth=MAX_MTP_DEPTH, weight=0.0)
+@example(depth=MAX_MTP_DEPTH + 1, weight=0.0)
 def test_any_depth_and_weight_validates_or_is_refused_by_name(depth, weight):
     try:
         spec = _spec({"depth": depth, "weight": weight})
     except UserError as e:
-        ok_depth = 1 <= depth < 32
+        ok_depth = 1 <= depth <= MAX_MTP_DEPTH
         ok_weight = math.isfinite(weight) and 0 <= weight <= 100
         assert not (ok_depth and ok_weight)
         assert ("model.mtp.depth" in e.render()) or ("model.mtp.weight" in e.render())
         return
-    assert 1 <= spec.model.mtp.depth < 32 and 0 <= spec.model.mtp.weight <= 100
+    assert 1 <= spec.model.mtp.depth <= MAX_MTP_DEPTH and 0 <= spec.model.mtp.weight <= 100
 
 
 @pytest.mark.parametrize("train, field", [({"parallel": {"tp": 2}}, "train.parallel.tp"),
