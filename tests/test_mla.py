@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from archspec import testing as T
 from archspec.accounting import account, kv_cache_bytes
@@ -184,3 +185,17 @@ def test_set_attention_kind_starts_the_section_from_that_kinds_defaults():
     assert data["model"]["attention"] == {"kind": "mla", "kv_lora_rank": 8}
     apply_overrides(data, ["model.attention.kind=mla", "model.attention.v_head_dim=4"])  # the same kind: refined
     assert data["model"]["attention"] == {"kind": "mla", "kv_lora_rank": 8, "v_head_dim": 4}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(data=st.data(), d_model=st.integers(1, 64), rotary_width=st.one_of(st.none(), st.integers(1, 16)))
+def test_the_mla_strategy_draws_only_what_its_rules_accept(data, d_model, rotary_width):
+    """Any model width, alone or in a layer group whose rotated width the other layers fix: the drawn heads fit
+    8·d_model (a whole-spec search once drew 4 heads of 1 + 16 in a model of width 8)."""
+    from types import SimpleNamespace
+
+    from archspec.kinds.attention.mla import MLASpec
+
+    ctx = {"d_model": d_model, **({"rotary_width": rotary_width} if rotary_width else {})}
+    drawn = MLASpec.model_validate(data.draw(MLASpec.strategy(ctx)))
+    assert drawn.problems(SimpleNamespace(d_model=d_model), ("a",)) == []

@@ -232,10 +232,16 @@ class MLASpec(ScoreOptions, AttentionKind):
         from hypothesis import strategies as st
 
         d, mult = ctx["d_model"], ctx.get("head_dim_multiple", 2)  # rope rotates pairs
+        # a head's q/k is at least its rotated part (a layer group's: the other layers' width) and one more, and
+        # n_heads of them fit 8·d_model (the rule above)
+        least_rope = ctx.get("rotary_width", mult)
+        max_heads = min(4, ctx.get("max_heads", 4), 8 * d // (least_rope + 1))
+        if max_heads < 1:
+            return st.nothing()
 
         @st.composite
         def draw(draw):
-            n_heads = draw(st.integers(1, min(4, ctx.get("max_heads", 4))))
+            n_heads = draw(st.integers(1, max_heads))
             limit = max(1, min(16, 8 * d // n_heads))
             if "rotary_width" in ctx:  # a layer group: as wide as the other layers' rotated part (one rotary table)
                 rope, limit = ctx["rotary_width"], max(1, min(16, 8 * d // n_heads - ctx["rotary_width"]) + ctx["rotary_width"])
