@@ -58,9 +58,10 @@ def test_dense_path_equals_the_reference_with_the_extra_column(heads, T, softcap
     H, H_kv = heads
     q, k, v, sinks = _qkv(2, H, H_kv, T, 4)
     y = score_mod_attention(q, k, v, scale=scale, softcap=softcap, sinks=sinks)
-    # the dense path softmaxes in fp32
+    # the dense path softmaxes in fp32: scores up to ~50 (softcap) carry a rounding of 50 · 6e-8 into exp, so up to
+    # ~1e-5 relative (7.6e-6 drawn); a sink left out or misplaced differs by far more (the tests below)
     torch.testing.assert_close(y, reference(q, k, v, causal, sinks, scale=scale, softcap=softcap),
-                               atol=1e-6, rtol=1e-6)
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_a_sink_takes_probability_away_and_a_very_low_one_changes_nothing():
