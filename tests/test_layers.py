@@ -175,10 +175,20 @@ def test_canonical_form_round_trips():
      "model.layers.g.ffn.expert.x-0:", "unknown field"),
     ({"g": {"select": [1], "ffn": {"kind": "moe", "n_experts": 2, "top_k": 1, "expert": {"hidden_dim": "q"}}}},
      "model.layers.g.ffn.expert.hidden_dim:", "valid integer"),
+    # the model-wide heads do not divide d_model (no head width) and a group sets another attention: the rope rule
+    # comparing the layers' widths met None (a TypeError; found by a Hypothesis draw)
+    ({"g": {"select": [0], "attention": {"kind": "mla", "n_heads": 1, "kv_lora_rank": 1, "qk_nope_head_dim": 1,
+                                         "qk_rope_head_dim": 2, "v_head_dim": 1}}, "__attention__": {"n_heads": 3}},
+     "model.attention.n_heads:", "must divide d_model"),
 ], ids=lambda v: v if isinstance(v, str) and v.startswith("model") else None)
 def test_bad_groups_are_reported_at_their_paths(layers, path, words):
+    layers = dict(layers)
+    attention = layers.pop("__attention__", None)  # a model-wide attention to merge in
+    data = with_layers(layers)
+    if attention:
+        data["model"]["attention"] = {**data["model"]["attention"], **attention}
     with pytest.raises(UserError) as info:
-        load_spec_dict(with_layers(layers))
+        load_spec_dict(data)
     lines = [ln for ln in str(info.value).splitlines() + list(getattr(info.value, "problems", []))]
     assert any(ln.startswith(path) and words in ln for ln in lines), lines
 

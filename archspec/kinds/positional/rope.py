@@ -176,8 +176,9 @@ class RopePositional(PositionalKind):
                         f"({field} {hd}); rope rotates pairs: that must be even and at least 2", self.partial))
         elif m.layers and not m.layer_problems():
             # One rotary table serves every layer: a layer group may not change the head width under rope.
-            widths = sorted({b.attention.rotary_width for b in m.blocks()})
-            if len(widths) > 1:
+            found = {b.attention.rotary_width for b in m.blocks()}
+            widths = sorted(found - {None})  # None: a layer's heads do not divide its width (reported there)
+            if None not in found and len(widths) > 1:
                 out.append((("model", "layers"), f"every layer must have one head_dim under rope (one rotary table "
                             f"serves all layers), got {widths}; keep n_heads·head_dim per layer, or set head_dim",
                             widths))
