@@ -17,6 +17,7 @@ holds models, meshes and reference copies to compare, so the exit is made here, 
 from __future__ import annotations
 
 import gc
+import io
 import os
 import runpy
 import sys
@@ -34,24 +35,51 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m archspec.testing.torchrun WORKER.py [ARGS...]")
     sys.argv = sys.argv[1:]
+    sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))  # as `python worker.py` would: modules beside it
     code = 0
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as e:  # the worker's own exit status
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int | None):
+    except SystemExit as e:  # the worker's own exit status, as Python reads it
+        if e.code is None or isinstance(e.code, int):
+            code = (e.code or 0) & 0xFF if -(2**31) <= (e.code or 0) < 2**31 else 1  # as Python: too large is 1
+        else:
             print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
     except BaseException:
         traceback.print_exc()
         code = 1
-    if code == 0:
-        gc.collect()
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        _flush_open_files()  # before the collection: a file in a cycle may lose its buffer when collected
+        if code == 0:
+            gc.collect()
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        code = code or 1
+    _flush_open_files()
     os._exit(code)
+
+
+def _flush_open_files() -> None:
+    """Flush every open file object (stdout and stderr included): os._exit writes no buffer."""
+    for obj in gc.get_objects():
+        if issubclass(type(obj), io.IOBase):  # type(), not isinstance: no proxy's __class__ is asked
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a file that cannot flush now could not have later either
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def test_a_worker_gets_its_arguments_and_a_group_it_leaves_alive_does_not_fail_t
 
 
 @pytest.mark.parametrize("ending, code, marker", [("raise ValueError('worker broke')", 1, "ValueError: worker broke"),
-                                                  ("sys.exit(3)", 3, None), ("sys.exit('told to stop')", 1, "told to stop")])
+                                                  ("sys.exit(3)", 3, None), ("sys.exit('told to stop')", 1, "told to stop"),
+                                                  ("raise KeyboardInterrupt", 130, "KeyboardInterrupt")])
 def test_a_worker_that_fails_fails_the_launch(tmp_path, ending, code, marker):
     (tmp_path / "worker.py").write_text(f"import sys\nprint('started', flush=True)\n{ending}\n")
     # what torchrun starts in each process, started here directly (torchrun passes a child's failure on, above)
@@ -46,3 +47,16 @@ def test_a_worker_that_fails_fails_the_launch(tmp_path, ending, code, marker):
     assert proc.returncode == code and "started" in proc.stdout
     if marker:
         assert marker in proc.stderr
+
+
+def test_what_a_worker_wrote_is_flushed_and_a_module_beside_it_imports(tmp_path):
+    """A file the worker left open in a reference cycle keeps its text (os._exit writes no buffer; the collection
+    could drop it), and the worker's own folder is on sys.path, as under `python worker.py`."""
+    (tmp_path / "beside.py").write_text("X = 7\n")
+    (tmp_path / "worker.py").write_text("import sys, beside\nf = open(sys.argv[1], 'w'); f.write(str(beside.X))\n"
+                                        "def keep(): return f\n")
+    command = torchrun_command(1, tmp_path / "worker.py", tmp_path / "out.txt")
+    proc = subprocess.run([sys.executable, *command[command.index("-m", 4):]], capture_output=True, text=True,
+                          timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.txt").read_text() == "7"
