@@ -123,6 +123,12 @@ def untagged(loc: tuple, model: type[BaseModel] | None = None,
              members: dict[str, type[BaseModel]] | None = None) -> tuple:
     """`loc` without the union tags pydantic inserted, walked from `model` (or from a union: its `members` by tag)
     beside the schema: at any depth (an MoE's `expert`, inside a layer group), through mappings and lists."""
+    return _walk(loc, model, members)[0]
+
+
+def _walk(loc: tuple, model: type[BaseModel] | None,
+          members: dict[str, type[BaseModel]] | None) -> tuple[tuple, type[BaseModel] | None, dict | None]:
+    """(`loc` without its union tags, the model and the union members it ends in): the one walk of a location."""
     out: list = []
     items: Any = None
     for i, part in enumerate(loc):
@@ -142,28 +148,13 @@ def untagged(loc: tuple, model: type[BaseModel] | None = None,
             model = None
             continue
         model, members, items = _step(field.annotation)
-    return tuple(out)
+    return tuple(out), model, members
 
 
 def _fields_at(loc: tuple, root: type[BaseModel] = Spec) -> set[str]:
     """The field names valid at `loc` (the mapping an unknown key was found in), walked as `_user_path` walks it: a
     union field's tag picks its member; without one, every member's fields."""
-    model: type[BaseModel] | None = root
-    members: dict[str, type[BaseModel]] | None = None
-    items: Any = None
-    for part in loc:
-        if members is not None:
-            if str(part) in members:
-                model, members = members[str(part)], None
-                continue
-            model, members = None, None
-        if items is not None:
-            model, members, items = _step(items)
-            continue
-        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
-        if field is None:
-            return set()
-        model, members, items = _step(field.annotation)
+    _, model, members = _walk(loc, root, None)
     if members:
         return {name for m in members.values() for name in m.model_fields}
     return set(model.model_fields) if model is not None else set()

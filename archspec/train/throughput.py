@@ -94,9 +94,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype, cache: Path, store: boo
     # machine's rate, so it is kept until a higher one replaces it (a quiet moment, `archspec peak --measure`), and no
     # run under load can lower it (every run's MFU is a fraction of the same figure).
     if entry is None and not store:  # measured once a process, kept in memory only
-        entry = _UNSTORED.get(key) or _UNSTORED.setdefault(key, measure_ceiling(device, dtype, cache, store=False))
+        if key not in _UNSTORED:
+            _UNSTORED[key] = measure_ceiling(device, dtype, cache, store=False)
+        entry = _UNSTORED[key]
     if entry is None:
-        entry = measure_ceiling(device, dtype, cache, store=store)
+        entry = measure_ceiling(device, dtype, cache)
     elif (store and entry.get("under_load") and device.type == "cpu" and not machine_busy()
           and key not in _REMEASURED):
         _REMEASURED.add(key)  # quiet now: measured again, once a process, and kept if higher
